@@ -1,0 +1,164 @@
+"""Headrace's own error hierarchy.
+
+Every error carries a machine-readable :class:`ErrorCode` and says whether the
+caller may retry the same request (possibly after waiting for the channel to be
+ready again).  Errors of libraries (sqlite3, aetcd, grpc, confluent-kafka,
+pulsar) are translated into these at the module boundary that calls them, so
+callers never catch a third-party exception type.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.Enum):
+    """Machine-readable error codes; the wire values of the gRPC API."""
+
+    NOT_OWNER = "NOT_OWNER"
+    FENCED = "FENCED"
+    UNAVAILABLE = "UNAVAILABLE"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    TOO_LARGE = "TOO_LARGE"
+    TRUNCATED = "TRUNCATED"
+    CORRUPT = "CORRUPT"
+    NOT_FOUND = "NOT_FOUND"
+    CONFLICT = "CONFLICT"
+    STORAGE_FULL = "STORAGE_FULL"
+    CLOSED = "CLOSED"
+    TXN_ABORTED = "TXN_ABORTED"
+    INTERNAL = "INTERNAL"
+
+
+class HeadraceError(Exception):
+    """Base of all Headrace errors."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+    retryable: bool = False
+
+    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if retryable is not None:
+            self.retryable = retryable
+
+    def __str__(self) -> str:
+        return f"{self.code.value}: {self.message}"
+
+
+class InvalidArgument(HeadraceError):
+    """The request itself is wrong; retrying it unchanged cannot succeed."""
+
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class MessageTooLarge(InvalidArgument):
+    """A message exceeds the configured maximum size; nothing was written."""
+
+    code = ErrorCode.TOO_LARGE
+
+
+class CorruptData(HeadraceError):
+    """Stored or received bytes fail their checksum or cannot be decoded."""
+
+    code = ErrorCode.CORRUPT
+
+
+class NotOwner(HeadraceError):
+    """This node does not (or no longer) serve the pchannel.
+
+    ``owner`` and ``term`` name the owner this node knows of, when it knows.
+    The client should rediscover the owner, wait for ready and retry.
+    """
+
+    code = ErrorCode.NOT_OWNER
+    retryable = True
+
+    def __init__(self, message: str, *, owner: str = "", term: int = 0) -> None:
+        super().__init__(message)
+        self.owner = owner
+        self.term = term
+
+
+class Fenced(HeadraceError):
+    """A writer with an older term tried to act after a newer term took over.
+
+    Retrying with the same term can never succeed; a client that only routed to
+    a stale owner retries after rediscovery (hence ``retryable`` for clients).
+    """
+
+    code = ErrorCode.FENCED
+    retryable = True
+
+    def __init__(self, message: str, *, term: int = 0, current_term: int = 0) -> None:
+        super().__init__(message)
+        self.term = term
+        self.current_term = current_term
+
+
+class Unavailable(HeadraceError):
+    """A dependency (metastore, broker, disk, peer node) does not answer now."""
+
+    code = ErrorCode.UNAVAILABLE
+    retryable = True
+
+
+class StorageFull(Unavailable):
+    """The storage refused a write for lack of space; acknowledged data is intact."""
+
+    code = ErrorCode.STORAGE_FULL
+
+
+class Truncated(InvalidArgument):
+    """A read asked for a position that was truncated away."""
+
+    code = ErrorCode.TRUNCATED
+
+    def __init__(self, message: str, *, earliest: str = "") -> None:
+        super().__init__(message)
+        self.earliest = earliest
+
+
+class NotFound(HeadraceError):
+    code = ErrorCode.NOT_FOUND
+
+
+class Conflict(HeadraceError):
+    """A compare-and-swap lost: somebody else changed the state first."""
+
+    code = ErrorCode.CONFLICT
+
+
+class Closed(HeadraceError):
+    """The object was closed; a new one must be opened."""
+
+    code = ErrorCode.CLOSED
+    retryable = True
+
+
+class TxnAborted(HeadraceError):
+    """A transaction was rolled back, expired, or killed by a DDL or a WAL move."""
+
+    code = ErrorCode.TXN_ABORTED
+
+
+_BY_CODE: dict[ErrorCode, type[HeadraceError]] = {
+    ErrorCode.NOT_OWNER: NotOwner,
+    ErrorCode.FENCED: Fenced,
+    ErrorCode.UNAVAILABLE: Unavailable,
+    ErrorCode.INVALID_ARGUMENT: InvalidArgument,
+    ErrorCode.TOO_LARGE: MessageTooLarge,
+    ErrorCode.TRUNCATED: Truncated,
+    ErrorCode.CORRUPT: CorruptData,
+    ErrorCode.NOT_FOUND: NotFound,
+    ErrorCode.CONFLICT: Conflict,
+    ErrorCode.STORAGE_FULL: StorageFull,
+    ErrorCode.CLOSED: Closed,
+    ErrorCode.TXN_ABORTED: TxnAborted,
+    ErrorCode.INTERNAL: HeadraceError,
+}
+
+
+def error_class(code: ErrorCode) -> type[HeadraceError]:
+    """The exception class raised for a wire error code."""
+    return _BY_CODE[code]

@@ -1,0 +1,188 @@
+"""Binary message envelope, format version 1.
+
+Layout (little endian)::
+
+    0   2  magic  b"HM"
+    2   1  format version (1)
+    3   1  message type code
+    4   1  flags (bit 0: txn id present)
+    5   1  reserved, 0
+    6   2  vchannel length V
+    8   8  timetick
+    16  8  term
+    24  4  payload length P
+    28  4  properties block length R
+    32  V  vchannel (UTF-8)
+    .   8  txn id (only with flag bit 0)
+    .   R  properties: u16 count, then per entry u16 key length, key, u32 value length, value
+    .   P  payload
+    .   4  CRC-32 of every byte before it
+
+The fixed 32-byte header lets scanners read type, vchannel, timetick and term
+(:func:`peek`) without touching the payload or the properties.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from headrace import errors
+from headrace.message.types import DEFAULT_MAX_MESSAGE_BYTES, Message, MessageType
+
+MAGIC = b"HM"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<2sBBBBHQQII")
+HEADER_SIZE = _HEADER.size  # 32
+_CRC = struct.Struct("<I")
+_TXN = struct.Struct("<Q")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_FLAG_TXN = 0x01
+_KNOWN_TYPES = frozenset(int(t) for t in MessageType)
+
+
+class Header(NamedTuple):
+    type: MessageType
+    vchannel: str
+    timetick: int
+    term: int
+
+
+def encoded_size(msg: Message) -> int:
+    """Size :func:`encode` would produce, without encoding."""
+    size = HEADER_SIZE + len(msg.vchannel.encode()) + len(msg.payload) + 4
+    if msg.txn_id:
+        size += 8
+    size += _properties_size(msg.properties)
+    return size
+
+
+def _properties_size(props: Mapping[str, str]) -> int:
+    if not props:
+        return 0
+    return 2 + sum(6 + len(k.encode()) + len(v.encode()) for k, v in props.items())
+
+
+def _encode_properties(props: Mapping[str, str]) -> bytes:
+    if not props:
+        return b""
+    if len(props) > 0xFFFF:
+        raise errors.InvalidArgument(f"too many properties: {len(props)} (at most 65535)")
+    parts = [_U16.pack(len(props))]
+    for key, value in props.items():
+        kb, vb = key.encode(), value.encode()
+        if len(kb) > 0xFFFF:
+            raise errors.InvalidArgument(f"property key longer than 65535 bytes: {key[:40]!r}...")
+        parts += [_U16.pack(len(kb)), kb, _U32.pack(len(vb)), vb]
+    return b"".join(parts)
+
+
+def encode(msg: Message, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> bytes:
+    """Encode ``msg``; raise MessageTooLarge before building anything oversized."""
+    vch = msg.vchannel.encode()
+    if len(vch) > 0xFFFF:
+        raise errors.InvalidArgument("vchannel name longer than 65535 bytes")
+    size = encoded_size(msg)
+    if size > max_size:
+        raise errors.MessageTooLarge(
+            f"message of {size} bytes (payload {len(msg.payload)}) exceeds the "
+            f"maximum of {max_size} bytes; nothing was written"
+        )
+    props = _encode_properties(msg.properties)
+    flags = _FLAG_TXN if msg.txn_id else 0
+    head = _HEADER.pack(
+        MAGIC,
+        FORMAT_VERSION,
+        int(msg.type),
+        flags,
+        0,
+        len(vch),
+        msg.timetick,
+        msg.term,
+        len(msg.payload),
+        len(props),
+    )
+    parts = [head, vch]
+    if msg.txn_id:
+        parts.append(_TXN.pack(msg.txn_id))
+    parts += [props, msg.payload]
+    body = b"".join(parts)
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def _check_header(data: bytes | memoryview) -> tuple[int, int, int, int, int, int, int]:
+    if len(data) < HEADER_SIZE + 4:
+        raise errors.CorruptData(f"message of {len(data)} bytes is shorter than its header")
+    magic, version, tcode, flags, _res, vlen, tt, term, plen, rlen = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise errors.CorruptData(f"bad message magic {bytes(magic)!r}; not a Headrace message")
+    if version != FORMAT_VERSION:
+        raise errors.CorruptData(
+            f"unsupported message format version {version} (this build reads {FORMAT_VERSION})"
+        )
+    if tcode not in _KNOWN_TYPES:
+        raise errors.CorruptData(f"unknown message type code {tcode}")
+    expected = HEADER_SIZE + vlen + (8 if flags & _FLAG_TXN else 0) + rlen + plen + 4
+    if expected != len(data):
+        raise errors.CorruptData(
+            f"message length {len(data)} does not match its header (expected {expected})"
+        )
+    return tcode, flags, vlen, tt, term, plen, rlen
+
+
+def peek(data: bytes | memoryview) -> Header:
+    """Read type, vchannel, timetick and term without decoding the rest."""
+    tcode, _flags, vlen, tt, term, _plen, _rlen = _check_header(data)
+    vch = bytes(data[HEADER_SIZE : HEADER_SIZE + vlen]).decode()
+    return Header(MessageType(tcode), vch, tt, term)
+
+
+def decode(data: bytes | memoryview, *, verify: bool = True) -> Message:
+    """Decode a whole message; CorruptData on any inconsistency.
+
+    ``verify=False`` skips the CRC for callers whose storage frame already
+    checked the same bytes.
+    """
+    tcode, flags, vlen, tt, term, plen, rlen = _check_header(data)
+    view = memoryview(data)
+    if verify:
+        (crc,) = _CRC.unpack_from(view, len(view) - 4)
+        if zlib.crc32(view[:-4]) != crc:
+            raise errors.CorruptData("message CRC mismatch")
+    pos = HEADER_SIZE
+    vch = bytes(view[pos : pos + vlen]).decode()
+    pos += vlen
+    txn_id = 0
+    if flags & _FLAG_TXN:
+        (txn_id,) = _TXN.unpack_from(view, pos)
+        pos += 8
+    props: dict[str, str] = {}
+    if rlen:
+        props = _decode_properties(view[pos : pos + rlen])
+        pos += rlen
+    payload = bytes(view[pos : pos + plen])
+    return Message(MessageType(tcode), vch, payload, props, tt, term, txn_id)
+
+
+def _decode_properties(view: memoryview) -> dict[str, str]:
+    try:
+        (count,) = _U16.unpack_from(view, 0)
+        pos = 2
+        out: dict[str, str] = {}
+        for _ in range(count):
+            (klen,) = _U16.unpack_from(view, pos)
+            pos += 2
+            key = bytes(view[pos : pos + klen]).decode()
+            pos += klen
+            (vlen,) = _U32.unpack_from(view, pos)
+            pos += 4
+            out[key] = bytes(view[pos : pos + vlen]).decode()
+            pos += vlen
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise errors.CorruptData(f"malformed message properties: {exc}") from None
+    if pos != len(view):
+        raise errors.CorruptData("malformed message properties: trailing bytes")
+    return out

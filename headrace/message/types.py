@@ -1,0 +1,114 @@
+"""Message types and the in-memory message model."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
+
+from headrace import errors
+from headrace.message.ids import MessageID
+
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+"""Default upper bound of one encoded message (envelope included)."""
+
+VCHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
+"""Vchannel names: 1-255 of ``[A-Za-z0-9_.-]``, starting alphanumeric."""
+
+
+class MessageType(enum.IntEnum):
+    """Wire codes of message types; never renumber, only append."""
+
+    TIME_TICK = 1
+    INSERT = 2
+    DELETE = 3
+    CREATE_COLLECTION = 4
+    DROP_COLLECTION = 5
+    CREATE_PARTITION = 6
+    DROP_PARTITION = 7
+    FLUSH = 8
+    BEGIN_TXN = 9
+    COMMIT_TXN = 10
+    ROLLBACK_TXN = 11
+    FENCE = 12
+    """Written first by a new owner of a pchannel under its new term."""
+
+    @property
+    def is_ddl(self) -> bool:
+        return self in _DDL
+
+    @property
+    def is_system(self) -> bool:
+        """Written by the WAL itself, never accepted from a producer."""
+        return self in (MessageType.TIME_TICK, MessageType.FENCE)
+
+    @classmethod
+    def parse(cls, value: int | str) -> MessageType:
+        """Parse a wire code or a case-insensitive name, with a clear error."""
+        if isinstance(value, str):
+            try:
+                return cls[value.strip().upper()]
+            except KeyError:
+                names = ", ".join(m.name for m in cls)
+                raise errors.InvalidArgument(
+                    f"unknown message type {value!r}; known: {names}"
+                ) from None
+        try:
+            return cls(value)
+        except ValueError:
+            raise errors.InvalidArgument(f"unknown message type code {value}") from None
+
+
+_DDL = frozenset(
+    {
+        MessageType.CREATE_COLLECTION,
+        MessageType.DROP_COLLECTION,
+        MessageType.CREATE_PARTITION,
+        MessageType.DROP_PARTITION,
+    }
+)
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+def validate_vchannel(vchannel: str) -> str:
+    """Return ``vchannel`` if it is well formed, else raise InvalidArgument."""
+    if not VCHANNEL_PATTERN.match(vchannel):
+        raise errors.InvalidArgument(
+            f"invalid vchannel {vchannel!r}: use 1-255 characters of [A-Za-z0-9_.-], "
+            "starting with a letter or digit"
+        )
+    return vchannel
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Message:
+    """One log message.
+
+    ``timetick`` and ``term`` are 0 until the WAL assigns them on append.
+    ``vchannel`` is empty for messages that belong to the whole pchannel
+    (time ticks, fences): those are delivered to every reader.
+    ``txn_id`` is 0 outside a transaction.
+    """
+
+    type: MessageType
+    vchannel: str = ""
+    payload: bytes = b""
+    properties: Mapping[str, str] = _EMPTY
+    timetick: int = 0
+    term: int = 0
+    txn_id: int = 0
+
+    def with_stamp(self, timetick: int, term: int) -> Message:
+        """The same message with the WAL's timetick and term."""
+        return dataclasses.replace(self, timetick=timetick, term=term)
+
+
+class LogEntry(NamedTuple):
+    """A message as stored in a WAL, with the backend's position for it."""
+
+    id: MessageID
+    message: Message

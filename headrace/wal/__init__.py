@@ -1,0 +1,1 @@
+"""The write-ahead log: backend contract, backends, and the framework WAL on top."""

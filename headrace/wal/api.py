@@ -1,0 +1,66 @@
+"""Types of the framework WAL's public API (append results, read options)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Collection
+
+from headrace.message.ids import MessageID
+from headrace.message.types import Message, MessageType
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AppendResult:
+    """What a producer learns about an acknowledged message."""
+
+    id: MessageID
+    timetick: int
+    term: int
+    txn_id: int = 0
+
+
+class DeliverPolicy(enum.Enum):
+    ALL = "all"
+    LATEST = "latest"
+    START_FROM = "start_from"
+    START_AFTER = "start_after"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """Where a scanner starts and what it delivers.
+
+    ``vchannels``: deliver only these vchannels' messages, plus messages
+    without a vchannel (time ticks, fences), which go to every reader. Empty
+    means every vchannel.
+    ``types``: deliver only these message types; empty means all.
+    ``timetick_gt`` / ``timetick_ge``: deliver only messages above (or at) it.
+    Resuming a scanner: ``START_AFTER(last id)`` with ``timetick_gt=last
+    timetick`` delivers exactly what follows, including non-persisted time
+    ticks that share the last persisted message's id.
+    """
+
+    policy: DeliverPolicy = DeliverPolicy.ALL
+    start_id: MessageID | None = None
+    vchannels: Collection[str] = ()
+    types: Collection[MessageType] = ()
+    timetick_gt: int | None = None
+    timetick_ge: int | None = None
+
+    def accepts(self, msg: Message) -> bool:
+        if self.vchannels and msg.vchannel and msg.vchannel not in self.vchannels:
+            return False
+        if self.types and msg.type not in self.types:
+            return False
+        if self.timetick_gt is not None and msg.timetick <= self.timetick_gt:
+            return False
+        return self.timetick_ge is None or msg.timetick >= self.timetick_ge
+
+
+class WALState(enum.Enum):
+    OPENING = "OPENING"
+    SERVING = "SERVING"
+    DRAINING = "DRAINING"
+    CLOSED = "CLOSED"
+    UNAVAILABLE = "UNAVAILABLE"

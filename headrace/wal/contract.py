@@ -1,0 +1,147 @@
+"""The minimal WAL backend contract ("walimpls").
+
+A backend stores opaque, already-encoded records per pchannel and knows
+nothing of message types, timeticks or interceptors: those live in the
+framework WAL (:mod:`headrace.wal.framework`). Every backend (local files,
+Kafka, Pulsar) implements exactly this and passes the one conformance suite in
+``tests/wal/conformance``.
+
+Rules every backend keeps:
+
+* ``open_writer(pchannel, term)`` fences every writer of a lower term: once it
+  returns, no append of an older term can become readable after the records of
+  the new writer, and an older writer's later ``append`` raises
+  :class:`headrace.errors.Fenced`. Opening with a term lower than the highest
+  one the backend has seen raises ``Fenced`` at once. Terms only move forward.
+* ``append`` is atomic per call as far as order goes: the records of one call
+  get consecutive, increasing ids, and are acknowledged only once durable
+  according to the backend's durability setting.
+* Readers see records in id order, never a record that was not acknowledged
+  and later lost to fencing, and wait at the tail for new records.
+* Errors are :mod:`headrace.errors` types; ``retryable`` tells the caller
+  whether the same call may succeed later.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from headrace.message.ids import MessageID
+
+
+class StartKind(enum.Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    """Only records appended after the reader was created."""
+    AT = "at"
+    """The record with the given id, or the first one after it."""
+    AFTER = "after"
+    """The first record strictly after the given id."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StartPosition:
+    kind: StartKind
+    id: MessageID | None = None
+
+    @classmethod
+    def earliest(cls) -> StartPosition:
+        return cls(StartKind.EARLIEST)
+
+    @classmethod
+    def latest(cls) -> StartPosition:
+        return cls(StartKind.LATEST)
+
+    @classmethod
+    def at(cls, mid: MessageID) -> StartPosition:
+        return cls(StartKind.AT, mid)
+
+    @classmethod
+    def after(cls, mid: MessageID) -> StartPosition:
+        return cls(StartKind.AFTER, mid)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Record:
+    """A stored record: the backend's id and the opaque bytes appended."""
+
+    id: MessageID
+    data: bytes
+
+
+class BackendReader(abc.ABC):
+    """Reads records of one pchannel in id order, waiting at the tail."""
+
+    @abc.abstractmethod
+    async def next_batch(self, max_records: int = 1024, timeout: float | None = None) -> list[Record]:
+        """Return the next records, at least one unless ``timeout`` passes first.
+
+        Returns an empty list on timeout. Raises :class:`headrace.errors.Truncated`
+        when the next record to read was truncated away.
+        """
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[Record]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Record]:
+        while True:
+            for record in await self.next_batch():
+                yield record
+
+
+class BackendWriter(abc.ABC):
+    """The one writer of a pchannel under a term."""
+
+    pchannel: str
+    term: int
+
+    @abc.abstractmethod
+    async def append(self, records: Sequence[bytes]) -> list[MessageID]:
+        """Durably append ``records`` in order; their ids, increasing."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Flush and release; idempotent."""
+
+
+class Backend(abc.ABC):
+    """A WAL storage backend: one per process and configuration."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
+        """Fence lower terms and return the writer for ``term``."""
+
+    @abc.abstractmethod
+    async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader: ...
+
+    @abc.abstractmethod
+    async def last_record(self, pchannel: str) -> Record | None:
+        """The last readable record of the pchannel, or None if it is empty."""
+
+    @abc.abstractmethod
+    async def truncate(self, pchannel: str, before: MessageID) -> None:
+        """Allow the backend to drop records with ids lower than ``before``.
+
+        Reads from a dropped position afterwards raise ``Truncated``. A backend
+        may keep more than asked (whole segments, retention), never less.
+        """
+
+    @abc.abstractmethod
+    async def earliest(self, pchannel: str) -> MessageID | None:
+        """Id of the first readable record, or None if the pchannel is empty."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Settings worth showing in status output (no secrets)."""
+        return {"backend": self.name}
