@@ -1,0 +1,153 @@
+"""Cluster state kept in the metastore: key layout and records.
+
+Everything a coordinator, a node and a client share goes through these keys
+(``<root>`` is ``/headrace/<cluster name>``)::
+
+    <root>/config                    ClusterConfig JSON (pchannel names)
+    <root>/nodes/<node id>           NodeInfo JSON, bound to the node's session lease
+    <root>/pchannels/<pchannel>      Assignment JSON, written with compare-and-swap
+    <root>/coordinator/leader        coordinator id, bound to its election lease
+    <root>/coordinator/term          election term (monotonic)
+    <root>/tso                       TSO window upper bound
+    <root>/checkpoints/<pchannel>    recovery checkpoint of a pchannel, under its term
+
+Assignment protocol (declarative: the coordinator writes, nodes react):
+
+* ``ASSIGNING(node, term)``: the coordinator chose ``node`` under ``term``
+  (always greater than every earlier term of the pchannel). The node opens the
+  WAL with ``term`` (fencing older writers in the backend), writes the fence,
+  then moves the record to ``ASSIGNED`` by compare-and-swap on its revision.
+* ``ASSIGNED(node, term)``: the node serves the pchannel.
+* ``UNASSIGNING(node, term, target)``: a graceful move. The node stops taking
+  appends (NOT_OWNER naming ``target``), finishes in-flight appends, writes a
+  final time tick, closes, then moves the record to ``UNASSIGNED``.
+* ``UNASSIGNED(term)``: nobody serves; the coordinator assigns again with
+  ``term + 1``.
+* ``UNAVAILABLE(term)``: no node can take it now (none alive, or frozen).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import zlib
+from collections.abc import Sequence
+
+import pydantic
+
+from headrace import errors
+
+DEFAULT_CLUSTER = "default"
+
+
+class AssignmentState(enum.Enum):
+    ASSIGNING = "ASSIGNING"
+    ASSIGNED = "ASSIGNED"
+    UNASSIGNING = "UNASSIGNING"
+    UNASSIGNED = "UNASSIGNED"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+class _Record(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(frozen=True, extra="ignore")
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> _Record:
+        try:
+            return cls.model_validate_json(data)
+        except pydantic.ValidationError as exc:
+            raise errors.CorruptData(f"malformed {cls.__name__} record: {exc}") from None
+
+
+class NodeInfo(_Record):
+    node_id: str
+    address: str
+    """host:port of the node's gRPC server."""
+    started_at: float = 0.0
+    frozen: bool = False
+    """A frozen node receives no new pchannels (e.g. before an upgrade)."""
+    version: str = ""
+
+
+class Assignment(_Record):
+    pchannel: str
+    state: AssignmentState
+    term: int
+    node: str = ""
+    address: str = ""
+    target: str = ""
+    """For UNASSIGNING: the node the pchannel moves to, if known."""
+    updated_at: float = 0.0
+
+
+class ClusterConfig(_Record):
+    pchannels: list[str]
+    wal_backend: str = "local"
+
+
+class Keys:
+    """Key builders for one cluster."""
+
+    def __init__(self, cluster: str = DEFAULT_CLUSTER) -> None:
+        if not cluster or "/" in cluster:
+            raise errors.InvalidArgument(f"invalid cluster name {cluster!r}")
+        self.root = f"/headrace/{cluster}"
+
+    @property
+    def config(self) -> str:
+        return f"{self.root}/config"
+
+    @property
+    def nodes(self) -> str:
+        return f"{self.root}/nodes/"
+
+    def node(self, node_id: str) -> str:
+        return f"{self.nodes}{node_id}"
+
+    @property
+    def pchannels(self) -> str:
+        return f"{self.root}/pchannels/"
+
+    def pchannel(self, name: str) -> str:
+        return f"{self.pchannels}{name}"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.root}/coordinator/leader"
+
+    @property
+    def coordinator_term(self) -> str:
+        return f"{self.root}/coordinator/term"
+
+    @property
+    def tso(self) -> str:
+        return f"{self.root}/tso"
+
+    def checkpoint(self, pchannel: str) -> str:
+        return f"{self.root}/checkpoints/{pchannel}"
+
+
+def default_pchannels(count: int, prefix: str = "pchannel") -> list[str]:
+    if count < 1:
+        raise errors.InvalidArgument(f"need at least one pchannel, got {count}")
+    return [f"{prefix}-{i:03d}" for i in range(count)]
+
+
+def route(vchannel: str, pchannels: Sequence[str]) -> str:
+    """The pchannel that carries ``vchannel``.
+
+    The rule is stable and documented: CRC-32 of the vchannel's UTF-8 name,
+    modulo the number of pchannels, indexes the pchannel list in its configured
+    order. It depends only on the name and the pchannel list, so every client
+    and node computes the same answer.
+    """
+    if not pchannels:
+        raise errors.Unavailable("the cluster has no pchannels configured yet")
+    return pchannels[zlib.crc32(vchannel.encode()) % len(pchannels)]
+
+
+def dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
