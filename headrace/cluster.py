@@ -32,6 +32,7 @@ import enum
 import json
 import zlib
 from collections.abc import Sequence
+from typing import Self
 
 import pydantic
 
@@ -55,7 +56,7 @@ class _Record(pydantic.BaseModel):
         return self.model_dump_json().encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> _Record:
+    def from_json(cls, data: bytes) -> Self:
         try:
             return cls.model_validate_json(data)
         except pydantic.ValidationError as exc:
