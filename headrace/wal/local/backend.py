@@ -1,0 +1,351 @@
+"""The local WAL backend: segmented files under ``<root>/<pchannel>/``.
+
+Opening a writer stores its term durably first, then measures the valid
+length of the newest segment and starts a new segment that records it, so a
+fenced writer's later bytes are never read. See :mod:`.chain` for how the log
+is assembled from segments and :mod:`.writer`/:mod:`.reader` for the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+import weakref
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from headrace import errors
+from headrace.message.ids import MessageID
+from headrace.wal.contract import (
+    Backend,
+    BackendReader,
+    BackendWriter,
+    Record,
+    StartKind,
+    StartPosition,
+)
+from headrace.wal.local import files, scan
+from headrace.wal.local.chain import Chain
+from headrace.wal.local.channel import Channel
+from headrace.wal.local.message_id import LocalMessageID
+from headrace.wal.local.reader import POLL_MAX, LocalReader
+from headrace.wal.local.segment import HEADER_SIZE, SegmentHeader, SegmentName
+from headrace.wal.local.writer import LocalWriter, OpenSegment, WriterSettings
+
+PCHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+MIN_SEGMENT_BYTES = 128
+OWNER_CHANGE_WAIT = 5.0
+"""How long calls wait for a new owner that stored its term to create its segment."""
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LocalSettings:
+    root: str
+    fsync: str = "batch"
+    fsync_interval_ms: float = 5.0
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.root, str) or not self.root:
+            raise errors.InvalidArgument(
+                f"local WAL: root must be a directory path, got {self.root!r}"
+            )
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise errors.InvalidArgument(f"local WAL: root {self.root!r} is not a directory")
+        if self.fsync not in ("batch", "interval"):
+            raise errors.InvalidArgument(
+                f"local WAL: fsync must be 'batch' or 'interval', got {self.fsync!r}"
+            )
+        interval = self.fsync_interval_ms
+        if isinstance(interval, bool) or not isinstance(interval, int | float):
+            raise errors.InvalidArgument(
+                f"local WAL: fsync_interval_ms must be a number, got {interval!r}"
+            )
+        if not 0 < interval <= 10_000:
+            raise errors.InvalidArgument(
+                f"local WAL: fsync_interval_ms must be in (0, 10000], got {interval}"
+            )
+        size = self.segment_bytes
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise errors.InvalidArgument(
+                f"local WAL: segment_bytes must be an integer, got {size!r}"
+            )
+        if not MIN_SEGMENT_BYTES <= size <= 1 << 40:
+            raise errors.InvalidArgument(
+                f"local WAL: segment_bytes must be between {MIN_SEGMENT_BYTES} and 2**40, "
+                f"got {size}"
+            )
+
+
+def create(**settings: Any) -> LocalBackend:
+    """Registry factory: ``root``, ``fsync``, ``fsync_interval_ms``, ``segment_bytes``."""
+    known = {field.name for field in dataclasses.fields(LocalSettings)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise errors.InvalidArgument(
+            f"local WAL: unknown settings {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
+    if "root" not in settings:
+        raise errors.InvalidArgument("local WAL: the 'root' directory setting is required")
+    root = settings.pop("root")
+    return LocalBackend(os.fspath(root), **settings)
+
+
+def _lsn_of(mid: MessageID | None) -> int:
+    if not isinstance(mid, LocalMessageID):
+        raise errors.InvalidArgument(f"expected a local message id, got {mid!r}")
+    return mid.lsn
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        fsync: str = "batch",
+        fsync_interval_ms: float = 5.0,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    ) -> None:
+        self.settings = LocalSettings(root, fsync, fsync_interval_ms, segment_bytes)
+        self._writer_settings = WriterSettings(fsync, fsync_interval_ms / 1000.0, segment_bytes)
+        self._channels: dict[str, Channel] = {}
+        self._writers: dict[str, LocalWriter] = {}
+        self._readers: weakref.WeakSet[LocalReader] = weakref.WeakSet()
+        self._closed = False
+
+    def _channel(self, pchannel: str) -> Channel:
+        if self._closed:
+            raise errors.Closed("the local WAL backend was closed")
+        if not isinstance(pchannel, str) or not PCHANNEL_PATTERN.match(pchannel):
+            raise errors.InvalidArgument(
+                f"invalid pchannel name {pchannel!r}: use 1-255 characters of [A-Za-z0-9_.-], "
+                "starting with a letter or digit"
+            )
+        channel = self._channels.get(pchannel)
+        if channel is None:
+            channel = self._channels[pchannel] = Channel(self.settings.root, pchannel)
+        return channel
+
+    async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
+        if isinstance(term, bool) or not isinstance(term, int) or not 0 <= term < 1 << 63:
+            raise errors.InvalidArgument(f"term must be a non-negative integer, got {term!r}")
+        channel = self._channel(pchannel)
+        async with channel.opening:
+            await _blocking(self._store_term, channel, term)
+            previous = self._writers.pop(pchannel, None)
+            if previous is not None:
+                await previous.supersede(
+                    errors.Fenced(
+                        f"pchannel {pchannel}: writer of term {previous.term} was replaced by "
+                        f"a writer of term {term}",
+                        term=previous.term,
+                        current_term=term,
+                    )
+                )
+            current = await _blocking(self._start_segment, channel, term)
+            writer = LocalWriter(channel, term, current, self._writer_settings, self._writer_closed)
+            self._writers[pchannel] = writer
+            return writer
+
+    def _writer_closed(self, writer: LocalWriter) -> None:
+        if self._writers.get(writer.pchannel) is writer:
+            del self._writers[writer.pchannel]
+
+    def _store_term(self, channel: Channel, term: int) -> None:
+        files.ensure_dir(channel.directory)
+        files.remove_stale_tmp(channel.directory)
+        fd = files.open_term_file(channel.directory, write=True)
+        try:
+            files.advance_term(fd, channel.term_path, term, channel.pchannel)
+        finally:
+            os.close(fd)
+
+    def _start_segment(self, channel: Channel, term: int) -> OpenSegment:
+        """Measure the newest segment and start the next one (blocking)."""
+        chain = channel.load_chain()
+        head = chain.head
+        prev: SegmentName | None = None
+        prev_len, base = 0, 0
+        if head is not None:
+            if head.name.term > term:
+                raise errors.Fenced(
+                    f"pchannel {channel.pchannel}: segment {head.name.filename} was written "
+                    f"under term {head.name.term}, newer than {term}",
+                    term=term,
+                    current_term=head.name.term,
+                )
+            fd = scan.open_segment(head)
+            if fd is None:
+                raise errors.Unavailable(f"{head.path} vanished while opening a writer; retry")
+            try:
+                prev_len, base = scan.scan_end(fd, head)
+            finally:
+                os.close(fd)
+            prev = head.name
+        taken = [
+            name.seq
+            for name in files.list_segments(channel.directory)
+            if (name.base_lsn, name.term) == (base, term)
+        ]
+        name = SegmentName(base, term, max(taken, default=-1) + 1)
+        while True:
+            try:
+                fd = files.create_segment(channel.directory, SegmentHeader(name, prev, prev_len))
+                break
+            except FileExistsError:
+                name = name._replace(seq=name.seq + 1)
+        stored = channel.term()
+        if stored > term:
+            os.close(fd)
+            raise errors.Fenced(
+                f"pchannel {channel.pchannel}: term {stored} took over while term {term} was "
+                "opening its writer",
+                term=term,
+                current_term=stored,
+            )
+        return OpenSegment(name, fd, HEADER_SIZE, base)
+
+    async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:
+        channel = self._channel(pchannel)
+        target: int | None
+        if start.kind is StartKind.EARLIEST:
+            target = None
+        elif start.kind is StartKind.LATEST:
+            target = await self._consistent(channel, lambda chain: self._end_lsn(channel, chain))
+        elif start.kind is StartKind.AT:
+            target = _lsn_of(start.id)
+        else:
+            target = _lsn_of(start.id) + 1
+        reader = LocalReader(channel, target)
+        self._readers.add(reader)
+        return reader
+
+    @staticmethod
+    def _capped(channel: Channel, chain: Chain) -> Chain:
+        """The chain with the head bounded by what this process's writer acknowledged."""
+        active, head = channel.active, chain.head
+        if active is None or head is None or head.name != active[0]:
+            return chain
+        capped = dataclasses.replace(head, limit=active[1], end_lsn=active[2])
+        return dataclasses.replace(chain, links=(*chain.links[:-1], capped))
+
+    def _end_lsn(self, channel: Channel, chain: Chain) -> int:
+        active, head = channel.active, chain.head
+        if active is not None and head is not None and head.name == active[0]:
+            return active[2]
+        return scan.end_lsn(chain)
+
+    async def _consistent(self, channel: Channel, compute: Callable[[Chain], _T]) -> _T:
+        """``compute`` over a trusted chain while the stored term stays the same."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + OWNER_CHANGE_WAIT
+        while True:
+            result = await _blocking(self._try_consistent, channel, compute)
+            if result is not None:
+                return result[0]
+            if loop.time() > deadline:
+                raise errors.Unavailable(
+                    f"pchannel {channel.pchannel}: an owner change is in progress (a new term "
+                    "was stored but its segment does not exist yet); retry later"
+                )
+            await asyncio.sleep(POLL_MAX)
+
+    @staticmethod
+    def _try_consistent(channel: Channel, compute: Callable[[Chain], _T]) -> tuple[_T] | None:
+        chain = channel.load_chain()
+        if not chain.trusted:
+            return None
+        value = compute(chain)
+        if channel.term() != chain.term:
+            return None
+        return (value,)
+
+    async def last_record(self, pchannel: str) -> Record | None:
+        channel = self._channel(pchannel)
+        return await self._consistent(
+            channel, lambda chain: scan.last_record(self._capped(channel, chain))
+        )
+
+    async def earliest(self, pchannel: str) -> MessageID | None:
+        channel = self._channel(pchannel)
+
+        def compute(chain: Chain) -> MessageID | None:
+            head = chain.head
+            if head is None:
+                return None
+            first = chain.first_lsn
+            if first < head.base_lsn or first < self._end_lsn(channel, chain):
+                return LocalMessageID(first)
+            return None
+
+        return await self._consistent(channel, compute)
+
+    async def truncate(self, pchannel: str, before: MessageID) -> None:
+        lsn = _lsn_of(before)
+        channel = self._channel(pchannel)
+        await self._consistent(channel, lambda chain: self._truncate(channel, chain, lsn))
+
+    def _truncate(self, channel: Channel, chain: Chain, lsn: int) -> None:
+        """Write the marker, then delete whole segments below it (blocking)."""
+        if not chain.links:
+            return
+        cut = min(lsn, self._end_lsn(channel, chain))
+        with files.term_lock(channel.directory):
+            marker = files.read_marker(channel.directory)
+            if cut > marker:
+                files.write_marker(channel.directory, cut)
+                marker = cut
+        keep = chain.links[-1].name
+        doomed = []
+        for link in chain.links[:-1]:
+            if link.end_lsn is not None and link.end_lsn <= marker:
+                doomed.append(link.name)
+            else:
+                keep = link.name
+                break
+        on_chain = {link.name for link in chain.links}
+        doomed += [
+            name
+            for name in files.list_segments(channel.directory)
+            if name not in on_chain and name.base_lsn < keep.base_lsn
+        ]
+        for name in doomed:
+            try:
+                os.unlink(os.path.join(channel.directory, name.filename))
+            except FileNotFoundError:
+                continue
+        if doomed:
+            files.fsync_dir(channel.directory)
+            channel.forget(doomed)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        for writer in list(self._writers.values()):
+            await writer.close()
+        for reader in list(self._readers):
+            await reader.close()
+        self._closed = True
+        for channel in self._channels.values():
+            channel.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, **dataclasses.asdict(self.settings)}
+
+
+async def _blocking(func: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """Run blocking file work in a thread; OSErrors become Headrace errors."""
+    try:
+        return await asyncio.to_thread(func, *args, **kwargs)
+    except OSError as exc:
+        raise files.storage_error(
+            exc, f"local WAL {getattr(func, '__name__', 'operation')}"
+        ) from None

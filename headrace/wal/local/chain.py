@@ -1,0 +1,101 @@
+"""Which segments form a pchannel's log, and how much of each is readable.
+
+Every segment names the one it continues (its predecessor) and the valid byte
+length ``prev_len`` its creator measured there after storing its term. The
+log is the chain that ends in the segment of the highest term (then highest
+LSN and seq): walking back through the predecessors gives the segments in
+order, each readable up to its successor's ``prev_len``. Segments off that
+chain were created by writers fenced before they wrote anything and are
+ignored, as are bytes a fenced writer added past a measured length.
+
+A chain is *trusted* when its head was created under the stored term, read
+after listing the segments; otherwise a new owner has stored its term but not
+yet created its segment, and readers wait for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from headrace import errors
+from headrace.wal.local.segment import HEADER_SIZE, SegmentHeader, SegmentName
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Link:
+    header: SegmentHeader
+    path: str
+    limit: int | None
+    """Readable byte length; None for the head (read to its last valid record)."""
+    end_lsn: int | None
+    """LSN of the successor's first record; None for the head."""
+
+    @property
+    def name(self) -> SegmentName:
+        return self.header.name
+
+    @property
+    def base_lsn(self) -> int:
+        return self.header.name.base_lsn
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Chain:
+    links: tuple[Link, ...]
+    term: int
+    """The stored term, read after listing the segments."""
+    marker: int
+    """First LSN still readable according to the truncation marker."""
+
+    @property
+    def head(self) -> Link | None:
+        return self.links[-1] if self.links else None
+
+    @property
+    def trusted(self) -> bool:
+        return not self.links or self.links[-1].name.term >= self.term
+
+    @property
+    def first_lsn(self) -> int:
+        """Lowest LSN that can still be read (if it exists)."""
+        if not self.links:
+            return self.marker
+        return max(self.marker, self.links[0].base_lsn)
+
+    def index_of(self, lsn: int) -> int:
+        """Index of the link holding ``lsn`` (the head for LSNs past the end)."""
+        for index, link in enumerate(self.links):
+            if link.end_lsn is None or lsn < link.end_lsn:
+                return index
+        raise errors.CorruptData("segment chain has no head")  # links always end in a head
+
+    def position_of(self, name: SegmentName) -> int | None:
+        for index, link in enumerate(self.links):
+            if link.name == name:
+                return index
+        return None
+
+
+def build_chain(
+    directory: str, headers: Mapping[SegmentName, SegmentHeader], term: int, marker: int
+) -> Chain:
+    """The chain of ``headers`` (all segments listed), ending in the head."""
+    if not headers:
+        return Chain((), term, marker)
+    head = headers[max(headers, key=lambda name: name.head_key)]
+    reversed_links = [Link(head, os.path.join(directory, head.name.filename), None, None)]
+    current = head
+    while current.prev is not None and current.prev in headers:
+        prev = headers[current.prev]
+        path = os.path.join(directory, prev.name.filename)
+        if current.prev_len < HEADER_SIZE or current.name.base_lsn < prev.name.base_lsn:
+            raise errors.CorruptData(
+                f"{os.path.join(directory, current.name.filename)}: inconsistent predecessor "
+                f"{prev.name.filename} (prev_len {current.prev_len})"
+            )
+        reversed_links.append(Link(prev, path, current.prev_len, current.name.base_lsn))
+        current = prev
+    reversed_links.reverse()
+    return Chain(tuple(reversed_links), term, marker)

@@ -1,0 +1,80 @@
+"""Per-pchannel state one local backend shares between its writer and readers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+
+from headrace.wal.local import chain, files
+from headrace.wal.local.segment import SegmentHeader, SegmentName
+
+
+class Channel:
+    """Files and in-process coordination of one pchannel.
+
+    Blocking methods (``term``, ``load_chain``) run in worker threads; the
+    ``active``/``notify`` part is used on the event loop only.
+    """
+
+    def __init__(self, root: str, pchannel: str) -> None:
+        self.pchannel = pchannel
+        self.directory = os.path.join(root, pchannel)
+        self.term_path = os.path.join(self.directory, files.TERM_FILE)
+        self._headers: dict[SegmentName, SegmentHeader] = {}
+        self._term_fd: int | None = None
+        self._lock = threading.Lock()
+        self.active: tuple[SegmentName, int, int] | None = None
+        """Segment of this process's writer, its acknowledged length and next LSN."""
+        self._changed = asyncio.Event()
+        self.opening = asyncio.Lock()
+        """Serialises this process's ``open_writer`` calls of the pchannel."""
+
+    def term(self) -> int:
+        """The stored term (0 before any writer opened)."""
+        fd = self._term_fd
+        if fd is None:
+            with self._lock:
+                if self._term_fd is None:
+                    try:
+                        self._term_fd = files.open_term_file(self.directory, write=False)
+                    except FileNotFoundError:
+                        return 0
+                fd = self._term_fd
+        return files.read_term(fd, self.term_path)
+
+    def load_chain(self) -> chain.Chain:
+        """List the segments, then read the term: the chain as of now."""
+        names = files.list_segments(self.directory)
+        headers: dict[SegmentName, SegmentHeader] = {}
+        for name in names:
+            header = self._headers.get(name)
+            if header is None:
+                header = files.read_header(self.directory, name)
+                if header is None:
+                    continue
+                self._headers[name] = header
+            headers[name] = header
+        term = self.term()
+        marker = files.read_marker(self.directory)
+        return chain.build_chain(self.directory, headers, term, marker)
+
+    def forget(self, names: list[SegmentName]) -> None:
+        for name in names:
+            self._headers.pop(name, None)
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next :meth:`notify` (take it before checking)."""
+        return self._changed
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._term_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._term_fd)
+                self._term_fd = None

@@ -1,0 +1,240 @@
+"""Blocking file operations of the local WAL (run them in a worker thread).
+
+The term file ``TERM`` holds the highest term that opened a writer; it is
+rewritten in place (a 12-byte ``pwrite`` plus ``fsync``), so writers can check
+it with one ``pread`` on a descriptor they keep. The ``TRUNCATED`` marker holds
+the first LSN still readable and is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import secrets
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+
+from headrace import errors
+from headrace.wal.local import segment
+from headrace.wal.local.segment import SegmentHeader, SegmentName
+
+TERM_FILE = "TERM"
+TRUNCATED_FILE = "TRUNCATED"
+_VALUE = struct.Struct("<QI")
+_STALE_TMP_SECONDS = 60.0
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def storage_error(exc: OSError, what: str) -> errors.HeadraceError:
+    """Translate an OSError of ``what`` into StorageFull or Unavailable."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno in _FULL_ERRNOS:
+        return errors.StorageFull(
+            f"{what}: {reason}; nothing of this write was acknowledged, acknowledged "
+            "records are intact; free space (or raise the file size limit) and retry"
+        )
+    return errors.Unavailable(f"{what}: {reason}")
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_data(fd: int) -> None:
+    """fdatasync where it exists (it covers the size of an appended file)."""
+    if hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:
+        os.fsync(fd)
+
+
+def ensure_dir(path: str) -> None:
+    """Create ``path`` (and parents) durably if it does not exist."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path.rstrip("/")) or "."
+    ensure_dir(parent)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path)
+    fsync_dir(parent)
+
+
+def _encode_value(value: int) -> bytes:
+    raw = struct.pack("<Q", value)
+    return _VALUE.pack(value, zlib.crc32(raw))
+
+
+def _decode_value(data: bytes, path: str) -> int:
+    if not data:
+        return 0
+    if len(data) != _VALUE.size:
+        raise errors.CorruptData(f"{path}: expected {_VALUE.size} bytes, found {len(data)}")
+    value, crc = _VALUE.unpack(data)
+    if zlib.crc32(struct.pack("<Q", value)) != crc:
+        raise errors.CorruptData(f"{path}: CRC mismatch at byte offset 0")
+    return int(value)
+
+
+def open_term_file(directory: str, *, write: bool) -> int:
+    """Descriptor of the term file; created (empty, meaning term 0) for writers."""
+    path = os.path.join(directory, TERM_FILE)
+    if not write:
+        return os.open(path, os.O_RDONLY)
+    existed = os.path.exists(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if not existed:
+        fsync_dir(directory)
+    return fd
+
+
+def read_term(fd: int, path: str) -> int:
+    return _decode_value(os.pread(fd, _VALUE.size + 1, 0), path)
+
+
+def advance_term(fd: int, path: str, term: int, pchannel: str) -> None:
+    """Store ``term`` durably unless a higher one is stored (then Fenced).
+
+    A short ``flock`` makes the compare and the write one step across
+    processes; it is held for microseconds, never while writing records.
+    """
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        stored = read_term(fd, path)
+        if term < stored:
+            raise errors.Fenced(
+                f"pchannel {pchannel}: term {term} is older than the stored term {stored}",
+                term=term,
+                current_term=stored,
+            )
+        if term > stored:
+            os.pwrite(fd, _encode_value(term), 0)
+            os.fsync(fd)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def term_lock(directory: str) -> Iterator[bool]:
+    """Hold the term file's lock (yields False if there is no term file yet).
+
+    Each holder opens its own descriptor: ``flock`` excludes other open file
+    descriptions, in this process as in others.
+    """
+    try:
+        fd = os.open(os.path.join(directory, TERM_FILE), os.O_RDONLY)
+    except FileNotFoundError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)
+
+
+def read_marker(directory: str) -> int:
+    """First LSN still readable (0 when nothing was truncated)."""
+    path = os.path.join(directory, TRUNCATED_FILE)
+    try:
+        with open(path, "rb") as fh:
+            return _decode_value(fh.read(_VALUE.size + 1), path)
+    except FileNotFoundError:
+        return 0
+
+
+def write_marker(directory: str, lsn: int) -> None:
+    _replace(directory, TRUNCATED_FILE, _encode_value(lsn))
+
+
+def _tmp_name(final: str) -> str:
+    return f".{final}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def _replace(directory: str, name: str, data: bytes) -> None:
+    tmp = os.path.join(directory, _tmp_name(name))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, os.path.join(directory, name))
+    fsync_dir(directory)
+
+
+def remove_stale_tmp(directory: str) -> None:
+    """Remove temporary files left by a crash (older than a minute)."""
+    now = time.time()
+    for entry in os.scandir(directory):
+        if entry.name.endswith(".tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                if now - entry.stat().st_mtime > _STALE_TMP_SECONDS:
+                    os.unlink(entry.path)
+
+
+def list_segments(directory: str) -> list[SegmentName]:
+    """Segment names in ``directory`` in LSN order; [] if it does not exist."""
+    try:
+        entries = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    names = [name for name in map(segment.parse_name, entries) if name is not None]
+    names.sort()
+    return names
+
+
+def read_header(directory: str, name: SegmentName) -> SegmentHeader | None:
+    """The header of segment ``name``, or None if the file is gone."""
+    path = os.path.join(directory, name.filename)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        header = segment.decode_header(os.pread(fd, segment.HEADER_SIZE, 0), path)
+    finally:
+        os.close(fd)
+    if header.name != name:
+        raise errors.CorruptData(f"{path}: header names segment {header.name.filename}")
+    return header
+
+
+def create_segment(directory: str, header: SegmentHeader) -> int:
+    """Create the segment file of ``header`` and return a descriptor to append.
+
+    The header is written and synced under a temporary name and then linked
+    into place, so no reader ever sees a segment without a complete header.
+    Raises FileExistsError if the name is taken.
+    """
+    final = header.name.filename
+    tmp = os.path.join(directory, _tmp_name(final))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, segment.encode_header(header))
+        os.fsync(fd)
+        os.link(tmp, os.path.join(directory, final))
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    fsync_dir(directory)
+    return fd
+
+
+def write_all(fd: int, data: bytes, offset: int) -> None:
+    """pwrite all of ``data`` at ``offset`` (a short write is continued)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written

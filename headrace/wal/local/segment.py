@@ -1,0 +1,236 @@
+"""On-disk format of the local WAL: segment names, headers and record frames.
+
+Pure functions over bytes; file I/O lives in :mod:`headrace.wal.local.files`.
+
+A segment file ``<base_lsn:020d>-<term:010d>-<seq:04d>.seg`` starts with a
+64-byte header (little endian)::
+
+    0   8  magic b"HRWALSEG"
+    8   2  format version (1)
+    10  2  flags (bit 0: the segment has a predecessor)
+    12  8  term of the writer that created it
+    20  8  base LSN (LSN of its first record)
+    28  4  seq (tells apart segments of one term opened at the same LSN)
+    32  8  predecessor base LSN   \
+    40  8  predecessor term        | the segment this one continues
+    48  4  predecessor seq        /
+    52  8  prev_len: valid byte length of the predecessor
+    60  4  CRC-32 of bytes 0-59
+
+followed by record frames::
+
+    0   4  body length N
+    4   4  CRC-32 over bytes 8 .. 16+N (the LSN and the body)
+    8   8  LSN
+    16  N  body
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import struct
+import zlib
+from typing import NamedTuple
+
+from headrace import errors
+from headrace.wal.contract import Record
+from headrace.wal.local.message_id import LocalMessageID
+
+MAGIC = b"HRWALSEG"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sHHQQIQQIQ")
+_CRC = struct.Struct("<I")
+HEADER_SIZE = _HEADER.size + _CRC.size  # 64
+_FLAG_PREV = 0x01
+FRAME = struct.Struct("<IIQ")
+FRAME_SIZE = FRAME.size  # 16
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+"""Largest record body a frame may carry (the framework's limit is far lower)."""
+
+_NAME = re.compile(r"^(\d{20})-(\d{10,})-(\d{4,})\.seg$")
+_LSN = struct.Struct("<Q")
+
+
+class SegmentName(NamedTuple):
+    base_lsn: int
+    term: int
+    seq: int
+
+    @property
+    def filename(self) -> str:
+        return f"{self.base_lsn:020d}-{self.term:010d}-{self.seq:04d}.seg"
+
+    @property
+    def head_key(self) -> tuple[int, int, int]:
+        """Order in which segments take over the log: by term, then position."""
+        return (self.term, self.base_lsn, self.seq)
+
+
+def parse_name(filename: str) -> SegmentName | None:
+    """The segment name of ``filename``, or None for any other file."""
+    match = _NAME.match(filename)
+    if match is None:
+        return None
+    return SegmentName(int(match[1]), int(match[2]), int(match[3]))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SegmentHeader:
+    name: SegmentName
+    prev: SegmentName | None
+    prev_len: int
+
+
+def encode_header(header: SegmentHeader) -> bytes:
+    prev = header.prev or SegmentName(0, 0, 0)
+    body = _HEADER.pack(
+        MAGIC,
+        FORMAT_VERSION,
+        _FLAG_PREV if header.prev is not None else 0,
+        header.name.term,
+        header.name.base_lsn,
+        header.name.seq,
+        prev.base_lsn,
+        prev.term,
+        prev.seq,
+        header.prev_len,
+    )
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def decode_header(data: bytes, path: str) -> SegmentHeader:
+    """Decode and check a header read from ``path``; CorruptData if it is bad."""
+    if len(data) < HEADER_SIZE:
+        raise errors.CorruptData(f"{path}: segment header is {len(data)} bytes, expected 64")
+    (crc,) = _CRC.unpack_from(data, _HEADER.size)
+    if zlib.crc32(data[: _HEADER.size]) != crc:
+        raise errors.CorruptData(f"{path}: segment header CRC mismatch at byte offset 0")
+    magic, version, flags, term, base, seq, pbase, pterm, pseq, prev_len = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise errors.CorruptData(f"{path}: not a Headrace WAL segment (magic {magic!r})")
+    if version != FORMAT_VERSION:
+        raise errors.CorruptData(
+            f"{path}: segment format version {version} is not supported "
+            f"(this build reads {FORMAT_VERSION})"
+        )
+    prev = SegmentName(pbase, pterm, pseq) if flags & _FLAG_PREV else None
+    return SegmentHeader(SegmentName(base, term, seq), prev, prev_len)
+
+
+def encode_frames(first_lsn: int, records: list[bytes]) -> bytes:
+    """Frames of ``records`` with consecutive LSNs from ``first_lsn``."""
+    parts: list[bytes] = []
+    crc32, pack_lsn, pack_frame = zlib.crc32, _LSN.pack, FRAME.pack
+    for lsn, body in enumerate(records, first_lsn):
+        crc = crc32(body, crc32(pack_lsn(lsn)))
+        parts.append(pack_frame(len(body), crc, lsn))
+        parts.append(body)
+    return b"".join(parts)
+
+
+class Stop(enum.Enum):
+    """Why :func:`parse_records` stopped."""
+
+    END = "end"
+    """Every byte given was consumed."""
+    PARTIAL = "partial"
+    """The bytes end inside a frame; ``need`` bytes from ``pos`` hold it whole."""
+    BAD = "bad"
+    """A complete frame at ``pos`` fails its checks (CRC, LSN or length)."""
+    FULL = "full"
+    """``max_records`` records were parsed."""
+
+
+class Parsed(NamedTuple):
+    records: list[Record]
+    pos: int
+    lsn: int
+    stop: Stop
+    need: int
+
+
+def parse_records(
+    view: memoryview, pos: int, end: int, lsn: int, max_records: int, *, make_records: bool = True
+) -> Parsed:
+    """Parse frames in ``view[pos:end]`` whose LSNs continue from ``lsn``.
+
+    With ``make_records=False`` frames are checked but no records are built
+    (recovery scans). This is the hot loop of every scan: one ``unpack`` and
+    one CRC per frame, and the body sliced straight out of the bytes object.
+    """
+    records: list[Record] = []
+    append = records.append
+    unpack, crc32 = FRAME.unpack_from, zlib.crc32
+    whole = view.obj
+    data = whole if isinstance(whole, bytes) and len(whole) == len(view) else view.tobytes()
+    new_id, id_class = object.__new__, LocalMessageID
+    count = 0
+    while pos < end:
+        if count >= max_records:
+            return Parsed(records, pos, lsn, Stop.FULL, 0)
+        if end - pos < FRAME_SIZE:
+            return Parsed(records, pos, lsn, Stop.PARTIAL, FRAME_SIZE)
+        length, crc, frame_lsn = unpack(view, pos)
+        if length > MAX_RECORD_BYTES or frame_lsn != lsn:
+            return Parsed(records, pos, lsn, Stop.BAD, 0)
+        stop = pos + FRAME_SIZE + length
+        if stop > end:
+            return Parsed(records, pos, lsn, Stop.PARTIAL, FRAME_SIZE + length)
+        if crc32(view[pos + 8 : stop]) != crc:
+            return Parsed(records, pos, lsn, Stop.BAD, 0)
+        if make_records:
+            mid = new_id(id_class)  # LSNs here are in range: skip the constructor's check
+            mid.lsn = lsn
+            append(Record(mid, data[pos + FRAME_SIZE : stop]))
+        count += 1
+        lsn += 1
+        pos = stop
+    return Parsed(records, pos, lsn, Stop.END, 0)
+
+
+def frame_valid_at(view: memoryview, pos: int, lsn: int) -> bool:
+    """Whether a complete frame with LSN ``lsn`` and a good CRC starts at ``pos``."""
+    if pos < 0 or len(view) - pos < FRAME_SIZE:
+        return False
+    length, crc, frame_lsn = FRAME.unpack_from(view, pos)
+    stop = pos + FRAME_SIZE + length
+    if frame_lsn != lsn or length > MAX_RECORD_BYTES or stop > len(view):
+        return False
+    return bool(zlib.crc32(view[pos + 8 : stop]) == crc)
+
+
+def find_valid_frame(data: bytes, pos: int, lsn: int) -> int | None:
+    """Offset of a valid frame with LSN ``lsn`` at or after ``pos``, if any.
+
+    Used behind a bad frame: the frame that follows it is found by its LSN
+    even when the bad frame's own length field is damaged.
+    """
+    needle = _LSN.pack(lsn)
+    view = memoryview(data)
+    start = pos + 8
+    while True:
+        hit = data.find(needle, start)
+        if hit < 0:
+            return None
+        if frame_valid_at(view, hit - 8, lsn):
+            return hit - 8
+        start = hit + 1
+
+
+def hop(view: memoryview, pos: int, end: int, lsn: int, target: int) -> tuple[int, int]:
+    """Skip frames below LSN ``target`` without checking CRCs (they are not read).
+
+    Stops at ``target``, at the end of the bytes, or at anything unexpected,
+    leaving the frame there to the checking parser.
+    """
+    unpack = FRAME.unpack_from
+    while lsn < target and end - pos >= FRAME_SIZE:
+        length, _crc, frame_lsn = unpack(view, pos)
+        stop = pos + FRAME_SIZE + length
+        if frame_lsn != lsn or length > MAX_RECORD_BYTES or stop > end:
+            break
+        pos = stop
+        lsn += 1
+    return pos, lsn
