@@ -41,7 +41,8 @@ _TXN = struct.Struct("<Q")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _FLAG_TXN = 0x01
-_KNOWN_TYPES = frozenset(int(t) for t in MessageType)
+_TYPES = {int(t): t for t in MessageType}
+_KNOWN_TYPES = frozenset(_TYPES)
 
 
 class Header(NamedTuple):
@@ -53,6 +54,13 @@ class Header(NamedTuple):
 
 def encoded_size(msg: Message) -> int:
     """Size :func:`encode` would produce, without encoding."""
+    try:
+        return _encoded_size(msg)
+    except UnicodeError as exc:
+        raise errors.InvalidArgument(f"message text is not encodable as UTF-8: {exc}") from None
+
+
+def _encoded_size(msg: Message) -> int:
     size = HEADER_SIZE + len(msg.vchannel.encode()) + len(msg.payload) + 4
     if msg.txn_id:
         size += 8
@@ -81,36 +89,55 @@ def _encode_properties(props: Mapping[str, str]) -> bytes:
 
 
 def encode(msg: Message, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> bytes:
-    """Encode ``msg``; raise MessageTooLarge before building anything oversized."""
+    """Encode ``msg``; raise MessageTooLarge before building anything oversized.
+
+    Values that do not fit the format (text that is not UTF-8 encodable,
+    numbers outside 0..2**64-1) raise InvalidArgument.
+    """
+    try:
+        return _encode(msg, max_size)
+    except UnicodeError as exc:
+        raise errors.InvalidArgument(f"message text is not encodable as UTF-8: {exc}") from None
+    except struct.error as exc:
+        raise errors.InvalidArgument(
+            f"message field out of range (timetick, term and txn_id are 0..2**64-1): {exc}"
+        ) from None
+
+
+def _encode(msg: Message, max_size: int) -> bytes:
     vch = msg.vchannel.encode()
     if len(vch) > 0xFFFF:
         raise errors.InvalidArgument("vchannel name longer than 65535 bytes")
-    size = encoded_size(msg)
+    properties = msg.properties
+    payload = msg.payload
+    txn_id = msg.txn_id
+    size = HEADER_SIZE + len(vch) + len(payload) + 4
+    if txn_id:
+        size += 8
+    if properties:
+        size += _properties_size(properties)
     if size > max_size:
         raise errors.MessageTooLarge(
-            f"message of {size} bytes (payload {len(msg.payload)}) exceeds the "
+            f"message of {size} bytes (payload {len(payload)}) exceeds the "
             f"maximum of {max_size} bytes; nothing was written"
         )
-    props = _encode_properties(msg.properties)
-    flags = _FLAG_TXN if msg.txn_id else 0
+    props = _encode_properties(properties)
     head = _HEADER.pack(
         MAGIC,
         FORMAT_VERSION,
         int(msg.type),
-        flags,
+        _FLAG_TXN if txn_id else 0,
         0,
         len(vch),
         msg.timetick,
         msg.term,
-        len(msg.payload),
+        len(payload),
         len(props),
     )
-    parts = [head, vch]
-    if msg.txn_id:
-        parts.append(_TXN.pack(msg.txn_id))
-    parts += [props, msg.payload]
-    body = b"".join(parts)
-    return body + _CRC.pack(zlib.crc32(body))
+    prefix = head + vch + _TXN.pack(txn_id) + props if txn_id else head + vch + props
+    # One copy of the payload: the CRC runs over the prefix, then the payload.
+    crc = zlib.crc32(payload, zlib.crc32(prefix))
+    return b"".join((prefix, payload, _CRC.pack(crc)))
 
 
 def _check_header(data: bytes | memoryview) -> tuple[int, int, int, int, int, int, int]:
@@ -136,8 +163,15 @@ def _check_header(data: bytes | memoryview) -> tuple[int, int, int, int, int, in
 def peek(data: bytes | memoryview) -> Header:
     """Read type, vchannel, timetick and term without decoding the rest."""
     tcode, _flags, vlen, tt, term, _plen, _rlen = _check_header(data)
-    vch = bytes(data[HEADER_SIZE : HEADER_SIZE + vlen]).decode()
+    vch = _decode_vchannel(data[HEADER_SIZE : HEADER_SIZE + vlen])
     return Header(MessageType(tcode), vch, tt, term)
+
+
+def _decode_vchannel(raw: bytes | memoryview) -> str:
+    try:
+        return bytes(raw).decode()
+    except UnicodeDecodeError:
+        raise errors.CorruptData("message vchannel is not valid UTF-8") from None
 
 
 def decode(data: bytes | memoryview, *, verify: bool = True) -> Message:
@@ -152,8 +186,13 @@ def decode(data: bytes | memoryview, *, verify: bool = True) -> Message:
         (crc,) = _CRC.unpack_from(view, len(view) - 4)
         if zlib.crc32(view[:-4]) != crc:
             raise errors.CorruptData("message CRC mismatch")
+    if isinstance(data, bytes) and not flags and not rlen:
+        # Common case: no txn id, no properties; slice the bytes directly.
+        end = HEADER_SIZE + vlen
+        vch = _decode_vchannel(data[HEADER_SIZE:end]) if vlen else ""
+        return Message(_TYPES[tcode], vch, data[end : end + plen], {}, tt, term, 0)
     pos = HEADER_SIZE
-    vch = bytes(view[pos : pos + vlen]).decode()
+    vch = _decode_vchannel(view[pos : pos + vlen])
     pos += vlen
     txn_id = 0
     if flags & _FLAG_TXN:
@@ -164,7 +203,7 @@ def decode(data: bytes | memoryview, *, verify: bool = True) -> Message:
         props = _decode_properties(view[pos : pos + rlen])
         pos += rlen
     payload = bytes(view[pos : pos + plen])
-    return Message(MessageType(tcode), vch, payload, props, tt, term, txn_id)
+    return Message(_TYPES[tcode], vch, payload, props, tt, term, txn_id)
 
 
 def _decode_properties(view: memoryview) -> dict[str, str]:

@@ -74,6 +74,10 @@ _DDL = frozenset(
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
+def _no_properties() -> Mapping[str, str]:
+    return _EMPTY
+
+
 def validate_vchannel(vchannel: str) -> str:
     """Return ``vchannel`` if it is well formed, else raise InvalidArgument."""
     if not VCHANNEL_PATTERN.match(vchannel):
@@ -97,7 +101,7 @@ class Message:
     type: MessageType
     vchannel: str = ""
     payload: bytes = b""
-    properties: Mapping[str, str] = _EMPTY
+    properties: Mapping[str, str] = dataclasses.field(default_factory=_no_properties)
     timetick: int = 0
     term: int = 0
     txn_id: int = 0

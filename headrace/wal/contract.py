@@ -77,7 +77,9 @@ class BackendReader(abc.ABC):
     """Reads records of one pchannel in id order, waiting at the tail."""
 
     @abc.abstractmethod
-    async def next_batch(self, max_records: int = 1024, timeout: float | None = None) -> list[Record]:
+    async def next_batch(
+        self, max_records: int = 1024, timeout: float | None = None
+    ) -> list[Record]:
         """Return the next records, at least one unless ``timeout`` passes first.
 
         Returns an empty list on timeout. Raises :class:`headrace.errors.Truncated`

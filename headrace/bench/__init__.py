@@ -1,0 +1,1 @@
+"""Benchmarks measured against baselines taken in the same run (see BENCHMARKS.md)."""

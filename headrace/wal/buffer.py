@@ -1,0 +1,208 @@
+"""The write-ahead buffer: the recent tail of one WAL, in memory, for tail readers.
+
+The framework WAL feeds every entry it makes durable (and every time tick it
+does not persist) into the buffer, in log order. Entries are kept until the
+buffer exceeds its byte bound; then the oldest are evicted. Readers hold a
+sequence number (``seq``) as their cursor; a reader whose next entry was
+evicted falls back to reading the backend (see :mod:`headrace.wal.scanner`).
+
+Positions are ``(id, timetick)`` pairs. Time ticks that were not persisted
+carry the id of the last persisted message, so ids alone do not order the
+buffer; timeticks strictly increase in log order and do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import dataclasses
+
+from headrace.message.ids import MessageID
+from headrace.message.types import LogEntry
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Position:
+    """A point in the log: the last entry consumed.
+
+    ``id`` is None and ``timetick`` 0 before the first entry of an empty log.
+    """
+
+    id: MessageID | None
+    timetick: int
+
+
+START = Position(None, 0)
+
+
+class WriteAheadBuffer:
+    """Bounded in-memory tail of a WAL with cursor-based reads."""
+
+    def __init__(self, max_bytes: int, base: Position) -> None:
+        self._max_bytes = max(1, max_bytes)
+        self._base = base
+        self._entries: list[LogEntry] = []
+        self._tts: list[int] = []
+        self._sizes: list[int] = []
+        self._persisted: list[bool] = []
+        self._head = 0
+        self._first_seq = 0
+        self._bytes = 0
+        self._closed = False
+        self._signal: asyncio.Future[None] | None = None
+
+    # -- writer side -------------------------------------------------------
+
+    def extend(self, entries: list[tuple[LogEntry, int, bool]]) -> None:
+        """Add ``(entry, encoded size, persisted)`` triples in log order."""
+        for entry, size, persisted in entries:
+            self._entries.append(entry)
+            self._tts.append(entry.message.timetick)
+            self._sizes.append(size)
+            self._persisted.append(persisted)
+            self._bytes += size
+        self._evict()
+        self._wake()
+
+    def reset(self, base: Position) -> None:
+        """Forget every entry; readers at any cursor fall back to the backend.
+
+        Used when the backend's state is no longer known to match the buffer
+        (an append failed after possibly writing part of a batch).
+        """
+        self._first_seq = self.next_seq + 1
+        self._entries.clear()
+        self._tts.clear()
+        self._sizes.clear()
+        self._persisted.clear()
+        self._head = 0
+        self._bytes = 0
+        self._base = base
+        self._wake()
+
+    def close(self) -> None:
+        """No more entries will come; waiting readers wake up."""
+        self._closed = True
+        self._wake()
+
+    def _evict(self) -> None:
+        live = len(self._entries) - self._head
+        while self._bytes > self._max_bytes and live > 1:
+            i = self._head
+            entry = self._entries[i]
+            self._base = Position(entry.id, entry.message.timetick)
+            self._bytes -= self._sizes[i]
+            self._head += 1
+            self._first_seq += 1
+            live -= 1
+        if self._head > 1024 and self._head * 2 > len(self._entries):
+            del self._entries[: self._head]
+            del self._tts[: self._head]
+            del self._sizes[: self._head]
+            del self._persisted[: self._head]
+            self._head = 0
+
+    def _wake(self) -> None:
+        signal = self._signal
+        if signal is not None:
+            self._signal = None
+            if not signal.done():
+                signal.set_result(None)
+
+    # -- reader side -------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def first_seq(self) -> int:
+        return self._first_seq
+
+    @property
+    def next_seq(self) -> int:
+        return self._first_seq + len(self._entries) - self._head
+
+    @property
+    def base(self) -> Position:
+        """The position just before the oldest retained entry."""
+        return self._base
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def size_entries(self) -> int:
+        return len(self._entries) - self._head
+
+    def last_position(self) -> Position:
+        if len(self._entries) == self._head:
+            return self._base
+        entry = self._entries[-1]
+        return Position(entry.id, entry.message.timetick)
+
+    def seq_after(self, pos: Position) -> int | None:
+        """Cursor of the successor of ``pos``, or None if it is not retained.
+
+        The successor is retained when ``pos`` is at or after the base. A
+        position beyond the last entry (a reader of the backend that saw a
+        record before it reached the buffer) maps to ``next_seq``; the reader
+        skips entries at or below its timetick.
+        """
+        if pos.timetick < self._base.timetick:
+            return None
+        i = bisect.bisect_right(self._tts, pos.timetick, lo=self._head)
+        return self._first_seq + (i - self._head)
+
+    def locate_at(self, mid: MessageID) -> Position | None:
+        """Position just before the persisted entry ``mid``, if retained."""
+        i = self._index_of_persisted(mid)
+        if i is None:
+            return None
+        if i == self._head:
+            return self._base
+        prev = self._entries[i - 1]
+        return Position(prev.id, prev.message.timetick)
+
+    def locate_after(self, mid: MessageID) -> Position | None:
+        """Position of the persisted entry ``mid`` (or the base), if retained."""
+        if self._base.id is not None and self._base.id == mid:
+            return self._base
+        i = self._index_of_persisted(mid)
+        if i is None:
+            return None
+        return Position(mid, self._tts[i])
+
+    def _index_of_persisted(self, mid: MessageID) -> int | None:
+        entries = self._entries
+        if len(entries) == self._head:
+            return None
+        if entries[self._head].id.backend != mid.backend:
+            return None
+        i = bisect.bisect_left(entries, mid, lo=self._head, key=_entry_id)
+        if i < len(entries) and entries[i].id == mid and self._persisted[i]:
+            return i
+        return None
+
+    def read(self, seq: int, max_entries: int) -> list[LogEntry] | None:
+        """Entries from cursor ``seq`` on (at most ``max_entries``).
+
+        None if ``seq`` was evicted; an empty list if nothing new yet.
+        """
+        if seq < self._first_seq:
+            return None
+        start = self._head + (seq - self._first_seq)
+        return self._entries[start : start + max_entries]
+
+    async def wait(self, seq: int, timeout: float | None) -> None:  # noqa: ASYNC109
+        """Wait until an entry at ``seq`` exists, the buffer changes, or timeout."""
+        if seq < self.next_seq or self._closed or seq < self._first_seq:
+            return
+        if self._signal is None:
+            self._signal = asyncio.get_running_loop().create_future()
+        await asyncio.wait({self._signal}, timeout=timeout)
+
+
+def _entry_id(entry: LogEntry) -> MessageID:
+    return entry.id

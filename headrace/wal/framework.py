@@ -1,0 +1,414 @@
+"""The framework WAL: one pchannel, one owner term, on top of a backend.
+
+``WAL.open`` fences older terms in the backend, recovers the last timetick and
+id, rebuilds the dedup window from the log's tail, writes a FENCE above every
+timetick in the log, and serves. Appends pass the interceptor chain
+(lock -> dedup -> txn -> timetick); the timetick stage group-commits to the
+backend and feeds the write-ahead buffer that tail readers use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+
+from headrace import errors
+from headrace.message import codec, ids
+from headrace.message.ids import MessageID
+from headrace.message.types import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Message,
+    MessageType,
+    validate_vchannel,
+)
+from headrace.tso import TimestampAllocator
+from headrace.wal.api import AppendResult, ReadOptions, WALState
+from headrace.wal.buffer import START, Position, WriteAheadBuffer
+from headrace.wal.contract import Backend, BackendWriter, Record, StartPosition
+from headrace.wal.interceptors.chain import AppendContext, build_chain
+from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
+from headrace.wal.interceptors.lock import LockInterceptor
+from headrace.wal.interceptors.timetick import Appender, AppenderConfig, TimetickSync
+from headrace.wal.interceptors.txn import (
+    DEFAULT_MAX_OPEN_TXNS,
+    DEFAULT_MAX_TXN_BYTES,
+    TxnInterceptor,
+    TxnTable,
+)
+from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
+
+__all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner"]
+
+_REBUILD_READ_TIMEOUT_S = 5.0
+_SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))
+_U16_MAX = 0xFFFF
+_U64_MAX = (1 << 64) - 1
+DEDUP_FROM = "dedup_from"
+"""Property of the WAL's own ticks and fences: where a dedup rebuild starts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WALOptions:
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    timetick_interval_ms: float = 10.0
+    buffer_bytes: int = 64 * 1024 * 1024
+    max_batch_messages: int = 1024
+    """Messages per backend append."""
+    txn_keepalive_s: float = 10.0
+    dedup_window: int = 100_000
+    """Remembered ``(producer, seq)`` pairs."""
+    max_txn_bytes: int = DEFAULT_MAX_TXN_BYTES
+    max_open_txns: int = DEFAULT_MAX_OPEN_TXNS
+    read_batch: int = DEFAULT_READ_BATCH
+    """Entries a scanner reads ahead at most."""
+
+    def __post_init__(self) -> None:
+        minimums: dict[str, float] = {
+            "max_message_bytes": codec.HEADER_SIZE + 4,
+            "buffer_bytes": 1,
+            "max_batch_messages": 1,
+            "dedup_window": 0,
+            "max_txn_bytes": 1,
+            "max_open_txns": 1,
+            "read_batch": 1,
+        }
+        for name, least in minimums.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise errors.InvalidArgument(
+                    f"WAL option {name} must be an integer of at least {least}, got {value!r}"
+                )
+        for name in ("timetick_interval_ms", "txn_keepalive_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise errors.InvalidArgument(
+                    f"WAL option {name} must be a positive number, got {value!r}"
+                )
+
+
+def validate(msg: Message, max_bytes: int) -> int:
+    """Check a producer's message before anything is written; its encoded size."""
+    kind = msg.type
+    if not isinstance(kind, MessageType):
+        raise errors.InvalidArgument(f"unknown message type {kind!r}")
+    if kind in _SYSTEM:
+        raise errors.InvalidArgument(
+            f"{kind.name} messages are written by the WAL itself, not by producers"
+        )
+    validate_vchannel(msg.vchannel)
+    if not isinstance(msg.payload, bytes):
+        raise errors.InvalidArgument("message payload must be bytes")
+    if not 0 <= msg.txn_id <= _U64_MAX:
+        raise errors.InvalidArgument(f"txn_id out of range: {msg.txn_id}")
+    properties = msg.properties
+    if properties:
+        _check_properties(properties)
+    size = codec.encoded_size(msg)
+    if size > max_bytes:
+        raise errors.MessageTooLarge(
+            f"message of {size} bytes (payload {len(msg.payload)}) exceeds the maximum of "
+            f"{max_bytes} bytes; nothing was written"
+        )
+    return size
+
+
+def _check_properties(properties: Mapping[str, str]) -> None:
+    if len(properties) > _U16_MAX:
+        raise errors.InvalidArgument(f"too many properties: {len(properties)} (at most 65535)")
+    for key, value in properties.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise errors.InvalidArgument(f"property {key!r}: keys and values must be strings")
+        if len(key) > _U16_MAX // 4 and len(key.encode("utf-8", "replace")) > _U16_MAX:
+            raise errors.InvalidArgument(f"property key longer than 65535 bytes: {key[:40]!r}...")
+
+
+class WAL:
+    """The write-ahead log of one pchannel under one owner term."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        pchannel: str,
+        term: int,
+        tso: TimestampAllocator,
+        options: WALOptions,
+        writer: BackendWriter,
+        last: Position,
+        dedup: DedupWindow,
+    ) -> None:
+        self.pchannel = pchannel
+        self.term = term
+        self._backend = backend
+        self._opts = options
+        self._writer = writer
+        self._state = WALState.OPENING
+        self._buffer = WriteAheadBuffer(options.buffer_bytes, last)
+        self._dedup = dedup
+        self._appender = Appender(
+            AppenderConfig(
+                pchannel,
+                term,
+                max(1, options.max_batch_messages),
+                options.max_message_bytes,
+                self._tick_properties,
+                self._last_record,
+            ),
+            writer,
+            tso,
+            self._buffer,
+            last,
+        )
+        table = TxnTable(options.txn_keepalive_s, options.max_txn_bytes, options.max_open_txns)
+        self._txn = TxnInterceptor(table, tso, options.max_message_bytes, time.monotonic)
+        self._chain = build_chain(
+            [LockInterceptor(), DedupInterceptor(dedup), self._txn], self._appender.write
+        )
+        self._sync = TimetickSync(
+            self._appender, options.timetick_interval_ms / 1000.0, [self._expire_txns]
+        )
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._lifecycle = asyncio.Lock()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        backend: Backend,
+        pchannel: str,
+        term: int,
+        *,
+        tso: TimestampAllocator,
+        options: WALOptions = WALOptions(),
+    ) -> WAL:
+        writer = await backend.open_writer(pchannel, term)
+        wal: WAL | None = None
+        try:
+            last_record = await backend.last_record(pchannel)
+            last = START
+            dedup = DedupWindow(options.dedup_window)
+            if last_record is not None:
+                last_msg = codec.decode(last_record.data)
+                last = Position(last_record.id, last_msg.timetick)
+                await _rebuild_dedup(backend, pchannel, last_record, last_msg, dedup)
+            wal = cls(
+                backend=backend,
+                pchannel=pchannel,
+                term=term,
+                tso=tso,
+                options=options,
+                writer=writer,
+                last=last,
+                dedup=dedup,
+            )
+            wal._appender.start()
+            await wal._appender.fence()
+        except BaseException:
+            if wal is not None:
+                await wal._appender.abort()
+            with contextlib.suppress(errors.HeadraceError):
+                await writer.close()
+            raise
+        wal._state = WALState.SERVING
+        wal._sync.start()
+        return wal
+
+    async def drain(self) -> None:
+        """Stop taking appends, finish in-flight ones, write a final TIME_TICK."""
+        async with self._lifecycle:
+            await self._drain()
+
+    async def _drain(self) -> None:
+        if self._state is not WALState.SERVING:
+            return
+        self._state = WALState.DRAINING
+        await self._sync.stop()
+        await self._idle.wait()
+        rollbacks = self._txn.abort_all()
+        if rollbacks:
+            await self._write_system(rollbacks)
+        try:
+            await self._appender.tick(sync=False)
+        except errors.HeadraceError:
+            self._mark_failed()
+        await self._appender.stop()
+
+    async def close(self) -> None:
+        """Drain if serving, then release the backend writer; idempotent."""
+        async with self._lifecycle:
+            await self._close()
+
+    async def _close(self) -> None:
+        if self._state is WALState.CLOSED:
+            return
+        if self._state is WALState.SERVING:
+            await self._drain()
+        await self._sync.stop()
+        await self._appender.abort()
+        self._txn.abort_all()
+        self._buffer.close()
+        self._state = WALState.CLOSED
+        try:
+            await self._writer.close()
+        except errors.HeadraceError:
+            return
+
+    # -- appends -----------------------------------------------------------
+
+    async def append(self, msg: Message) -> AppendResult:
+        result = (await self.append_many([msg]))[0]
+        if isinstance(result, errors.HeadraceError):
+            raise result
+        return result
+
+    async def append_many(
+        self, msgs: Sequence[Message]
+    ) -> list[AppendResult | errors.HeadraceError]:
+        """One result per message, in order; a bad message does not fail the others."""
+        refusal = self._refusal()
+        if refusal is not None:
+            return [refusal] * len(msgs)
+        max_bytes = self._opts.max_message_bytes
+        contexts: list[AppendContext] = []
+        valid: list[AppendContext] = []
+        for msg in msgs:
+            try:
+                ctx = AppendContext(msg, validate(msg, max_bytes))
+                valid.append(ctx)
+            except errors.HeadraceError as exc:
+                ctx = AppendContext(msg, 0, error=exc)
+            contexts.append(ctx)
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            await self._chain(valid)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+        if self._appender.failure is not None:
+            self._mark_failed()
+        return [_outcome(ctx) for ctx in contexts]
+
+    def _refusal(self) -> errors.HeadraceError | None:
+        state = self._state
+        if state is WALState.SERVING:
+            return None
+        if state is WALState.UNAVAILABLE and self._appender.failure is not None:
+            return self._appender.failure
+        return errors.NotOwner(
+            f"the WAL of pchannel {self.pchannel} (term {self.term}) is {state.value}; "
+            "find the current owner and retry",
+            term=self.term,
+        )
+
+    # -- reads -------------------------------------------------------------
+
+    def read(self, options: ReadOptions) -> Scanner:
+        return Scanner(
+            self._backend,
+            self.pchannel,
+            options,
+            self._buffer,
+            batch_size=self._opts.read_batch,
+            max_txn_bytes=self._opts.max_txn_bytes,
+        )
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def state(self) -> WALState:
+        if self._state is WALState.SERVING and self._appender.failure is not None:
+            self._mark_failed()
+        return self._state
+
+    @property
+    def last_timetick(self) -> int:
+        return self._appender.last_timetick
+
+    @property
+    def last_id(self) -> MessageID | None:
+        return self._appender.last_id
+
+    def stats(self) -> dict[str, object]:
+        last_id = self._appender.last_id
+        return {
+            "last_id": str(last_id) if last_id is not None else "",
+            "last_timetick": self._appender.last_timetick,
+            "buffer_bytes": self._buffer.size_bytes,
+            "buffer_entries": self._buffer.size_entries,
+            "state": self.state.value,
+            "term": self.term,
+            "appended_total": self._appender.appended_total,
+            "open_txns": len(self._txn.table),
+        }
+
+    # -- internals ---------------------------------------------------------
+
+    def _mark_failed(self) -> None:
+        if self._state in (WALState.SERVING, WALState.DRAINING):
+            self._state = WALState.UNAVAILABLE
+            self._buffer.close()
+
+    def _tick_properties(self) -> dict[str, str]:
+        start = self._dedup.oldest_id() or self._appender.last_id
+        return {DEDUP_FROM: str(start)} if start is not None else {}
+
+    async def _last_record(self) -> Record | None:
+        return await self._backend.last_record(self.pchannel)
+
+    async def _expire_txns(self) -> None:
+        rollbacks = self._txn.abandoned()
+        if rollbacks:
+            await self._write_system(rollbacks)
+
+    async def _write_system(self, msgs: list[Message]) -> None:
+        await self._appender.write([AppendContext(m, codec.encoded_size(m)) for m in msgs])
+
+
+def _outcome(ctx: AppendContext) -> AppendResult | errors.HeadraceError:
+    if ctx.result is not None:
+        return ctx.result
+    if ctx.error is not None:
+        return ctx.error
+    return errors.HeadraceError("append was not settled by the interceptor chain")
+
+
+async def _rebuild_dedup(
+    backend: Backend, pchannel: str, last: Record, last_msg: Message, window: DedupWindow
+) -> None:
+    """Refill the dedup window from the log's tail (see :data:`DEDUP_FROM`).
+
+    The last record, when it is a tick or fence of a previous owner, names
+    where its window started; otherwise the log is read from its start.
+    """
+    start = StartPosition.earliest()
+    hint = last_msg.properties.get(DEDUP_FROM) if last_msg.type.is_system else None
+    if hint:
+        try:
+            start = StartPosition.at(ids.parse(hint))
+        except errors.InvalidArgument:
+            start = StartPosition.earliest()
+    try:
+        reader = await backend.open_reader(pchannel, start)
+    except errors.Truncated:
+        reader = await backend.open_reader(pchannel, StartPosition.earliest())
+    try:
+        while True:
+            records = await reader.next_batch(1024, timeout=_REBUILD_READ_TIMEOUT_S)
+            if not records:
+                return
+            for record in records:
+                msg = codec.decode(record.data)
+                if msg.properties:
+                    window.remember_logged(record.id, msg)
+                if record.id >= last.id:
+                    return
+    finally:
+        await reader.close()

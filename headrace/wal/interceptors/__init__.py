@@ -1,0 +1,1 @@
+"""Append interceptors of the framework WAL: lock -> dedup -> txn -> timetick."""

@@ -1,0 +1,138 @@
+"""Producer deduplication: a retried ``(producer_id, producer_seq)`` is written once.
+
+A message carrying the properties ``producer_id`` and ``producer_seq`` is
+remembered with its :class:`AppendResult` once acknowledged; a repeat gets
+the original result back without a second write. A repeat that arrives while
+the first copy is still being written waits for it. The window is bounded
+(oldest pairs forgotten first) and rebuilt from the log's tail when a new
+owner opens the WAL, so a retry after a handoff is not duplicated either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Mapping
+
+from headrace import errors
+from headrace.message.ids import MessageID
+from headrace.message.types import Message
+from headrace.wal.api import AppendResult
+from headrace.wal.interceptors.chain import AppendContext, Handler
+
+PRODUCER_ID = "producer_id"
+PRODUCER_SEQ = "producer_seq"
+
+ProducerKey = tuple[str, int]
+
+
+def producer_key(properties: Mapping[str, str]) -> ProducerKey | None:
+    """The dedup key of a message, None if it has none; InvalidArgument if malformed."""
+    if not properties:
+        return None
+    pid = properties.get(PRODUCER_ID)
+    seq = properties.get(PRODUCER_SEQ)
+    if pid is None and seq is None:
+        return None
+    if not pid or seq is None:
+        raise errors.InvalidArgument(
+            f"properties {PRODUCER_ID!r} and {PRODUCER_SEQ!r} must be given together "
+            "(a non-empty producer id and an integer sequence number)"
+        )
+    try:
+        return pid, int(seq)
+    except ValueError:
+        raise errors.InvalidArgument(
+            f"property {PRODUCER_SEQ!r} must be an integer, got {seq!r}"
+        ) from None
+
+
+class DedupWindow:
+    """Bounded memory of acknowledged producer keys, oldest first."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = max(0, capacity)
+        self._acked: OrderedDict[ProducerKey, AppendResult] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._acked)
+
+    def get(self, key: ProducerKey) -> AppendResult | None:
+        return self._acked.get(key)
+
+    def remember(self, key: ProducerKey, result: AppendResult) -> None:
+        if self._capacity == 0:
+            return
+        self._acked[key] = result
+        while len(self._acked) > self._capacity:
+            self._acked.popitem(last=False)
+
+    def remember_logged(self, mid: MessageID, msg: Message) -> None:
+        """Remember a message read back from the log (rebuild on open)."""
+        try:
+            key = producer_key(msg.properties)
+        except errors.InvalidArgument:
+            return
+        if key is not None:
+            self.remember(key, AppendResult(mid, msg.timetick, msg.term, msg.txn_id))
+
+    def oldest_id(self) -> MessageID | None:
+        """Id of the oldest remembered message: where a rebuild must start."""
+        for result in self._acked.values():
+            return result.id
+        return None
+
+
+class DedupInterceptor:
+    def __init__(self, window: DedupWindow) -> None:
+        self.window = window
+        self._inflight: dict[ProducerKey, asyncio.Future[AppendResult | None]] = {}
+
+    async def __call__(self, batch: list[AppendContext], call_next: Handler) -> None:
+        forward: list[AppendContext] = []
+        owned: list[tuple[AppendContext, ProducerKey, asyncio.Future[AppendResult | None]]] = []
+        waiting: list[tuple[AppendContext, asyncio.Future[AppendResult | None]]] = []
+        for ctx in batch:
+            properties = ctx.message.properties
+            if not properties:
+                forward.append(ctx)
+                continue
+            try:
+                key = producer_key(properties)
+            except errors.InvalidArgument as exc:
+                ctx.fail(exc)
+                continue
+            if key is None:
+                forward.append(ctx)
+                continue
+            known = self.window.get(key)
+            if known is not None:
+                ctx.result = known
+                continue
+            inflight = self._inflight.get(key)
+            if inflight is not None:
+                waiting.append((ctx, inflight))
+                continue
+            fut: asyncio.Future[AppendResult | None] = asyncio.get_running_loop().create_future()
+            self._inflight[key] = fut
+            owned.append((ctx, key, fut))
+            forward.append(ctx)
+        try:
+            if forward:
+                await call_next(forward)
+        finally:
+            for ctx, key, fut in owned:
+                del self._inflight[key]
+                if ctx.result is not None:
+                    self.window.remember(key, ctx.result)
+                fut.set_result(ctx.result)
+        for ctx, fut in waiting:
+            result = await fut
+            if result is not None:
+                ctx.result = result
+            else:
+                ctx.fail(
+                    errors.Unavailable(
+                        "a concurrent append of the same producer sequence failed; retry"
+                    )
+                )

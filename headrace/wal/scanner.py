@@ -1,0 +1,311 @@
+"""Scanners: read a WAL from a position, catching up from the backend, then tailing.
+
+A scanner of a WAL this process owns starts in *catch-up* mode, reading the
+backend, and switches to *tail* mode (the write-ahead buffer) as soon as the
+buffer holds the successor of the last entry it consumed. Positions are
+compared by timetick (timeticks strictly increase in log order), so the
+switch has no gap and no duplicate, also when a record reaches the backend
+reader before it reaches the buffer. If a tail reader's next entry is
+evicted from the buffer it falls back to catch-up after the last entry it
+consumed. Read-ahead is bounded: one backend batch, or a window into the
+buffer, at a time.
+
+A backend scanner (:func:`open_backend_scanner`) reads a WAL it does not own:
+catch-up only, waiting at the backend's tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import deque
+from typing import Literal
+
+from headrace import errors
+from headrace.message import codec
+from headrace.message.ids import MessageID
+from headrace.message.types import LogEntry
+from headrace.wal.api import DeliverPolicy, ReadOptions
+from headrace.wal.buffer import START, Position, WriteAheadBuffer
+from headrace.wal.contract import Backend, BackendReader, StartPosition
+from headrace.wal.delivery import Delivery
+from headrace.wal.interceptors.txn import DEFAULT_MAX_TXN_BYTES
+
+DEFAULT_READ_BATCH = 256
+_SWITCH_CHECK_S = 0.05
+"""How long a catch-up read waits at the backend's tail before re-checking the buffer."""
+
+Mode = Literal["catchup", "tail"]
+
+
+class Scanner:
+    """Async iterator of :class:`LogEntry`; also an async context manager."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        pchannel: str,
+        options: ReadOptions,
+        buffer: WriteAheadBuffer | None,
+        *,
+        batch_size: int = DEFAULT_READ_BATCH,
+        max_txn_bytes: int = DEFAULT_MAX_TXN_BYTES,
+    ) -> None:
+        self._backend = backend
+        self._pchannel = pchannel
+        self._opts = options
+        self._buffer = buffer
+        self._batch = max(1, batch_size)
+        self._delivery = Delivery(options, max_txn_bytes)
+        self._raw: deque[LogEntry] = deque()
+        """Read but not yet consumed (bounded by one read batch)."""
+        self._ready: list[LogEntry] = []
+        """Consumed and deliverable (one entry, or one committed transaction)."""
+        self._ready_at = 0
+        self._ready_floor = 0
+        """Timetick consumed before the entry that made ``_ready`` deliverable."""
+        self._reader: BackendReader | None = None
+        self._closed = False
+        self._mode: Mode = "catchup"
+        self._cursor = 0
+        pos, self._start = self._initial_position()
+        # The last consumed position, kept unpacked (it changes per entry).
+        self._pos_known = pos is not None
+        self._pos_id = pos.id if pos is not None else None
+        self._pos_tt = pos.timetick if pos is not None else 0
+        if buffer is not None and pos is not None:
+            seq = buffer.seq_after(pos)
+            if seq is not None:
+                self._mode, self._cursor = "tail", seq
+
+    def _initial_position(self) -> tuple[Position | None, StartPosition]:
+        opts, buf = self._opts, self._buffer
+        policy = opts.policy
+        if policy is DeliverPolicy.ALL:
+            return START, StartPosition.earliest()
+        if policy is DeliverPolicy.LATEST:
+            if buf is not None:
+                pos = buf.last_position()
+                return pos, _after(pos.id)
+            return None, StartPosition.latest()
+        if opts.start_id is None:
+            raise errors.InvalidArgument(f"deliver policy {policy.name} needs a start id")
+        if policy is DeliverPolicy.START_FROM:
+            found = buf.locate_at(opts.start_id) if buf is not None else None
+            return found, StartPosition.at(opts.start_id)
+        found = buf.locate_after(opts.start_id) if buf is not None else None
+        if found is None and opts.timetick_gt is not None:
+            # A resume point (id, timetick) of an earlier reader is a position as is.
+            found = Position(opts.start_id, opts.timetick_gt)
+        return found, StartPosition.after(opts.start_id)
+
+    # -- public API --------------------------------------------------------
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @property
+    def position(self) -> Position | None:
+        """The last log entry consumed (delivered, filtered out, or held in a transaction).
+
+        Once everything :meth:`next` returned is handled, a new reader with
+        ``START_AFTER(position.id)`` and ``timetick_gt=position.timetick``
+        continues exactly here, except for transactions open at this point
+        (their earlier messages are behind the position). None while unknown
+        (a start id not reached yet).
+        """
+        return Position(self._pos_id, self._pos_tt) if self._pos_known else None
+
+    def resume_options(self) -> ReadOptions:
+        """Options for a new scanner that continues right after what :meth:`next` returned.
+
+        Exact, also with transactions held back at this point (the new
+        scanner starts at the oldest one's BEGIN_TXN and skips, by timetick,
+        what was already delivered). A transaction returned only in part is
+        delivered again in full.
+        """
+        opts = self._opts
+        if not self._pos_known:
+            return opts
+        floor = self._pos_tt
+        starts = []
+        if self._ready_at < len(self._ready):
+            floor = self._ready_floor
+            starts.append(self._ready[0].id)
+        oldest = self._delivery.oldest_open()
+        if oldest is not None:
+            starts.append(oldest.id)
+        floor = max(floor, 0 if opts.timetick_gt is None else opts.timetick_gt)
+        if starts:
+            policy, start_id = DeliverPolicy.START_FROM, min(starts)
+        elif self._pos_id is not None:
+            policy, start_id = DeliverPolicy.START_AFTER, self._pos_id
+        else:
+            policy, start_id = DeliverPolicy.ALL, None
+        return dataclasses.replace(opts, policy=policy, start_id=start_id, timetick_gt=floor)
+
+    async def next(self, timeout: float | None = None) -> LogEntry | None:  # noqa: ASYNC109
+        """The next entry; None if ``timeout`` seconds pass first.
+
+        Raises :class:`errors.Closed` once the scanner is closed, or when the
+        WAL stopped serving and everything it wrote was delivered (resume on
+        the new owner from :attr:`position`).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        waited = False
+        if self._closed:
+            raise errors.Closed("the scanner was closed")
+        while self._ready_at == len(self._ready):
+            if self._raw:
+                self._consume()
+                continue
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            if remaining == 0.0 and waited:
+                return None
+            waited = not await self._step(remaining)
+        entry = self._ready[self._ready_at]
+        self._ready_at += 1
+        return entry
+
+    async def open(self) -> None:
+        """Open the backend reader now if catching up (else on the first read)."""
+        if self._mode == "catchup" and self._reader is None:
+            try:
+                self._reader = await self._backend.open_reader(self._pchannel, self._start)
+            except errors.Truncated as exc:
+                raise await self._named_truncation(exc) from None
+
+    async def close(self) -> None:
+        self._closed = True
+        self._ready.clear()
+        self._ready_at = 0
+        self._raw.clear()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.close()
+
+    def __aiter__(self) -> Scanner:
+        return self
+
+    async def __anext__(self) -> LogEntry:
+        if self._closed:
+            raise StopAsyncIteration
+        entry = await self.next()
+        assert entry is not None
+        return entry
+
+    async def __aenter__(self) -> Scanner:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- steps -------------------------------------------------------------
+
+    async def _step(self, remaining: float | None) -> bool:
+        """One unit of work; False if it only waited."""
+        if self._mode == "tail":
+            return await self._tail_step(remaining)
+        buf = self._buffer
+        if buf is not None and self._pos_known:
+            seq = buf.seq_after(Position(self._pos_id, self._pos_tt))
+            if seq is not None:
+                await self._switch_to_tail(seq)
+                return True
+        return await self._catchup_step(remaining)
+
+    async def _switch_to_tail(self, seq: int) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.close()
+        self._mode, self._cursor = "tail", seq
+
+    async def _tail_step(self, remaining: float | None) -> bool:
+        buf = self._buffer
+        assert buf is not None
+        entries = buf.read(self._cursor, self._batch)
+        if entries is None:
+            self._mode = "catchup"
+            self._start = _after(self._pos_id)
+            return True
+        if entries:
+            self._cursor += len(entries)
+            self._raw.extend(entries)
+            return True
+        if buf.closed:
+            raise errors.Closed("the WAL stopped serving; resume on the pchannel's new owner")
+        await buf.wait(self._cursor, remaining)
+        return False
+
+    async def _catchup_step(self, remaining: float | None) -> bool:
+        wait = remaining
+        if self._buffer is not None:
+            wait = _SWITCH_CHECK_S if remaining is None else min(remaining, _SWITCH_CHECK_S)
+        await self.open()
+        assert self._reader is not None
+        try:
+            records = await self._reader.next_batch(self._batch, timeout=wait)
+        except errors.Truncated as exc:
+            raise await self._named_truncation(exc) from None
+        if not records:
+            return False
+        self._raw.extend([LogEntry(r.id, codec.decode(r.data)) for r in records])
+        return True
+
+    def _consume(self) -> None:
+        """Consume read entries until something is deliverable or none are left."""
+        raw, ready, feed = self._raw, self._ready, self._delivery.feed
+        if self._ready_at:
+            ready.clear()
+            self._ready_at = 0
+        floor = self._pos_tt if self._pos_known else -1
+        before = floor
+        last: LogEntry | None = None
+        while raw and not ready:
+            entry = raw.popleft()
+            tt = entry.message.timetick
+            if tt <= floor:
+                continue
+            before, floor = floor, tt
+            last = entry
+            feed(entry, ready)
+        if last is not None:
+            self._pos_id, self._pos_tt, self._pos_known = last.id, floor, True
+            self._ready_floor = before
+
+    async def _named_truncation(self, exc: errors.Truncated) -> errors.Truncated:
+        earliest = exc.earliest
+        if not earliest:
+            first = await self._backend.earliest(self._pchannel)
+            earliest = str(first) if first is not None else ""
+        return errors.Truncated(
+            f"pchannel {self._pchannel}: the requested position was truncated; "
+            f"the earliest readable id is {earliest or 'unknown'}",
+            earliest=earliest,
+        )
+
+
+def _after(mid: MessageID | None) -> StartPosition:
+    return StartPosition.earliest() if mid is None else StartPosition.after(mid)
+
+
+async def open_backend_scanner(
+    backend: Backend,
+    pchannel: str,
+    options: ReadOptions,
+    *,
+    batch_size: int = DEFAULT_READ_BATCH,
+    max_txn_bytes: int = DEFAULT_MAX_TXN_BYTES,
+) -> Scanner:
+    """A scanner of a WAL this process does not own: backend reads only.
+
+    The backend reader is opened before returning, so ``LATEST`` means
+    records appended after this call.
+    """
+    scanner = Scanner(
+        backend, pchannel, options, None, batch_size=batch_size, max_txn_bytes=max_txn_bytes
+    )
+    await scanner.open()
+    return scanner
