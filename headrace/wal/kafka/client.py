@@ -1,0 +1,285 @@
+"""Blocking confluent-kafka calls of the backend, with errors translated.
+
+Every function here blocks and runs in an executor thread, never on the event
+loop. Library errors leave this module as :mod:`headrace.errors` types that
+name the bootstrap address.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from headrace import errors
+from headrace.wal.kafka.fencing import Kind, Stamp, stamp_of
+from headrace.wal.kafka.settings import KafkaSettings
+
+LOG = logging.getLogger("headrace.wal.kafka")
+_POLL_S = 0.25
+_FENCED_CODES = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
+_TOO_LARGE_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+_DENIED_CODES = frozenset(
+    {
+        KafkaError._AUTHENTICATION,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+    }
+)
+_INVALID_CODES = frozenset(
+    {KafkaError._INVALID_ARG, KafkaError.INVALID_CONFIG, KafkaError.TOPIC_EXCEPTION}
+)
+
+
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+def is_fenced(err: KafkaError | None) -> bool:
+    return err is not None and err.code() in _FENCED_CODES
+
+
+def translate(err: KafkaError, what: str, settings: KafkaSettings) -> errors.HeadraceError:
+    """The Headrace error for a librdkafka error met while doing ``what``."""
+    text = f"kafka {what} (bootstrap {settings.bootstrap_servers}): {err.str()}"
+    code = err.code()
+    if code in _FENCED_CODES:
+        return errors.Fenced(text)
+    if code in _TOO_LARGE_CODES:
+        return errors.MessageTooLarge(text)
+    if code in _INVALID_CODES:
+        return errors.InvalidArgument(text)
+    if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+        return errors.Truncated(text)
+    if code in _DENIED_CODES:
+        return errors.Unavailable(text, retryable=False)
+    return errors.Unavailable(text)
+
+
+def translate_exception(exc: BaseException, what: str, settings: KafkaSettings) -> Exception:
+    err = kafka_error(exc)
+    if err is not None:
+        return translate(err, what, settings)
+    if isinstance(exc, BufferError):
+        return errors.Unavailable(f"kafka {what}: the producer queue is full: {exc}")
+    if isinstance(exc, errors.HeadraceError):
+        return exc
+    return errors.Unavailable(
+        f"kafka {what} (bootstrap {settings.bootstrap_servers}) failed: {exc!r}"
+    )
+
+
+def new_admin(settings: KafkaSettings) -> AdminClient:
+    return AdminClient(client_config_with_logger(settings.base_config()))
+
+
+def ensure_topic(admin: AdminClient, settings: KafkaSettings, topic: str) -> None:
+    """Create ``topic`` (one partition) if it is missing."""
+    timeout = settings.operation_timeout_s
+    try:
+        if topic in admin.list_topics(topic=topic, timeout=timeout).topics and _has_partition(
+            admin, topic, timeout
+        ):
+            return
+        new = NewTopic(
+            topic,
+            num_partitions=1,
+            replication_factor=settings.replication_factor,
+            config=settings.topic_config(),
+        )
+        future = admin.create_topics([new], operation_timeout=timeout)[topic]
+        future.result(timeout=timeout)
+    except KafkaException as exc:
+        err = kafka_error(exc)
+        if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise translate_exception(exc, f"creating topic {topic}", settings) from None
+    _await_leader(admin, settings, topic)
+
+
+def _has_partition(admin: AdminClient, topic: str, timeout: float) -> bool:
+    meta = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
+    if meta is None or meta.error is not None or 0 not in meta.partitions:
+        return False
+    partition = meta.partitions[0]
+    return partition.error is None and partition.leader >= 0
+
+
+def _await_leader(admin: AdminClient, settings: KafkaSettings, topic: str) -> None:
+    """Wait until the broker's metadata shows a leader for the new topic."""
+    deadline = time.monotonic() + settings.operation_timeout_s
+    while not _has_partition(admin, topic, settings.operation_timeout_s):
+        if time.monotonic() > deadline:
+            raise errors.Unavailable(
+                f"kafka topic {topic} has no partition leader after "
+                f"{settings.operation_timeout_s} s (bootstrap {settings.bootstrap_servers})"
+            )
+        time.sleep(0.05)
+
+
+def delete_before(admin: AdminClient, settings: KafkaSettings, topic: str, offset: int) -> None:
+    timeout = settings.operation_timeout_s
+    try:
+        futures = admin.delete_records(
+            [TopicPartition(topic, 0, offset)], operation_timeout=timeout, request_timeout=timeout
+        )
+        for future in futures.values():
+            future.result(timeout=timeout)
+    except KafkaException as exc:
+        raise translate_exception(exc, f"deleting records of {topic}", settings) from None
+
+
+_TRANSIENT_CODES = frozenset(
+    {
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+)
+
+
+def watermarks(consumer: Consumer, settings: KafkaSettings, topic: str) -> tuple[int, int]:
+    """(log start offset, last stable offset) of partition 0, asked of the leader.
+
+    Right after a topic is created a client's metadata may not know it yet:
+    such errors are retried until the operation timeout.
+    """
+    deadline = time.monotonic() + settings.operation_timeout_s
+    while True:
+        left = max(deadline - time.monotonic(), 0.1)
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, 0), timeout=left, cached=False
+            )
+            return int(low), int(high)
+        except KafkaException as exc:
+            err = kafka_error(exc)
+            transient = err is not None and err.code() in _TRANSIENT_CODES
+            if not transient or time.monotonic() > deadline:
+                raise translate_exception(exc, f"reading offsets of {topic}", settings) from None
+        time.sleep(0.05)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Found:
+    offset: int
+    stamp: Stamp
+    value: bytes
+
+
+class Scan:
+    """A short-lived read_committed consumer of partition 0 that reports EOF."""
+
+    def __init__(self, settings: KafkaSettings, topic: str) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.consumer = Consumer({**settings.consumer_config(eof=True), "logger": LOG})
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def watermarks(self) -> tuple[int, int]:
+        """(log start offset, last stable offset); waits out metadata lag."""
+        return watermarks(self.consumer, self.settings, self.topic)
+
+    def records(self, start: int) -> Iterator[Found]:
+        """Committed records from ``start`` up to the end seen by the broker."""
+        self.consumer.assign([TopicPartition(self.topic, 0, start)])
+        deadline = time.monotonic() + self.settings.operation_timeout_s
+        while True:
+            if time.monotonic() > deadline:
+                raise errors.Unavailable(
+                    f"kafka: reading {self.topic} from offset {start} did not reach its end "
+                    f"within {self.settings.operation_timeout_s} s "
+                    f"(bootstrap {self.settings.bootstrap_servers})"
+                )
+            for msg in self.consumer.consume(500, _POLL_S):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return
+                    raise translate(err, f"reading {self.topic}", self.settings)
+                yield _found(msg)
+
+
+def _found(msg: Message) -> Found:
+    offset = msg.offset()
+    assert offset is not None
+    return Found(offset, stamp_of(msg.headers()), msg.value() or b"")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tail:
+    """The topic's last committed record and the offset of its last data record."""
+
+    last: Found
+    last_data: int
+
+
+def read_tail(settings: KafkaSettings, topic: str) -> Tail | None:
+    """Last committed record (data or fence), or None if there is none."""
+    scan = Scan(settings, topic)
+    try:
+        low, high = scan.watermarks()
+        window = 8
+        while high > low:
+            start = max(low, high - window)
+            last: Found | None = None
+            for found in scan.records(start):
+                last = found
+            if last is not None:
+                data = last.offset if last.stamp.kind is Kind.DATA else last.stamp.prev
+                return Tail(last, data)
+            if start == low:
+                return None
+            window *= 8
+        return None
+    finally:
+        scan.close()
+
+
+def read_one(settings: KafkaSettings, topic: str, offset: int) -> Found | None:
+    """The committed record at exactly ``offset``, if it is still there."""
+    scan = Scan(settings, topic)
+    try:
+        low, high = scan.watermarks()
+        if not low <= offset < high:
+            return None
+        for found in scan.records(offset):
+            return found if found.offset == offset else None
+        return None
+    finally:
+        scan.close()
+
+
+def first_data(settings: KafkaSettings, topic: str) -> Found | None:
+    """The first committed data record still in the topic."""
+    scan = Scan(settings, topic)
+    try:
+        low, high = scan.watermarks()
+        if high <= low:
+            return None
+        for found in scan.records(low):
+            if found.stamp.kind is Kind.DATA:
+                return found
+        return None
+    finally:
+        scan.close()
+
+
+def client_config_with_logger(config: dict[str, Any]) -> dict[str, Any]:
+    return {**config, "logger": LOG}

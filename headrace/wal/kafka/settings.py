@@ -1,0 +1,220 @@
+"""Settings of the Kafka backend and the client configurations they imply (pure).
+
+Keyword settings (``registry.create("kafka", ...)``):
+
+* ``bootstrap_servers`` (required): ``host:port[,host:port...]``.
+* ``cluster`` (``"default"``) and ``topic_prefix`` (``"headrace.<cluster>."``):
+  the topic of pchannel ``p`` is ``<topic_prefix><p>``.
+* ``replication_factor`` (1), ``min_insync_replicas`` (None: broker default),
+  ``timestamp_type`` (``"CreateTime"`` or ``"LogAppendTime"``), ``retention_ms``
+  (-1: unlimited) and ``retention_bytes`` (-1): used when the backend creates a
+  missing topic; an existing topic is used as it is.
+* ``max_message_bytes`` (8 MiB + 64 KiB): the largest record the producer sends
+  and the ``max.message.bytes`` of topics the backend creates.
+* ``transaction_timeout_ms`` (30000): how long the broker waits for a writer
+  that died inside a transaction before aborting it (readers stall behind it).
+* ``operation_timeout_s`` (30.0): bound of every blocking broker call.
+* ``kafka`` (a dict) and any ``kafka.<name>`` keyword: librdkafka client
+  configuration passed to every client, e.g. ``security.protocol``,
+  ``sasl.mechanism``, ``sasl.username``, ``ssl.ca.location``. Keys the backend
+  must own (transactions, isolation, acknowledgements) are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from headrace import errors
+from headrace.message.types import DEFAULT_MAX_MESSAGE_BYTES
+
+_TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
+_MAX_TOPIC = 249
+_OWNED_KEYS = frozenset(
+    {
+        "bootstrap.servers",
+        "transactional.id",
+        "enable.idempotence",
+        "acks",
+        "request.required.acks",
+        "isolation.level",
+        "enable.auto.commit",
+        "group.id",
+        "auto.offset.reset",
+        "enable.partition.eof",
+        "transaction.timeout.ms",
+    }
+)
+_SECRET_MARKERS = ("password", "secret", "key", "token", "jaas")
+_TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+DEFAULT_MAX_BYTES = DEFAULT_MAX_MESSAGE_BYTES + 64 * 1024
+"""Room for the framework's largest message plus record headers and batch overhead."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap_servers: str
+    topic_prefix: str = "headrace.default."
+    replication_factor: int = 1
+    min_insync_replicas: int | None = None
+    timestamp_type: str = "CreateTime"
+    retention_ms: int = -1
+    retention_bytes: int = -1
+    max_message_bytes: int = DEFAULT_MAX_BYTES
+    transaction_timeout_ms: int = 30_000
+    operation_timeout_s: float = 30.0
+    client: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def topic(self, pchannel: str) -> str:
+        """Topic of ``pchannel``; InvalidArgument if Kafka cannot name it."""
+        if not isinstance(pchannel, str) or not pchannel:
+            raise errors.InvalidArgument(f"invalid pchannel name {pchannel!r}")
+        name = f"{self.topic_prefix}{pchannel}"
+        if not _TOPIC_CHARS.match(name) or len(name) > _MAX_TOPIC or name in (".", ".."):
+            raise errors.InvalidArgument(
+                f"pchannel {pchannel!r} gives the Kafka topic name {name!r}, which Kafka "
+                f"refuses: use only letters, digits, '.', '_' and '-', at most {_MAX_TOPIC} "
+                "characters in all"
+            )
+        return name
+
+    def base_config(self) -> dict[str, Any]:
+        return {**self.client, "bootstrap.servers": self.bootstrap_servers}
+
+    def producer_config(self, topic: str) -> dict[str, Any]:
+        return {
+            "linger.ms": 1,
+            **self.base_config(),
+            "transactional.id": f"headrace-wal-{topic}",
+            "enable.idempotence": True,
+            "acks": "all",
+            "transaction.timeout.ms": self.transaction_timeout_ms,
+            "message.max.bytes": self.max_message_bytes,
+        }
+
+    def consumer_config(self, *, eof: bool) -> dict[str, Any]:
+        return {
+            "fetch.wait.max.ms": 100,
+            **self.base_config(),
+            "group.id": f"headrace-reader-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "error",
+            "enable.partition.eof": eof,
+        }
+
+    def topic_config(self) -> dict[str, str]:
+        config = {
+            "cleanup.policy": "delete",
+            "retention.ms": str(self.retention_ms),
+            "retention.bytes": str(self.retention_bytes),
+            "message.timestamp.type": self.timestamp_type,
+            "max.message.bytes": str(self.max_message_bytes),
+        }
+        if self.min_insync_replicas is not None:
+            config["min.insync.replicas"] = str(self.min_insync_replicas)
+        return config
+
+    def describe(self) -> dict[str, Any]:
+        shown = {
+            key: ("***" if any(m in key for m in _SECRET_MARKERS) else value)
+            for key, value in self.client.items()
+        }
+        return {
+            "backend": "kafka",
+            "bootstrap_servers": self.bootstrap_servers,
+            "topic_prefix": self.topic_prefix,
+            "replication_factor": self.replication_factor,
+            "min_insync_replicas": self.min_insync_replicas,
+            "timestamp_type": self.timestamp_type,
+            "retention_ms": self.retention_ms,
+            "client": shown,
+        }
+
+
+def _int(raw: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise errors.InvalidArgument(f"kafka setting {key} must be an integer >= {minimum}")
+    return value
+
+
+def _client_config(raw: Mapping[str, Any]) -> dict[str, str]:
+    client: dict[str, str] = {}
+    nested = raw.get("kafka", {})
+    if not isinstance(nested, Mapping):
+        raise errors.InvalidArgument("kafka setting 'kafka' must be a mapping of client settings")
+    for key, value in nested.items():
+        client[str(key)] = str(value)
+    for key, value in raw.items():
+        if key.startswith("kafka."):
+            client[key.removeprefix("kafka.")] = str(value)
+    refused = sorted(k for k in client if k in _OWNED_KEYS)
+    if refused:
+        raise errors.InvalidArgument(
+            f"kafka client settings {refused} are set by the backend itself and cannot be "
+            "overridden"
+        )
+    return client
+
+
+_KNOWN = frozenset(
+    {
+        "bootstrap_servers",
+        "cluster",
+        "topic_prefix",
+        "replication_factor",
+        "min_insync_replicas",
+        "timestamp_type",
+        "retention_ms",
+        "retention_bytes",
+        "transaction_timeout_ms",
+        "max_message_bytes",
+        "operation_timeout_s",
+        "kafka",
+    }
+)
+
+
+def parse_settings(raw: Mapping[str, Any]) -> KafkaSettings:
+    """Validate keyword settings; InvalidArgument names the bad one."""
+    unknown = sorted(k for k in raw if k not in _KNOWN and not k.startswith("kafka."))
+    if unknown:
+        raise errors.InvalidArgument(
+            f"unknown kafka backend settings {unknown} (known: {sorted(_KNOWN)} and kafka.*)"
+        )
+    bootstrap = raw.get("bootstrap_servers")
+    if not isinstance(bootstrap, str) or not bootstrap.strip():
+        raise errors.InvalidArgument("kafka backend needs bootstrap_servers, e.g. '127.0.0.1:9092'")
+    cluster = raw.get("cluster", "default")
+    prefix = raw.get("topic_prefix", f"headrace.{cluster}.")
+    if not isinstance(prefix, str):
+        raise errors.InvalidArgument("kafka setting topic_prefix must be a string")
+    timestamp_type = raw.get("timestamp_type", "CreateTime")
+    if timestamp_type not in _TIMESTAMP_TYPES:
+        raise errors.InvalidArgument(
+            f"kafka setting timestamp_type must be one of {_TIMESTAMP_TYPES}"
+        )
+    min_isr = raw.get("min_insync_replicas")
+    if min_isr is not None:
+        min_isr = _int(raw, "min_insync_replicas", 1, 1)
+    timeout = raw.get("operation_timeout_s", 30.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise errors.InvalidArgument("kafka setting operation_timeout_s must be a positive number")
+    return KafkaSettings(
+        bootstrap_servers=bootstrap.strip(),
+        topic_prefix=prefix,
+        replication_factor=_int(raw, "replication_factor", 1, 1),
+        min_insync_replicas=min_isr,
+        timestamp_type=timestamp_type,
+        retention_ms=_int(raw, "retention_ms", -1, -1),
+        retention_bytes=_int(raw, "retention_bytes", -1, -1),
+        max_message_bytes=_int(raw, "max_message_bytes", DEFAULT_MAX_BYTES, 1024),
+        transaction_timeout_ms=_int(raw, "transaction_timeout_ms", 30_000, 1000),
+        operation_timeout_s=float(timeout),
+        client=_client_config(raw),
+    )

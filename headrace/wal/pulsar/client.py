@@ -1,0 +1,192 @@
+"""Blocking pulsar-client calls of the backend, with errors translated.
+
+Every function here blocks and runs in an executor thread, never on the event
+loop. Library errors leave this module as :mod:`headrace.errors` types that
+name the service URL.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pulsar
+
+from headrace import errors
+from headrace.wal.pulsar.fencing import Kind, Stamp, stamp_of
+from headrace.wal.pulsar.message_id import PulsarMessageID
+from headrace.wal.pulsar.settings import KEEP_SUBSCRIPTION, SUBSCRIPTION, PulsarSettings
+
+LOG = logging.getLogger("headrace.wal.pulsar")
+_INVALID = (
+    pulsar.InvalidConfiguration,
+    pulsar.InvalidTopicName,
+    pulsar.InvalidUrl,
+    pulsar.InvalidMessage,
+)
+_DENIED = (pulsar.AuthenticationError, pulsar.AuthorizationError, pulsar.NotAllowedError)
+
+
+def new_client(settings: PulsarSettings) -> pulsar.Client:
+    kwargs: dict[str, Any] = settings.client_kwargs()
+    if settings.auth_token is not None:
+        kwargs["authentication"] = pulsar.AuthenticationToken(settings.auth_token)
+    kwargs.setdefault("logger", LOG)
+    try:
+        return pulsar.Client(settings.service_url, **kwargs)
+    except (pulsar.PulsarException, ValueError, TypeError) as exc:
+        raise errors.InvalidArgument(f"pulsar client options are invalid: {exc}") from None
+
+
+def translate(exc: BaseException, what: str, settings: PulsarSettings) -> Exception:
+    """The Headrace error for a client exception met while doing ``what``."""
+    if isinstance(exc, errors.HeadraceError):
+        return exc
+    text = f"pulsar {what} ({settings.service_url}): {exc}"
+    if isinstance(exc, pulsar.ProducerFenced):
+        return errors.Fenced(text)
+    if isinstance(exc, pulsar.MessageTooBig):
+        return errors.MessageTooLarge(text)
+    if isinstance(exc, _INVALID):
+        return errors.InvalidArgument(text)
+    if isinstance(exc, _DENIED):
+        return errors.Unavailable(text, retryable=False)
+    if isinstance(exc, pulsar.TopicTerminated):
+        return errors.HeadraceError(text)
+    return errors.Unavailable(text)
+
+
+def to_pulsar(mid: PulsarMessageID) -> pulsar.MessageId:
+    return pulsar.MessageId(mid.partition, mid.ledger, mid.entry, mid.batch)
+
+
+def from_pulsar(mid: pulsar.MessageId) -> PulsarMessageID:
+    return PulsarMessageID(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index())
+
+
+def stamp(msg: pulsar.Message) -> Stamp:
+    return stamp_of(msg.properties())
+
+
+def _hold(client: pulsar.Client, topic: str, subscription: str) -> None:
+    consumer = client.subscribe(
+        topic,
+        subscription,
+        consumer_type=pulsar.ConsumerType.Shared,
+        receiver_queue_size=0,
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    consumer.close()
+
+
+def ensure_topics(client: pulsar.Client, settings: PulsarSettings, pchannel: str) -> None:
+    """Create the durable subscriptions that keep the data (and the topics with them)."""
+    topic = settings.topic(pchannel)
+    try:
+        _hold(client, topic, SUBSCRIPTION)
+        _hold(client, settings.marks_topic(pchannel), KEEP_SUBSCRIPTION)
+    except pulsar.PulsarException as exc:
+        raise translate(exc, f"preparing topic {topic}", settings) from None
+
+
+def _reader(client: pulsar.Client, topic: str, start: pulsar.MessageId, inclusive: bool) -> Any:
+    return client.create_reader(
+        topic, start, start_message_id_inclusive=inclusive, receiver_queue_size=100
+    )
+
+
+def read_last(client: pulsar.Client, settings: PulsarSettings, topic: str) -> pulsar.Message | None:
+    """The topic's last message of any kind, or None if it has none."""
+    try:
+        reader = _reader(client, topic, pulsar.MessageId.latest, True)
+        try:
+            if not reader.has_message_available():
+                return None
+            message: pulsar.Message = reader.read_next(_millis(settings))
+            return message
+        finally:
+            reader.close()
+    except pulsar.PulsarException as exc:
+        raise translate(exc, f"reading the end of {topic}", settings) from None
+
+
+def read_first_data(
+    client: pulsar.Client, settings: PulsarSettings, topic: str, start: PulsarMessageID | None
+) -> pulsar.Message | None:
+    """The first data message at or after ``start`` (the earliest when None)."""
+    position = pulsar.MessageId.earliest if start is None else to_pulsar(start)
+    try:
+        reader = _reader(client, topic, position, True)
+        try:
+            while reader.has_message_available():
+                message: pulsar.Message = reader.read_next(_millis(settings))
+                if stamp(message).kind is Kind.DATA:
+                    return message
+            return None
+        finally:
+            reader.close()
+    except pulsar.PulsarException as exc:
+        raise translate(exc, f"reading {topic}", settings) from None
+
+
+def read_exact(
+    client: pulsar.Client, settings: PulsarSettings, topic: str, mid: PulsarMessageID
+) -> pulsar.Message | None:
+    message = read_first_data(client, settings, topic, mid)
+    if message is None or from_pulsar(message.message_id()) != mid:
+        return None
+    return message
+
+
+def read_mark(
+    client: pulsar.Client, settings: PulsarSettings, pchannel: str
+) -> PulsarMessageID | None:
+    """The truncation point of ``pchannel``, None if it was never truncated."""
+    message = read_last(client, settings, settings.marks_topic(pchannel))
+    if message is None:
+        return None
+    return PulsarMessageID.from_bytes(message.data())
+
+
+def truncate(
+    client: pulsar.Client, settings: PulsarSettings, pchannel: str, before: PulsarMessageID
+) -> None:
+    """Record ``before`` as the truncation point, then let retention drop older ledgers.
+
+    A point beyond the last message is clamped to just after it, so records
+    appended later are never hidden.
+    """
+    topic = settings.topic(pchannel)
+    last = read_last(client, settings, topic)
+    if last is None:
+        return
+    before = min(before, next_position(from_pulsar(last.message_id())))
+    current = read_mark(client, settings, pchannel)
+    if current is not None and current >= before:
+        return
+    try:
+        producer = client.create_producer(
+            settings.marks_topic(pchannel), send_timeout_millis=settings.send_timeout_ms
+        )
+        try:
+            producer.send(before.to_bytes())
+        finally:
+            producer.close()
+        consumer = client.subscribe(
+            topic, SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=0
+        )
+        try:
+            consumer.seek(to_pulsar(before))
+        finally:
+            consumer.close()
+    except pulsar.PulsarException as exc:
+        raise translate(exc, f"truncating {topic}", settings) from None
+
+
+def next_position(mid: PulsarMessageID) -> PulsarMessageID:
+    """The position right after ``mid`` in its ledger (pure)."""
+    return PulsarMessageID(mid.ledger, mid.entry + 1)
+
+
+def _millis(settings: PulsarSettings) -> int:
+    return int(settings.operation_timeout_s * 1000)

@@ -1,0 +1,156 @@
+"""Settings of the Pulsar backend (pure).
+
+Keyword settings (``registry.create("pulsar", ...)``):
+
+* ``service_url`` (required): ``pulsar://host:port`` or ``pulsar+ssl://...``.
+* ``tenant`` (``"public"``), ``namespace`` (``"default"``), ``cluster``
+  (``"default"``) and ``topic_prefix`` (``"headrace.<cluster>."``): pchannel
+  ``p`` is ``persistent://<tenant>/<namespace>/<topic_prefix><p>``; its
+  truncation marks live in ``...<topic_prefix>__truncation.<p>``.
+* ``operation_timeout_s`` (30.0): bound of every blocking client call.
+* ``send_timeout_ms`` (30000): a send not acknowledged by then fails.
+* ``auth_token``: a JWT for token authentication (not shown by ``describe``).
+* ``pulsar`` (a dict) and any ``pulsar.<name>`` keyword: further keyword
+  arguments of ``pulsar.Client`` (``use_tls``, ``tls_trust_certs_file_path``,
+  ``authentication``, ``listener_name``, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from headrace import errors
+
+_NAME = re.compile(r"^[A-Za-z0-9._\-=:]+$")
+TRUNCATION_INFIX = "__truncation."
+SUBSCRIPTION = "headrace-truncation"
+"""Durable subscription that holds the data: its cursor is the truncation point."""
+KEEP_SUBSCRIPTION = "headrace-keep"
+"""Durable subscription of the truncation-mark topic that is never acknowledged."""
+_OWNED = frozenset({"service_url", "operation_timeout_seconds", "logger"})
+
+
+@dataclasses.dataclass(frozen=True)
+class PulsarSettings:
+    service_url: str
+    tenant: str = "public"
+    namespace: str = "default"
+    topic_prefix: str = "headrace.default."
+    operation_timeout_s: float = 30.0
+    send_timeout_ms: int = 30_000
+    auth_token: str | None = None
+    client: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def topic(self, pchannel: str) -> str:
+        """Full topic name of ``pchannel``; InvalidArgument if Pulsar cannot name it."""
+        if not isinstance(pchannel, str) or not pchannel or pchannel.startswith("__"):
+            raise errors.InvalidArgument(
+                f"invalid pchannel name {pchannel!r} (empty, or starts with '__', which the "
+                "pulsar backend keeps for its own topics)"
+            )
+        local = f"{self.topic_prefix}{pchannel}"
+        if not _NAME.match(local):
+            raise errors.InvalidArgument(
+                f"pchannel {pchannel!r} gives the Pulsar topic name {local!r}, which Pulsar "
+                "refuses: use only letters, digits and '.', '_', '-', '=', ':'"
+            )
+        return f"persistent://{self.tenant}/{self.namespace}/{local}"
+
+    def marks_topic(self, pchannel: str) -> str:
+        """Topic of the truncation marks of ``pchannel``."""
+        self.topic(pchannel)
+        local = f"{self.topic_prefix}{TRUNCATION_INFIX}{pchannel}"
+        return f"persistent://{self.tenant}/{self.namespace}/{local}"
+
+    def client_kwargs(self) -> dict[str, Any]:
+        return {**self.client, "operation_timeout_seconds": max(1, round(self.operation_timeout_s))}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": "pulsar",
+            "service_url": self.service_url,
+            "tenant": self.tenant,
+            "namespace": self.namespace,
+            "topic_prefix": self.topic_prefix,
+            "auth": "token"
+            if self.auth_token
+            else ("custom" if "authentication" in self.client else "none"),
+            "client": sorted(self.client),
+        }
+
+
+_KNOWN = frozenset(
+    {
+        "service_url",
+        "tenant",
+        "namespace",
+        "cluster",
+        "topic_prefix",
+        "operation_timeout_s",
+        "send_timeout_ms",
+        "auth_token",
+        "pulsar",
+    }
+)
+
+
+def _client(raw: Mapping[str, Any]) -> dict[str, Any]:
+    nested = raw.get("pulsar", {})
+    if not isinstance(nested, Mapping):
+        raise errors.InvalidArgument("pulsar setting 'pulsar' must be a mapping of client options")
+    client = {str(k): v for k, v in nested.items()}
+    client.update({k.removeprefix("pulsar."): v for k, v in raw.items() if k.startswith("pulsar.")})
+    refused = sorted(k for k in client if k in _OWNED)
+    if refused:
+        raise errors.InvalidArgument(
+            f"pulsar client options {refused} are set by the backend itself and cannot be "
+            "overridden"
+        )
+    return client
+
+
+def _name(raw: Mapping[str, Any], key: str, default: str) -> str:
+    value = raw.get(key, default)
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise errors.InvalidArgument(f"pulsar setting {key} must be a valid name, got {value!r}")
+    return value
+
+
+def parse_settings(raw: Mapping[str, Any]) -> PulsarSettings:
+    """Validate keyword settings; InvalidArgument names the bad one."""
+    unknown = sorted(k for k in raw if k not in _KNOWN and not k.startswith("pulsar."))
+    if unknown:
+        raise errors.InvalidArgument(
+            f"unknown pulsar backend settings {unknown} (known: {sorted(_KNOWN)} and pulsar.*)"
+        )
+    url = raw.get("service_url")
+    if not isinstance(url, str) or not url.startswith(("pulsar://", "pulsar+ssl://")):
+        raise errors.InvalidArgument(
+            "pulsar backend needs service_url, e.g. 'pulsar://127.0.0.1:6650'"
+        )
+    cluster = _name(raw, "cluster", "default")
+    prefix = raw.get("topic_prefix", f"headrace.{cluster}.")
+    if not isinstance(prefix, str) or (prefix and not _NAME.match(prefix)):
+        raise errors.InvalidArgument(f"pulsar setting topic_prefix is not a valid name: {prefix!r}")
+    timeout = raw.get("operation_timeout_s", 30.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise errors.InvalidArgument("pulsar setting operation_timeout_s must be a positive number")
+    send_timeout = raw.get("send_timeout_ms", 30_000)
+    if isinstance(send_timeout, bool) or not isinstance(send_timeout, int) or send_timeout < 1:
+        raise errors.InvalidArgument("pulsar setting send_timeout_ms must be a positive integer")
+    token = raw.get("auth_token")
+    if token is not None and not isinstance(token, str):
+        raise errors.InvalidArgument("pulsar setting auth_token must be a string")
+    return PulsarSettings(
+        service_url=url,
+        tenant=_name(raw, "tenant", "public"),
+        namespace=_name(raw, "namespace", "default"),
+        topic_prefix=prefix,
+        operation_timeout_s=float(timeout),
+        send_timeout_ms=send_timeout,
+        auth_token=token,
+        client=_client(raw),
+    )

@@ -1,0 +1,89 @@
+"""pytest plugin: one real Kafka broker and one real Pulsar standalone per session.
+
+Both are started by the project's test bed (``scripts/headrace_testbed/kafka.py``
+and ``pulsar.py``: jars from Maven Central, cached) on free loopback ports, on
+first use only, and stopped when the session ends. Missing Java or Maven fails
+the tests that need a broker, with the reason; nothing is skipped silently.
+Set ``HEADRACE_KAFKA_BOOTSTRAP=host:port`` or
+``HEADRACE_PULSAR_URL=pulsar://host:port`` to use brokers that already run.
+
+Fixtures: ``kafka_bootstrap`` and ``pulsar_url`` (session scope). Code that
+gets no fixture request (the conformance suite's backend cases) calls
+:func:`kafka_bootstrap_address` / :func:`pulsar_service_url`, which share the
+same servers. Tests that use them carry the ``kafka`` / ``pulsar`` marks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from headrace_testbed import TestbedError
+from headrace_testbed.kafka import KafkaBroker, start_kafka
+from headrace_testbed.pulsar import PulsarStandalone, start_pulsar
+
+_Server = TypeVar("_Server", KafkaBroker, PulsarStandalone)
+_RUNNING: dict[str, KafkaBroker | PulsarStandalone] = {}
+
+
+def _stop(kind: str) -> None:
+    server = _RUNNING.pop(kind, None)
+    if server is not None:
+        server.stop()
+        shutil.rmtree(server.server.data_dir, ignore_errors=True)
+
+
+def _shared(kind: str, start: Callable[[Path], _Server], expected: type[_Server]) -> _Server:
+    server = _RUNNING.get(kind)
+    if server is None:
+        data_dir = Path(tempfile.mkdtemp(prefix=f"headrace-{kind}-"))
+        try:
+            server = start(data_dir)
+        except TestbedError as exc:
+            shutil.rmtree(data_dir, ignore_errors=True)
+            pytest.fail(f"cannot start the {kind} test server: {exc}", pytrace=False)
+        _RUNNING[kind] = server
+        atexit.register(_stop, kind)
+    assert isinstance(server, expected)
+    return server
+
+
+def kafka_bootstrap_address() -> str:
+    """``host:port`` of a real Kafka broker, started on first use."""
+    external = os.environ.get("HEADRACE_KAFKA_BOOTSTRAP")
+    if external:
+        return external
+    return _shared("kafka", start_kafka, KafkaBroker).bootstrap
+
+
+def pulsar_service_url() -> str:
+    """``pulsar://host:port`` of a real Pulsar standalone, started on first use."""
+    external = os.environ.get("HEADRACE_PULSAR_URL")
+    if external:
+        return external
+    return _shared("pulsar", start_pulsar, PulsarStandalone).service_url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stop_brokers_at_session_end() -> Iterator[None]:
+    yield
+    for kind in list(_RUNNING):
+        _stop(kind)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """``host:port`` of a real Kafka broker (the session broker unless overridden)."""
+    return kafka_bootstrap_address()
+
+
+@pytest.fixture(scope="session")
+def pulsar_url() -> str:
+    """``pulsar://host:port`` of a real Pulsar (the session standalone unless overridden)."""
+    return pulsar_service_url()
