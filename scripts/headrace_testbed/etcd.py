@@ -1,0 +1,257 @@
+"""A real etcd server for tests: built from source once, run on loopback.
+
+``ensure_etcd()`` builds the wrapper module in ``scripts/testbed/etcd`` (a
+``main`` calling ``etcdmain.Main``) with ``go build`` into
+``<cache>/bin/etcd-<version>``; the version is the one ``go.mod`` requires.
+Concurrent builders (several pytest processes) serialise on a file lock and
+reuse the first result. ``start_etcd(data_dir)`` runs a single-member cluster
+on free 127.0.0.1 ports and waits until ``/health`` answers.
+
+Command line::
+
+    PYTHONPATH=scripts python -m headrace_testbed.etcd build        # print the path
+    PYTHONPATH=scripts python -m headrace_testbed.etcd run DATA_DIR  # serve until ^C
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+from headrace_testbed import TestbedError
+from headrace_testbed.cache import bin_dir
+from headrace_testbed.ports import LOOPBACK, free_ports
+
+SOURCE_DIR = Path(__file__).resolve().parents[1] / "testbed" / "etcd"
+BUILD_TIMEOUT_S = 1800.0
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+_START_ATTEMPTS = 3
+_REQUIRE = re.compile(r"^\s*(?:require\s+)?go\.etcd\.io/etcd/server/v3\s+(v\S+)", re.MULTILINE)
+
+
+def etcd_version(source_dir: Path = SOURCE_DIR) -> str:
+    """The etcd server version the wrapper module requires, e.g. ``v3.6.16``."""
+    try:
+        text = (source_dir / "go.mod").read_text()
+    except OSError as exc:
+        raise TestbedError(f"cannot read {source_dir / 'go.mod'}: {exc}") from exc
+    match = _REQUIRE.search(text)
+    if match is None:
+        raise TestbedError(f"{source_dir / 'go.mod'} does not require go.etcd.io/etcd/server/v3")
+    return match.group(1)
+
+
+def _go_binary() -> str:
+    found = shutil.which("go") or (
+        "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
+    )
+    if found is None:
+        raise TestbedError(
+            "Go is not installed (no `go` on PATH): it is needed once to build the etcd "
+            "test server; install Go >= 1.24, or deselect the real-etcd tests with -m 'not etcd'"
+        )
+    return found
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(target: Path, source_dir: Path) -> None:
+    go = _go_binary()
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    env = dict(os.environ, GOFLAGS="-mod=mod", CGO_ENABLED="0")
+    command = [go, "build", "-trimpath", "-o", str(partial), "."]
+    try:
+        result = subprocess.run(
+            command,
+            cwd=source_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        partial.unlink(missing_ok=True)
+        raise TestbedError(f"building etcd took more than {BUILD_TIMEOUT_S:.0f} s") from exc
+    if result.returncode != 0 or not partial.exists():
+        partial.unlink(missing_ok=True)
+        tail = (result.stderr or result.stdout)[-4000:]
+        raise TestbedError(
+            f"`{' '.join(command)}` in {source_dir} failed (exit {result.returncode}):\n{tail}"
+        )
+    partial.chmod(0o755)
+    os.replace(partial, target)
+
+
+def ensure_etcd(source_dir: Path = SOURCE_DIR) -> Path:
+    """Path of the cached etcd binary, building it first if it is missing."""
+    override = os.environ.get("HEADRACE_ETCD_BIN")
+    if override:
+        path = Path(override)
+        if not os.access(path, os.X_OK):
+            raise TestbedError(f"HEADRACE_ETCD_BIN={override} is not an executable file")
+        return path
+    target = bin_dir() / f"etcd-{etcd_version(source_dir)}"
+    if os.access(target, os.X_OK):
+        return target
+    with _file_lock(target.with_name(f"{target.name}.lock")):
+        if not os.access(target, os.X_OK):
+            _build(target, source_dir)
+    return target
+
+
+@dataclasses.dataclass
+class EtcdServer:
+    """A running single-member etcd; stop it with :meth:`stop` or ``with``."""
+
+    process: subprocess.Popen[bytes]
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    log_path: Path
+
+    @property
+    def endpoint(self) -> str:
+        """``127.0.0.1:<client port>``."""
+        return f"{LOOPBACK}:{self.client_port}"
+
+    @property
+    def url(self) -> str:
+        """The metastore URL, ``etcd://127.0.0.1:<client port>``."""
+        return f"etcd://{self.endpoint}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(STOP_TIMEOUT_S)
+
+    def kill(self) -> None:
+        """Stop abruptly (SIGKILL), like a crash."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(STOP_TIMEOUT_S)
+
+    def log_tail(self, limit: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-limit:]
+        except OSError:
+            return ""
+
+    def __enter__(self) -> EtcdServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _healthy(client_port: int) -> bool:
+    url = f"http://{LOOPBACK}:{client_port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            body = json.loads(response.read() or b"{}")
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+    return str(body.get("health")) == "true"
+
+
+def _launch(binary: Path, data_dir: Path, fsync: bool) -> EtcdServer:
+    client_port, peer_port = free_ports(2)
+    client_url = f"http://{LOOPBACK}:{client_port}"
+    peer_url = f"http://{LOOPBACK}:{peer_port}"
+    command = [
+        str(binary),
+        "--name=headrace-test",
+        f"--data-dir={data_dir / 'member-data'}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=headrace-test={peer_url}",
+        "--initial-cluster-state=new",
+        # Short raft timings make the minimum lease TTL 1 s, so lease tests are quick.
+        "--heartbeat-interval=50",
+        "--election-timeout=500",
+        "--log-level=warn",
+    ]
+    if not fsync:
+        command.append("--unsafe-no-fsync")
+    log_path = data_dir / "etcd.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    return EtcdServer(process, client_port, peer_port, data_dir, log_path)
+
+
+def start_etcd(data_dir: Path, *, fsync: bool = False) -> EtcdServer:
+    """Start etcd with its data under ``data_dir`` and wait until it is healthy.
+
+    ``fsync=False`` (the default for tests) runs with ``--unsafe-no-fsync``.
+    """
+    binary = ensure_etcd()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    last_log = ""
+    for _ in range(_START_ATTEMPTS):
+        server = _launch(binary, data_dir, fsync)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and server.process.poll() is None:
+            if _healthy(server.client_port):
+                return server
+            time.sleep(0.05)
+        server.stop()
+        last_log = server.log_tail()
+        if "address already in use" not in last_log:
+            break
+    raise TestbedError(f"etcd in {data_dir} did not become healthy; log tail:\n{last_log}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("build", help="build (or reuse) the cached etcd binary; print its path")
+    run = commands.add_parser("run", help="run etcd on free loopback ports until interrupted")
+    run.add_argument("data_dir", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        print(ensure_etcd())
+        return 0
+    with start_etcd(args.data_dir, fsync=True) as server:
+        print(server.url, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.process.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
