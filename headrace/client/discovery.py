@@ -1,0 +1,231 @@
+"""Where the pchannels are: the cluster state as a client follows it.
+
+:class:`ClusterView` lists the cluster config, the nodes and the assignment
+records once, then follows every change with a watch (re-listing after a
+metastore outage). Callers wait on it for an owner to appear or change.
+:class:`ChannelPool` keeps one gRPC channel per node address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
+from headrace import errors
+from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo, route
+from headrace.metastore.contract import EventType, Get, KeyValue, Metastore, Watch, WatchEvent
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", Assignment, NodeInfo, ClusterConfig)
+T = TypeVar("T")
+
+
+def parse_record(cls: type[R], data: bytes) -> R:
+    record = cls.from_json(data)
+    if not isinstance(record, cls):
+        raise errors.CorruptData(f"malformed {cls.__name__} record")
+    return record
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Owner:
+    """The node serving a pchannel, as recorded."""
+
+    pchannel: str
+    node: str
+    address: str
+    term: int
+
+
+def owner_of(record: Assignment | None, nodes: dict[str, NodeInfo]) -> Owner | None:
+    """The serving owner an assignment record names, if it is ASSIGNED."""
+    if record is None or record.state is not AssignmentState.ASSIGNED or not record.node:
+        return None
+    address = record.address
+    if not address and record.node in nodes:
+        address = nodes[record.node].address
+    if not address:
+        return None
+    return Owner(record.pchannel, record.node, address, record.term)
+
+
+class ClusterView:
+    """A live copy of one cluster's config, nodes and assignments."""
+
+    def __init__(self, metastore: Metastore, keys: Keys, *, retry_seconds: float = 0.5) -> None:
+        self.metastore = metastore
+        self.keys = keys
+        self.retry_seconds = retry_seconds
+        self.config: ClusterConfig | None = None
+        self.nodes: dict[str, NodeInfo] = {}
+        self.assignments: dict[str, Assignment] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
+        self._watch: Watch | None = None
+
+    async def start(self) -> None:
+        """List once (raising Unavailable if the metastore does not answer), then follow."""
+        revision = await self.refresh()
+        self._task = asyncio.create_task(self._follow(revision), name="headrace-cluster-view")
+
+    async def close(self) -> None:
+        # Closing the watch ends the loop even if a cancellation gets lost in it.
+        self._closing.set()
+        if self._watch is not None:
+            await self._watch.close()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def refresh(self) -> int:
+        """Re-read everything now; the store revision read at."""
+        keys = self.keys
+        result = await self.metastore.txn(
+            [], [Get(keys.config), Get(keys.nodes, prefix=True), Get(keys.pchannels, prefix=True)]
+        )
+        config_kvs, node_kvs, pchannel_kvs = result.gets
+        self.config = None
+        for kv in config_kvs:
+            self._apply(kv.key, kv)
+        self.nodes = {}
+        for kv in node_kvs:
+            self._apply(kv.key, kv)
+        self.assignments = {}
+        for kv in pchannel_kvs:
+            self._apply(kv.key, kv)
+        self._notify()
+        return result.revision
+
+    async def _follow(self, revision: int) -> None:
+        while not self._closing.is_set():
+            try:
+                watch = await self.metastore.watch_prefix(
+                    self.keys.root + "/", start_revision=revision + 1
+                )
+                self._watch = watch
+                try:
+                    if self._closing.is_set():
+                        return
+                    async for event in watch:
+                        self._on_event(event)
+                finally:
+                    self._watch = None
+                    await watch.close()
+            except errors.HeadraceError as exc:
+                log.warning("following cluster %s failed: %s", self.keys.root, exc)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.retry_seconds):
+                    await self._closing.wait()
+            if self._closing.is_set():
+                return
+            try:
+                revision = await self.refresh()
+            except errors.HeadraceError as exc:
+                log.warning("re-reading cluster %s failed: %s", self.keys.root, exc)
+
+    def _on_event(self, event: WatchEvent) -> None:
+        self._apply(event.kv.key, event.kv if event.type is EventType.PUT else None)
+        self._notify()
+
+    def _apply(self, key: str, kv: KeyValue | None) -> None:
+        keys = self.keys
+        try:
+            if key == keys.config:
+                self.config = None if kv is None else parse_record(ClusterConfig, kv.value)
+            elif key.startswith(keys.nodes):
+                node_id = key[len(keys.nodes) :]
+                if kv is None:
+                    self.nodes.pop(node_id, None)
+                else:
+                    self.nodes[node_id] = parse_record(NodeInfo, kv.value)
+            elif key.startswith(keys.pchannels):
+                pchannel = key[len(keys.pchannels) :]
+                if kv is None:
+                    self.assignments.pop(pchannel, None)
+                else:
+                    self.assignments[pchannel] = parse_record(Assignment, kv.value)
+        except errors.CorruptData as exc:
+            log.error("ignoring %s: %s", key, exc)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # -------------------------------------------------------------- queries
+
+    def pchannels(self) -> list[str]:
+        return list(self.config.pchannels) if self.config is not None else []
+
+    def route(self, vchannel: str) -> str:
+        """The pchannel of ``vchannel``; Unavailable while no config is known."""
+        return route(vchannel, self.pchannels())
+
+    def owner(self, pchannel: str) -> Owner | None:
+        return owner_of(self.assignments.get(pchannel), self.nodes)
+
+    async def wait_for(self, probe: Callable[[], T | None], deadline: float, what: str) -> T:
+        """Wait until ``probe()`` returns something; Unavailable at ``deadline``.
+
+        ``deadline`` is a :func:`time.monotonic` time.
+        """
+        while True:
+            value = probe()
+            if value is not None:
+                return value
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.Unavailable(f"timed out waiting for {what}")
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
+
+    async def wait_route(self, vchannel: str, deadline: float) -> str:
+        def probe() -> str | None:
+            return self.route(vchannel) if self.config is not None else None
+
+        return await self.wait_for(probe, deadline, f"the config of cluster {self.keys.root}")
+
+    async def wait_owner(
+        self, pchannel: str, deadline: float, *, avoid: Owner | None = None
+    ) -> Owner:
+        """An ASSIGNED owner of ``pchannel``, other than ``avoid`` if given."""
+
+        def probe() -> Owner | None:
+            owner = self.owner(pchannel)
+            return None if owner is None or owner == avoid else owner
+
+        return await self.wait_for(probe, deadline, f"an owner of {pchannel}")
+
+
+class ChannelPool:
+    """One gRPC channel per node address, created on first use."""
+
+    def __init__(self, max_message_bytes: int = 64 * 1024 * 1024) -> None:
+        self._options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=self._options)
+            self._channels[address] = channel
+        return channel
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close(None)

@@ -1,0 +1,315 @@
+"""One pchannel's share of a producer: its queue and its Produce stream."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import grpc
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
+from headrace import errors
+from headrace.client.discovery import Owner
+from headrace.client.errors import from_proto, from_rpc_error
+from headrace.message import ids
+from headrace.message.types import Message
+from headrace.proto import rpc
+from headrace.proto import streaming_pb2 as pb
+from headrace.wal.api import AppendResult
+
+if TYPE_CHECKING:
+    from headrace.client.producer import Group, Producer
+
+log = logging.getLogger(__name__)
+
+ProduceCall = rpc.ProduceCall
+
+
+@dataclasses.dataclass(slots=True)
+class Item:
+    """One message on its way: stamped properties, size, where its outcome goes."""
+
+    message: Message
+    properties: Mapping[str, str]
+    size: int
+    group: Group
+    index: int
+    deadline: float
+
+
+@dataclasses.dataclass(slots=True)
+class _Stream:
+    """Bookkeeping of one Produce stream."""
+
+    call: ProduceCall
+    owner: Owner
+    inflight: collections.deque[tuple[int, list[Item]]] = dataclasses.field(
+        default_factory=collections.deque
+    )
+    retry: list[Item] = dataclasses.field(default_factory=list)
+    error: errors.HeadraceError | None = None
+    broken: bool = False
+    """The stream itself failed: outcomes of in-flight batches are unknown."""
+    acked: int = 0
+
+    def fail(self, error: errors.HeadraceError, *, broken: bool = False) -> None:
+        if self.error is None:
+            self.error = error
+        self.broken = self.broken or broken
+
+
+class Lane:
+    """Queue and stream of one pchannel; runs until closed."""
+
+    def __init__(self, producer: Producer, pchannel: str) -> None:
+        self.producer = producer
+        self.pchannel = pchannel
+        self.options = producer.options
+        self.queue: collections.deque[Item] = collections.deque()
+        self.owner: Owner | None = None
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._batch_ids = itertools.count(1)
+        self._task = self._start()
+
+    def _start(self) -> asyncio.Task[None]:
+        return asyncio.create_task(self._guarded_run(), name=f"produce-{self.pchannel}")
+
+    def push(self, item: Item) -> None:
+        self.queue.append(item)
+        self._idle.clear()
+        self._wake.set()
+        if self._task.done() and not self._task.cancelled():
+            self._task = self._start()
+
+    async def idle(self) -> None:
+        """Wait until every pushed message has its outcome."""
+        if self._task.done():
+            return
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        closed = errors.Closed("the producer was closed before the message was acknowledged")
+        while self.queue:
+            self.producer.settle(self.queue.popleft(), closed)
+
+    # ----------------------------------------------------------- the loop
+
+    async def _guarded_run(self) -> None:
+        """Run the lane; a bug in it fails the queued messages instead of hanging them."""
+        try:
+            await self._run()
+        except Exception as exc:
+            log.exception("producer lane of %s failed", self.pchannel)
+            self._fail_all(errors.HeadraceError(f"producer lane failed: {exc!r}"))
+            self._idle.set()
+
+    async def _run(self) -> None:
+        backoff = self.options.retry_backoff
+        avoid: Owner | None = None
+        last_error: errors.HeadraceError | None = None
+        while True:
+            while not self.queue:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+            try:
+                owner = await self._find_owner(avoid, backoff)
+            except errors.Unavailable as exc:
+                self._expire(last_error or exc)
+                continue
+            self.owner = owner
+            stream = await self._stream(owner)
+            self.owner = None
+            error = stream.error or errors.Unavailable(f"{owner.address} ended the stream")
+            if not error.retryable:
+                self._fail_all(error)
+                continue
+            log.info("producing to %s at %s: %s; retrying", self.pchannel, owner.address, error)
+            last_error = error
+            avoid = owner
+            backoff = (
+                self.options.retry_backoff
+                if stream.acked
+                else min(backoff * 2, self.options.max_retry_backoff)
+            )
+            self._expire(error)
+
+    async def _find_owner(self, avoid: Owner | None, backoff: float) -> Owner:
+        """The owner to try next: preferably another than ``avoid``."""
+        view = self.producer.client.view
+        deadline = self.queue[0].deadline
+        if avoid is not None:
+            try:
+                return await view.wait_owner(
+                    self.pchannel, min(deadline, time.monotonic() + backoff), avoid=avoid
+                )
+            except errors.Unavailable:
+                pass
+        return await view.wait_owner(self.pchannel, deadline)
+
+    def _expire(self, error: errors.HeadraceError) -> None:
+        now = time.monotonic()
+        while self.queue and self.queue[0].deadline <= now:
+            self.producer.settle(self.queue.popleft(), error)
+
+    def _fail_all(self, error: errors.HeadraceError) -> None:
+        while self.queue:
+            self.producer.settle(self.queue.popleft(), error)
+
+    # ---------------------------------------------------------- one stream
+
+    async def _stream(self, owner: Owner) -> _Stream:
+        """Send over one stream to ``owner`` until it fails; then requeue what is unacknowledged."""
+        channel = self.producer.client.channels.get(owner.address)
+        call = rpc.producer_stub(channel).Produce()
+        stream = _Stream(call, owner)
+        receiver: asyncio.Task[None] | None = None
+        try:
+            opened = await self._open(stream)
+            if opened:
+                receiver = asyncio.create_task(self._receive(stream))
+                await self._send(stream, receiver)
+                if not stream.broken:
+                    await receiver
+        except grpc.RpcError as exc:
+            stream.fail(from_rpc_error(exc, owner.address), broken=True)
+        finally:
+            if receiver is not None and not receiver.done():
+                receiver.cancel()
+                await asyncio.gather(receiver, return_exceptions=True)
+            call.cancel()
+            unresolved = [*stream.retry, *(i for _, items in stream.inflight for i in items)]
+            self.queue.extendleft(reversed(unresolved))
+        return stream
+
+    async def _open(self, stream: _Stream) -> bool:
+        owner = stream.owner
+        await stream.call.write(
+            pb.ProduceRequest(
+                open=pb.OpenProducer(
+                    pchannel=self.pchannel, term=owner.term, producer_id=self.producer.producer_id
+                )
+            )
+        )
+        first = await stream.call.read()
+        if not isinstance(first, pb.ProduceResponse) or first.WhichOneof("response") != "opened":
+            stream.fail(errors.Unavailable(f"{owner.address} did not open a Produce stream"))
+            return False
+        return True
+
+    async def _send(self, stream: _Stream, receiver: asyncio.Task[None]) -> None:
+        options = self.options
+        while stream.error is None and not receiver.done():
+            if self.queue and len(stream.inflight) < options.max_inflight_batches:
+                if options.linger and len(self.queue) < options.max_batch_messages:
+                    await asyncio.sleep(options.linger)
+                items = self._take_batch()
+                batch_id = next(self._batch_ids)
+                stream.inflight.append((batch_id, items))
+                await stream.call.write(self._request(batch_id, items))
+                continue
+            if not self.queue and not stream.inflight:
+                self._idle.set()
+            self._wake.clear()
+            timeout = None
+            if stream.inflight:
+                timeout = max(0.0, stream.inflight[0][1][0].deadline - time.monotonic())
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            except TimeoutError:
+                stream.fail(
+                    errors.Unavailable(f"{stream.owner.address} did not answer in time"),
+                    broken=True,
+                )
+
+    def _take_batch(self) -> list[Item]:
+        options = self.options
+        queue = self.queue
+        items = [queue.popleft()]
+        size = items[0].size
+        while queue and len(items) < options.max_batch_messages:
+            size += queue[0].size
+            if size > options.max_batch_bytes:
+                break
+            items.append(queue.popleft())
+        return items
+
+    @staticmethod
+    def _request(batch_id: int, items: Sequence[Item]) -> pb.ProduceRequest:
+        request = pb.ProduceRequest()
+        batch = request.batch
+        batch.batch_id = batch_id
+        add = batch.messages.add
+        for item in items:
+            msg = item.message
+            add(
+                type=msg.type,
+                vchannel=msg.vchannel,
+                payload=msg.payload,
+                properties=item.properties,
+                txn_id=msg.txn_id,
+            )
+        return request
+
+    async def _receive(self, stream: _Stream) -> None:
+        call = stream.call
+        try:
+            while stream.error is None or (stream.inflight and not stream.broken):
+                response = await call.read()
+                if not isinstance(response, pb.ProduceResponse):
+                    stream.fail(errors.Unavailable("the node ended the stream"), broken=True)
+                    return
+                result = response.batch
+                if (
+                    response.WhichOneof("response") != "batch"
+                    or not stream.inflight
+                    or result.batch_id != stream.inflight[0][0]
+                ):
+                    stream.fail(errors.Unavailable("unexpected Produce response"), broken=True)
+                    return
+                _, items = stream.inflight.popleft()
+                self._settle(stream, items, result.results)
+                self._wake.set()
+        except grpc.RpcError as exc:
+            stream.fail(from_rpc_error(exc, stream.owner.address), broken=True)
+        finally:
+            self._wake.set()
+
+    def _settle(
+        self,
+        stream: _Stream,
+        items: list[Item],
+        results: RepeatedCompositeFieldContainer[pb.MessageResult],
+    ) -> None:
+        if len(results) != len(items):
+            stream.retry.extend(items)
+            stream.fail(errors.Unavailable("a Produce response of the wrong length"), broken=True)
+            return
+        settle = self.producer.settle
+        parse = ids.parse
+        for item, result in zip(items, results, strict=True):
+            if result.HasField("error"):
+                error = from_proto(result.error)
+                if error.retryable:
+                    stream.retry.append(item)
+                    stream.fail(error)
+                else:
+                    settle(item, error)
+                continue
+            try:
+                mid = parse(result.id)
+            except errors.HeadraceError as exc:
+                settle(item, exc)
+                continue
+            settle(item, AppendResult(mid, result.timetick, result.term, result.txn_id))
+            stream.acked += 1

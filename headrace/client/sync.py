@@ -1,0 +1,161 @@
+"""A blocking facade over :class:`HeadraceClient` for code without asyncio.
+
+:class:`SyncClient` runs an event loop in a daemon thread and forwards calls
+to it::
+
+    with SyncClient("sqlite:///var/headrace/meta.db") as client:
+        result = client.produce("collection-1", b"row")
+        for entry in client.consume("collection-1", max_messages=10, idle_timeout=1.0):
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Collection, Coroutine, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from headrace import errors
+from headrace.client.client import ClientOptions, HeadraceClient
+from headrace.client.consumer import Consumer, ConsumerOptions, Start
+from headrace.client.discovery import Owner
+from headrace.client.producer import Producer, ProducerOptions
+from headrace.cluster import DEFAULT_CLUSTER
+from headrace.message.types import LogEntry, Message, MessageType
+from headrace.wal.api import AppendResult
+
+T = TypeVar("T")
+
+
+class SyncClient:
+    """Blocking produce/consume helpers; close it (or use ``with``) when done."""
+
+    def __init__(
+        self,
+        metastore_url: str,
+        cluster: str = DEFAULT_CLUSTER,
+        *,
+        options: ClientOptions | None = None,
+        producer_options: ProducerOptions | None = None,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="headrace-sync-client", daemon=True
+        )
+        self._thread.start()
+        self._client = HeadraceClient(metastore_url, cluster, options=options)
+        self._producer_options = producer_options
+        self._producer: Producer | None = None
+        try:
+            self._run(self._client.connect())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if self._loop.is_closed():
+            coro.close()
+            raise errors.Closed("the client is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise errors.Unavailable(f"no answer within {timeout:g}s") from None
+
+    async def _get_producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = self._client.producer(self._producer_options)
+        return self._producer
+
+    def produce(
+        self,
+        vchannel: str,
+        payload: bytes,
+        *,
+        type: MessageType = MessageType.INSERT,
+        properties: Mapping[str, str] | None = None,
+    ) -> AppendResult:
+        """Append one message and wait for its acknowledgement."""
+
+        async def send() -> AppendResult:
+            producer = await self._get_producer()
+            return await producer.send(vchannel, payload, type=type, properties=properties)
+
+        return self._run(send())
+
+    def produce_many(
+        self, messages: Iterable[Message]
+    ) -> list[AppendResult | errors.HeadraceError]:
+        """Append messages; one result or error per message."""
+        batch = list(messages)
+
+        async def send() -> list[AppendResult | errors.HeadraceError]:
+            producer = await self._get_producer()
+            return await producer.send_many(batch)
+
+        return self._run(send())
+
+    def wait_ready(self, pchannel: str, timeout: float = 30.0) -> Owner:
+        return self._run(self._client.wait_ready(pchannel, timeout))
+
+    def route(self, vchannel: str) -> str:
+        return self._client.route(vchannel)
+
+    def consume(
+        self,
+        vchannel: str,
+        *,
+        start: Start = "earliest",
+        types: Collection[MessageType] | None = None,
+        max_messages: int | None = None,
+        idle_timeout: float | None = None,
+        options: ConsumerOptions | None = None,
+    ) -> Iterator[LogEntry]:
+        """Yield ``vchannel``'s messages until ``max_messages`` were yielded or
+        none arrived for ``idle_timeout`` seconds (None: no limit)."""
+
+        async def open_consumer() -> Consumer:
+            return self._client.consume(vchannel, start, types, options)
+
+        consumer = self._run(open_consumer())
+        count = 0
+        try:
+            while max_messages is None or count < max_messages:
+                entry = self._run(consumer.next(idle_timeout))
+                if entry is None:
+                    return
+                count += 1
+                yield entry
+        finally:
+            if not self._loop.is_closed():
+                self._run(consumer.close())
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+
+        async def shutdown() -> None:
+            try:
+                if self._producer is not None:
+                    await self._producer.close()
+            finally:
+                await self._client.close()
+
+        try:
+            self._run(shutdown())
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()

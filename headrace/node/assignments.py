@@ -1,0 +1,295 @@
+"""How a node reacts to the assignment records in the metastore.
+
+The coordinator writes records; the node follows them (see
+:mod:`headrace.cluster`). :func:`decide` is the pure rule; :class:`Reactor`
+lists and watches the cluster's keys, keeps the node's :class:`Directory`
+current and carries the decisions out, one pchannel at a time, always acting
+on the newest record it has seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from typing import TypeVar
+
+from headrace import errors
+from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo
+from headrace.metastore.contract import (
+    Compare,
+    EventType,
+    Get,
+    KeyValue,
+    Metastore,
+    Put,
+    Watch,
+    WatchEvent,
+)
+from headrace.node.walmanager import WALManager
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", Assignment, NodeInfo, ClusterConfig)
+
+
+def parse_record(cls: type[R], data: bytes) -> R:
+    """Decode a cluster record; CorruptData if it is malformed."""
+    record = cls.from_json(data)
+    if not isinstance(record, cls):
+        raise errors.CorruptData(f"malformed {cls.__name__} record")
+    return record
+
+
+class Action(enum.Enum):
+    NONE = "none"
+    OPEN = "open"
+    """Open the WAL under the record's term, then CAS ASSIGNING -> ASSIGNED."""
+    RELEASE = "release"
+    """Drain and close the WAL (if held), then CAS UNASSIGNING -> UNASSIGNED."""
+    CLOSE = "close"
+    """Close the held WAL at once: somebody else has (or will have) the pchannel."""
+
+
+def decide(record: Assignment | None, node_id: str, held_term: int | None) -> Action:
+    """What a node holding ``held_term`` (None: nothing) does about ``record``."""
+    if record is None:
+        return Action.NONE if held_term is None else Action.CLOSE
+    mine = record.node == node_id
+    if mine and record.state is AssignmentState.ASSIGNING:
+        if held_term is not None and held_term > record.term:
+            return Action.NONE
+        return Action.OPEN
+    if mine and record.state is AssignmentState.UNASSIGNING:
+        return Action.RELEASE
+    if held_term is None:
+        return Action.NONE
+    if not mine:
+        return Action.CLOSE
+    if record.state is AssignmentState.ASSIGNED:
+        return Action.CLOSE if record.term > held_term else Action.NONE
+    # UNASSIGNED or UNAVAILABLE naming this node.
+    return Action.CLOSE if record.term >= held_term else Action.NONE
+
+
+class Reactor:
+    """Follows the cluster's records for one node."""
+
+    def __init__(
+        self,
+        metastore: Metastore,
+        keys: Keys,
+        manager: WALManager,
+        address: str,
+        *,
+        retry_seconds: float = 0.5,
+    ) -> None:
+        self.metastore = metastore
+        self.keys = keys
+        self.manager = manager
+        self.node_id = manager.node_id
+        self.address = address
+        self.retry_seconds = retry_seconds
+        self._pending: dict[str, tuple[KeyValue | None, int]] = {}
+        self._generation: dict[str, int] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._retries: set[asyncio.Task[None]] = set()
+        self.synced = asyncio.Event()
+        """Set once the first listing has been taken in."""
+        self._stopping = asyncio.Event()
+        self._watch: Watch | None = None
+
+    async def run(self) -> None:
+        """List and watch until :meth:`stop` (or cancelled); survive metastore outages."""
+        try:
+            while not self._stopping.is_set():
+                try:
+                    revision = await self._relist()
+                    self.synced.set()
+                    await self._follow(revision + 1)
+                except errors.HeadraceError as exc:
+                    log.warning("node %s: watching the cluster failed: %s", self.node_id, exc)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.retry_seconds):
+                        await self._stopping.wait()
+        finally:
+            tasks = [*self._workers.values(), *self._retries]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _relist(self) -> int:
+        keys = self.keys
+        result = await self.metastore.txn(
+            [],
+            [Get(keys.pchannels, prefix=True), Get(keys.nodes, prefix=True), Get(keys.config)],
+        )
+        pchannel_kvs, node_kvs, config_kvs = result.gets
+        directory = self.manager.directory
+        directory.addresses = {}
+        for kv in node_kvs:
+            self._on_node(kv.key, kv)
+        directory.config = None
+        for kv in config_kvs:
+            self._on_config(kv)
+        seen = set()
+        for kv in pchannel_kvs:
+            seen.add(kv.key[len(keys.pchannels) :])
+            self._on_pchannel(kv.key, kv)
+        for pchannel in set(directory.assignments) - seen:
+            self._on_pchannel(keys.pchannel(pchannel), None)
+        for pchannel in set(self.manager.held) - seen:
+            self._submit(pchannel, None)
+        return result.revision
+
+    async def stop(self) -> None:
+        """End :meth:`run` by closing its watch (not only by cancelling it)."""
+        self._stopping.set()
+        if self._watch is not None:
+            await self._watch.close()
+
+    async def _follow(self, start_revision: int) -> None:
+        watch = await self.metastore.watch_prefix(
+            self.keys.root + "/", start_revision=start_revision
+        )
+        self._watch = watch
+        try:
+            if self._stopping.is_set():
+                return
+            async for event in watch:
+                self._on_event(event)
+        finally:
+            self._watch = None
+            await watch.close()
+
+    def _on_event(self, event: WatchEvent) -> None:
+        kv = event.kv if event.type is EventType.PUT else None
+        key = event.kv.key
+        if key.startswith(self.keys.pchannels):
+            self._on_pchannel(key, kv)
+        elif key.startswith(self.keys.nodes):
+            self._on_node(key, kv)
+        elif key == self.keys.config:
+            self._on_config(kv)
+
+    def _on_config(self, kv: KeyValue | None) -> None:
+        try:
+            config = None if kv is None else parse_record(ClusterConfig, kv.value)
+        except errors.CorruptData as exc:
+            log.error("ignoring the cluster config: %s", exc)
+            return
+        self.manager.directory.config = config
+
+    def _on_node(self, key: str, kv: KeyValue | None) -> None:
+        node_id = key[len(self.keys.nodes) :]
+        addresses = self.manager.directory.addresses
+        if kv is None:
+            addresses.pop(node_id, None)
+            return
+        try:
+            info = parse_record(NodeInfo, kv.value)
+        except errors.CorruptData as exc:
+            log.error("ignoring node record %s: %s", key, exc)
+            return
+        addresses[node_id] = info.address
+
+    def _on_pchannel(self, key: str, kv: KeyValue | None) -> None:
+        pchannel = key[len(self.keys.pchannels) :]
+        assignments = self.manager.directory.assignments
+        if kv is None:
+            assignments.pop(pchannel, None)
+        else:
+            try:
+                record = parse_record(Assignment, kv.value)
+            except errors.CorruptData as exc:
+                log.error("ignoring assignment record %s: %s", key, exc)
+                return
+            assignments[pchannel] = record
+        self._submit(pchannel, kv)
+
+    # -------------------------------------------------------------- reacting
+
+    def _submit(self, pchannel: str, kv: KeyValue | None) -> None:
+        generation = self._generation.get(pchannel, 0) + 1
+        self._generation[pchannel] = generation
+        self._pending[pchannel] = (kv, generation)
+        worker = self._workers.get(pchannel)
+        if worker is None or worker.done():
+            self._workers[pchannel] = asyncio.create_task(
+                self._work(pchannel), name=f"react-{pchannel}"
+            )
+
+    async def _work(self, pchannel: str) -> None:
+        while pchannel in self._pending:
+            kv, generation = self._pending.pop(pchannel)
+            try:
+                await self._react(pchannel, kv)
+            except errors.HeadraceError as exc:
+                if not exc.retryable:
+                    log.error("node %s: cannot act on %s: %s", self.node_id, pchannel, exc)
+                    continue
+                log.warning(
+                    "node %s: acting on %s failed, will retry: %s", self.node_id, pchannel, exc
+                )
+                self._retry_later(pchannel, kv, generation)
+
+    def _retry_later(self, pchannel: str, kv: KeyValue | None, generation: int) -> None:
+        async def retry() -> None:
+            await asyncio.sleep(self.retry_seconds)
+            if self._generation.get(pchannel) == generation:
+                self._submit(pchannel, kv)
+
+        task = asyncio.create_task(retry())
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
+
+    async def _react(self, pchannel: str, kv: KeyValue | None) -> None:
+        record = None if kv is None else parse_record(Assignment, kv.value)
+        action = decide(record, self.node_id, self.manager.held_term(pchannel))
+        if action is Action.NONE:
+            return
+        if action is Action.CLOSE:
+            await self.manager.close(pchannel, drain=False)
+            return
+        assert kv is not None and record is not None
+        if action is Action.OPEN:
+            try:
+                await self.manager.open(pchannel, record.term)
+            except errors.Fenced as exc:
+                log.error(
+                    "node %s: cannot take %s at term %d: %s",
+                    self.node_id,
+                    pchannel,
+                    record.term,
+                    exc,
+                )
+                return
+            new_state = AssignmentState.ASSIGNED
+        else:
+            await self.manager.close(pchannel, drain=True)
+            new_state = AssignmentState.UNASSIGNED
+        update = record.model_copy(
+            update={
+                "state": new_state,
+                "address": self.address
+                if new_state is AssignmentState.ASSIGNED
+                else record.address,
+                "updated_at": time.time(),
+            }
+        )
+        result = await self.metastore.txn(
+            [Compare.mod_revision_is(kv.key, kv.mod_revision)], [Put(kv.key, update.to_json())]
+        )
+        if result.succeeded:
+            log.info(
+                "node %s: %s is %s at term %d", self.node_id, pchannel, new_state.value, record.term
+            )
+        else:
+            log.info(
+                "node %s: %s changed before it could be marked %s",
+                self.node_id,
+                pchannel,
+                new_state.value,
+            )

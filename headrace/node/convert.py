@@ -1,0 +1,161 @@
+"""Conversions between wire protos and the node's message and WAL types."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
+from headrace import errors
+from headrace.cluster import route
+from headrace.message import ids
+from headrace.message.types import (
+    VCHANNEL_PATTERN,
+    LogEntry,
+    Message,
+    MessageType,
+    validate_vchannel,
+)
+from headrace.proto import streaming_pb2 as pb
+from headrace.wal.api import AppendResult, DeliverPolicy, ReadOptions
+from headrace.wal.framework import WAL
+from headrace.wal.scanner import Scanner
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+_ALL_CODES = frozenset(int(t) for t in MessageType)
+_PRODUCIBLE = {int(t): t for t in MessageType if not t.is_system}
+_POLICIES = {
+    pb.DELIVER_POLICY_UNSPECIFIED: DeliverPolicy.ALL,
+    pb.DELIVER_POLICY_ALL: DeliverPolicy.ALL,
+    pb.DELIVER_POLICY_LATEST: DeliverPolicy.LATEST,
+    pb.DELIVER_POLICY_START_FROM: DeliverPolicy.START_FROM,
+    pb.DELIVER_POLICY_START_AFTER: DeliverPolicy.START_AFTER,
+}
+
+
+class Admission:
+    """Turns a producer's protos into messages for one pchannel, checking them.
+
+    ``pchannels``: the cluster's pchannel list, when known, to refuse a
+    vchannel that routes to another pchannel. Vchannels found good are
+    remembered, so a batch checks each name once.
+    """
+
+    def __init__(self, pchannel: str, pchannels: Sequence[str]) -> None:
+        self.pchannel = pchannel
+        self.pchannels = pchannels
+        self._good: set[str] = set()
+
+    def _check_vchannel(self, vchannel: str) -> None:
+        if not VCHANNEL_PATTERN.match(vchannel):
+            validate_vchannel(vchannel)
+        if self.pchannels:
+            owner = route(vchannel, self.pchannels)
+            if owner != self.pchannel:
+                raise errors.InvalidArgument(
+                    f"vchannel {vchannel!r} belongs to {owner}, not {self.pchannel}"
+                )
+        self._good.add(vchannel)
+
+    def message(self, proto: pb.ProduceMessage) -> Message:
+        """The message ``proto`` carries; InvalidArgument if it is not acceptable."""
+        mtype = _PRODUCIBLE.get(proto.type)
+        if mtype is None:
+            if proto.type in _ALL_CODES:
+                raise errors.InvalidArgument(
+                    f"message type {MessageType(proto.type).name} is written by the WAL itself"
+                )
+            raise errors.InvalidArgument(f"unknown message type code {proto.type}")
+        vchannel = proto.vchannel
+        if vchannel not in self._good:
+            self._check_vchannel(vchannel)
+        props = proto.properties
+        properties = {key: props[key] for key in props} if props else _EMPTY
+        return Message(mtype, vchannel, proto.payload, properties, 0, 0, proto.txn_id)
+
+
+def fill_results(
+    out: RepeatedCompositeFieldContainer[pb.MessageResult],
+    outcomes: Sequence[AppendResult | errors.HeadraceError],
+    to_proto: Callable[[errors.HeadraceError], pb.Error],
+) -> None:
+    """Append one MessageResult per outcome to ``out``."""
+    protos: dict[int, pb.Error] = {}
+    add = out.add
+    for outcome in outcomes:
+        if isinstance(outcome, AppendResult):
+            add(
+                id=str(outcome.id),
+                timetick=outcome.timetick,
+                term=outcome.term,
+                txn_id=outcome.txn_id,
+            )
+        else:
+            error = protos.get(id(outcome))
+            if error is None:
+                error = protos[id(outcome)] = to_proto(outcome)
+            add(error=error)
+
+
+def read_options(request: pb.ConsumeRequest) -> ReadOptions:
+    """The scanner options a Consume request asks for; InvalidArgument if malformed."""
+    policy = _POLICIES.get(request.policy)
+    if policy is None:
+        raise errors.InvalidArgument(f"unknown deliver policy {request.policy}")
+    start_id = None
+    if policy in (DeliverPolicy.START_FROM, DeliverPolicy.START_AFTER):
+        if not request.start_id:
+            raise errors.InvalidArgument(f"deliver policy {policy.value} needs a start_id")
+        start_id = ids.parse(request.start_id)
+    types = tuple(MessageType.parse(code) for code in request.types)
+    for vchannel in request.vchannels:
+        validate_vchannel(vchannel)
+    return ReadOptions(
+        policy=policy,
+        start_id=start_id,
+        vchannels=frozenset(request.vchannels),
+        types=frozenset(types),
+        timetick_gt=request.timetick_gt if request.HasField("timetick_gt") else None,
+        timetick_ge=request.timetick_ge if request.HasField("timetick_ge") else None,
+    )
+
+
+def add_consumed(out: RepeatedCompositeFieldContainer[pb.ConsumedMessage], entry: LogEntry) -> int:
+    """Append ``entry`` to a response; its payload size, for batch bounds."""
+    msg = entry.message
+    out.add(
+        id=str(entry.id),
+        type=msg.type,
+        vchannel=msg.vchannel,
+        timetick=msg.timetick,
+        term=msg.term,
+        txn_id=msg.txn_id,
+        properties=msg.properties,
+        payload=msg.payload,
+    )
+    return len(msg.payload) + 64
+
+
+def consume_header(
+    node_id: str, term: int, request: pb.ConsumeRequest, scanner: Scanner
+) -> pb.ConsumeResponse:
+    """The first response of a Consume stream (see the proto)."""
+    header = pb.ConsumeResponse(node_id=node_id, term=term)
+    position = scanner.position
+    if request.policy == pb.DELIVER_POLICY_LATEST and position is not None and position.id:
+        header.start_after_id = str(position.id)
+        header.start_after_timetick = position.timetick
+    return header
+
+
+def wal_info(wal: WAL) -> pb.WALInfo:
+    last_id = wal.last_id
+    return pb.WALInfo(
+        pchannel=wal.pchannel,
+        term=wal.term,
+        state=wal.state.value,
+        last_id="" if last_id is None else str(last_id),
+        last_timetick=wal.last_timetick,
+        stats={key: str(value) for key, value in wal.stats().items()},
+    )

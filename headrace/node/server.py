@@ -1,0 +1,261 @@
+"""The streaming node process: gRPC server, session, assignment reactor.
+
+:class:`StreamingNode` ties the parts together. ``start()`` opens the
+metastore and the WAL backend, serves gRPC, registers the node's session
+(NodeInfo under ``Keys.node(node_id)``) and follows the assignment records.
+``stop()`` shuts down gracefully: stop taking work, finish in-flight appends,
+drain and close every WAL, revoke the session, stop the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import headrace
+from headrace import errors
+from headrace.cluster import DEFAULT_CLUSTER, Keys, NodeInfo
+from headrace.metastore.contract import Metastore
+from headrace.metastore.factory import open_metastore
+from headrace.metastore.session import Session
+from headrace.node.assignments import Reactor
+from headrace.node.services import ConsumerService, Limits, ManagerService, ProducerService
+from headrace.node.walmanager import WALManager
+from headrace.proto import rpc
+from headrace.proto import streaming_pb2 as pb
+from headrace.tso import MetastoreTSO, TimestampAllocator
+from headrace.wal import registry
+from headrace.wal.contract import Backend
+from headrace.wal.framework import WALOptions
+
+log = logging.getLogger(__name__)
+
+SERVICES = tuple(s.full_name for s in pb.DESCRIPTOR.services_by_name.values())
+_ANY_HOST = {"", "0.0.0.0", "::", "[::]"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeConfig:
+    node_id: str
+    metastore_url: str
+    listen: str = "127.0.0.1:0"
+    """host:port to serve on; port 0 picks a free port (the real one is advertised)."""
+    cluster: str = DEFAULT_CLUSTER
+    wal_backend: str = "local"
+    backend_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword settings of the backend, e.g. ``{"root": "/data/wal"}`` for local."""
+    wal_options: WALOptions = dataclasses.field(default_factory=WALOptions)
+    session_ttl: float = 10.0
+    advertise_host: str = "127.0.0.1"
+    """Host put in the NodeInfo when ``listen`` binds every interface."""
+    limits: Limits = dataclasses.field(default_factory=Limits)
+    max_grpc_message_bytes: int = 64 * 1024 * 1024
+    shutdown_grace: float = 2.0
+    """Seconds open streams get to finish when the server stops."""
+
+    def __post_init__(self) -> None:
+        if not self.node_id or "/" in self.node_id:
+            raise errors.InvalidArgument(f"invalid node id {self.node_id!r}")
+        _host, sep, port = self.listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise errors.InvalidArgument(f"listen address {self.listen!r} is not host:port")
+        if self.session_ttl <= 0:
+            raise errors.InvalidArgument(f"session ttl must be positive, got {self.session_ttl}")
+
+
+def advertised_address(listen: str, port: int, advertise_host: str) -> str:
+    """The address other processes use to reach a server bound to ``listen``."""
+    host = listen.rpartition(":")[0]
+    return f"{advertise_host if host in _ANY_HOST else host}:{port}"
+
+
+class StreamingNode:
+    """One streaming node; ``metastore``/``backend`` may be shared (tests)."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        metastore: Metastore | None = None,
+        backend: Backend | None = None,
+        tso: TimestampAllocator | None = None,
+    ) -> None:
+        self.config = config
+        self.keys = Keys(config.cluster)
+        self._metastore = metastore
+        self._owns_metastore = metastore is None
+        self._backend = backend
+        self._owns_backend = backend is None
+        self._tso = tso
+        self._owns_tso = tso is None
+        self.address = ""
+        self.health = health_aio.HealthServicer()
+        self.registered = asyncio.Event()
+        self._server: grpc.aio.Server | None = None
+        self._session: Session | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.manager: WALManager | None = None
+        self.producer_service: ProducerService | None = None
+        self.consumer_service: ConsumerService | None = None
+        self.reactor: Reactor | None = None
+
+    @property
+    def metastore(self) -> Metastore:
+        if self._metastore is None:
+            raise errors.Closed("the node is not started")
+        return self._metastore
+
+    async def start(self) -> None:
+        cfg = self.config
+        try:
+            if self._metastore is None:
+                self._metastore = await open_metastore(cfg.metastore_url)
+            if self._backend is None:
+                self._backend = registry.create(cfg.wal_backend, **dict(cfg.backend_settings))
+            if self._tso is None:
+                self._tso = MetastoreTSO(self._metastore, self.keys.tso)
+            self.manager = WALManager(cfg.node_id, self._backend, self._tso, cfg.wal_options)
+            await self._serve()
+            self.reactor = Reactor(self.metastore, self.keys, self.manager, self.address)
+            await self._register()
+            self._tasks = [
+                asyncio.create_task(self.reactor.run(), name=f"{cfg.node_id}-reactor"),
+                asyncio.create_task(self._supervise_session(), name=f"{cfg.node_id}-session"),
+            ]
+        except BaseException:
+            await self._release()
+            raise
+        log.info("node %s serving at %s", cfg.node_id, self.address)
+
+    async def _serve(self) -> None:
+        assert self.manager is not None
+        cfg = self.config
+        limit = cfg.max_grpc_message_bytes
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        self.producer_service = ProducerService(self.manager, cfg.limits)
+        self.consumer_service = ConsumerService(self.manager, cfg.limits)
+        rpc.add_services(
+            server, self.producer_service, self.consumer_service, ManagerService(self.manager)
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        try:
+            port = server.add_insecure_port(cfg.listen)
+        except RuntimeError as exc:
+            raise errors.Unavailable(f"cannot listen on {cfg.listen}: {exc}") from None
+        if not port:
+            raise errors.Unavailable(f"cannot listen on {cfg.listen}")
+        self._server = server
+        await server.start()
+        self.address = advertised_address(cfg.listen, port, cfg.advertise_host)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", *SERVICES):
+            await self.health.set(name, status)
+
+    def node_info(self) -> NodeInfo:
+        return NodeInfo(
+            node_id=self.config.node_id,
+            address=self.address,
+            started_at=time.time(),
+            version=headrace.__version__,
+        )
+
+    async def _register(self) -> None:
+        self._session = await Session.start(
+            self.metastore,
+            ttl=self.config.session_ttl,
+            key=self.keys.node(self.config.node_id),
+            value=self.node_info().to_json(),
+        )
+        self.registered.set()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    async def _supervise_session(self) -> None:
+        """On a lost session: close every WAL (fenced anyway), register anew."""
+        while True:
+            session = self._session
+            assert session is not None
+            await session.lost.wait()
+            log.warning("node %s lost its session; closing its WALs", self.config.node_id)
+            self.registered.clear()
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+            assert self.manager is not None
+            await self.manager.close_all(drain=False)
+            with contextlib.suppress(errors.HeadraceError):
+                await session.close()
+            while True:
+                try:
+                    await self._register()
+                    break
+                except errors.HeadraceError as exc:
+                    log.warning("node %s: registering again failed: %s", self.config.node_id, exc)
+                    await asyncio.sleep(min(1.0, self.config.session_ttl / 4))
+            log.info("node %s registered a new session", self.config.node_id)
+
+    async def stop(self) -> None:
+        """Graceful shutdown; safe to call more than once."""
+        log.info("node %s stopping", self.config.node_id)
+        await self.health.enter_graceful_shutdown()
+        if self.manager is not None:
+            await self.manager.shutdown()
+        await self._release()
+        log.info("node %s stopped", self.config.node_id)
+
+    async def _release(self) -> None:
+        if self.reactor is not None:
+            await self.reactor.stop()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.manager is not None:
+            await self.manager.close_all(drain=False)
+        if self._session is not None:
+            session, self._session = self._session, None
+            self.registered.clear()
+            with contextlib.suppress(errors.HeadraceError):
+                await session.close()
+        if self._server is not None:
+            server, self._server = self._server, None
+            await server.stop(self.config.shutdown_grace)
+        if self._owns_backend and self._backend is not None:
+            backend, self._backend = self._backend, None
+            await backend.close()
+        if self._owns_tso and self._tso is not None:
+            tso, self._tso = self._tso, None
+            await tso.close()
+        if self._owns_metastore and self._metastore is not None:
+            metastore, self._metastore = self._metastore, None
+            await metastore.close()
+
+
+async def run_node(config: NodeConfig, stop: asyncio.Event | None = None) -> None:
+    """Run a node until ``stop`` is set (or SIGTERM/SIGINT if none is given)."""
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    node = StreamingNode(config)
+    await node.start()
+    try:
+        await stop.wait()
+    finally:
+        await node.stop()

@@ -1,0 +1,331 @@
+"""gRPC servicers of a streaming node: Producer, Consumer, Manager.
+
+The hot paths work on whole batches: the Producer service coalesces the
+batches queued on a stream into one ``append_many`` call, and the Consumer
+service packs up to a bounded number of messages and bytes into one response.
+Conversion between protos and messages lives in :mod:`headrace.node.convert`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from headrace import errors
+from headrace.message.types import Message
+from headrace.node import convert
+from headrace.node.errors import abort, as_headrace, to_proto
+from headrace.node.walmanager import WALManager
+from headrace.proto import rpc
+from headrace.proto import streaming_pb2 as pb
+from headrace.wal.api import AppendResult
+from headrace.wal.framework import WAL
+from headrace.wal.scanner import Scanner
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds of the node's per-stream buffering."""
+
+    produce_queue_batches: int = 16
+    """Batches read ahead from one Produce stream while an append runs."""
+    coalesce_messages: int = 4096
+    """Most messages of queued batches appended in one call."""
+    consume_batch_messages: int = 256
+    consume_batch_bytes: int = 1 << 20
+    consume_poll_seconds: float = 0.5
+    """How often an idle Consume stream checks that the WAL is still served."""
+
+
+# ------------------------------------------------------------------ Producer
+
+
+class ProducerService(rpc.ProducerServicer):
+    def __init__(self, manager: WALManager, limits: Limits) -> None:
+        self.manager = manager
+        self.limits = limits
+
+    async def Produce(
+        self,
+        request_iterator: AsyncIterator[pb.ProduceRequest],
+        context: Context[pb.ProduceRequest, pb.ProduceResponse],
+    ) -> AsyncIterator[pb.ProduceResponse]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None:
+            return
+        try:
+            opened = self._open(first)
+        except errors.HeadraceError as exc:
+            await abort(context, exc)
+        yield pb.ProduceResponse(opened=opened)
+        queue: asyncio.Queue[pb.ProduceBatch | errors.HeadraceError | None] = asyncio.Queue(
+            self.limits.produce_queue_batches
+        )
+        reader = asyncio.create_task(_read_batches(request_iterator, queue))
+        try:
+            done = False
+            while not done:
+                batches, failure, done = await self._take(queue)
+                if batches:
+                    for response in await self.append(opened.pchannel, batches):
+                        yield response
+                if failure is not None:
+                    await abort(context, failure)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    def _open(self, first: pb.ProduceRequest) -> pb.ProducerOpened:
+        if first.WhichOneof("request") != "open":
+            raise errors.InvalidArgument("the first request of a Produce stream must be 'open'")
+        pchannel = first.open.pchannel
+        term = self.manager.get(pchannel).term
+        if first.open.term > term:
+            # The client knows a newer term than ours: we are stale.
+            raise self.manager.not_owner(pchannel)
+        return pb.ProducerOpened(
+            pchannel=pchannel,
+            term=term,
+            node_id=self.manager.node_id,
+            max_message_bytes=self.manager.options.max_message_bytes,
+        )
+
+    async def _take(
+        self, queue: asyncio.Queue[pb.ProduceBatch | errors.HeadraceError | None]
+    ) -> tuple[list[pb.ProduceBatch], errors.HeadraceError | None, bool]:
+        """Wait for one batch, then take whatever else is queued (bounded)."""
+        item = await queue.get()
+        batches: list[pb.ProduceBatch] = []
+        count = 0
+        while True:
+            if item is None:
+                return batches, None, True
+            if isinstance(item, errors.HeadraceError):
+                return batches, item, True
+            batches.append(item)
+            count += len(item.messages)
+            if count >= self.limits.coalesce_messages or queue.empty():
+                return batches, None, False
+            item = queue.get_nowait()
+
+    async def append(
+        self, pchannel: str, batches: Sequence[pb.ProduceBatch]
+    ) -> list[pb.ProduceResponse]:
+        """Append the messages of ``batches`` in order; one response per batch."""
+        config = self.manager.directory.config
+        admit = convert.Admission(pchannel, config.pchannels if config is not None else ()).message
+        messages: list[Message] = []
+        rejected: dict[int, errors.HeadraceError] = {}
+        position = 0
+        for batch in batches:
+            for proto in batch.messages:
+                try:
+                    messages.append(admit(proto))
+                except errors.HeadraceError as exc:
+                    rejected[position] = exc
+                position += 1
+        outcomes = await self._append_messages(pchannel, messages)
+        if rejected:
+            accepted = iter(outcomes)
+            outcomes = [rejected.get(i) or next(accepted) for i in range(position)]
+        responses = []
+        offset = 0
+        for batch in batches:
+            size = len(batch.messages)
+            response = pb.ProduceResponse()
+            result = response.batch
+            result.batch_id = batch.batch_id
+            convert.fill_results(result.results, outcomes[offset : offset + size], to_proto)
+            offset += size
+            responses.append(response)
+        return responses
+
+    async def _append_messages(
+        self, pchannel: str, messages: list[Message]
+    ) -> Sequence[AppendResult | errors.HeadraceError]:
+        if not messages:
+            return []
+        try:
+            outcomes = await self.manager.get(pchannel).append_many(messages)
+        except errors.HeadraceError as exc:
+            return [self._hinted(pchannel, exc)] * len(messages)
+        except Exception as exc:  # a handler must answer every message
+            return [as_headrace(exc)] * len(messages)
+        hinted: errors.HeadraceError | None = None
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, errors.NotOwner):
+                hinted = hinted or self._hinted(pchannel, outcome)
+                outcomes[i] = hinted
+        return outcomes
+
+    def _hinted(self, pchannel: str, exc: errors.HeadraceError) -> errors.HeadraceError:
+        """A NotOwner from the WAL becomes one naming the owner we know."""
+        if isinstance(exc, errors.NotOwner) and not exc.owner:
+            return self.manager.not_owner(pchannel)
+        return exc
+
+
+async def _read_batches(
+    requests: AsyncIterator[pb.ProduceRequest],
+    queue: asyncio.Queue[pb.ProduceBatch | errors.HeadraceError | None],
+) -> None:
+    """Move batches from the stream to ``queue``; None at the end."""
+    try:
+        async for request in requests:
+            if request.WhichOneof("request") != "batch":
+                await queue.put(errors.InvalidArgument("a Produce stream is opened only once"))
+                return
+            await queue.put(request.batch)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        await queue.put(errors.Unavailable(f"reading the Produce stream failed: {exc}"))
+        return
+    await queue.put(None)
+
+
+# ------------------------------------------------------------------ Consumer
+
+
+@dataclasses.dataclass(slots=True)
+class ConsumeStats:
+    """Flow-control bookkeeping of one Consume stream."""
+
+    pchannel: str
+    pulled: int = 0
+    """Entries taken from the scanner."""
+    sent: int = 0
+    """Entries handed to gRPC (whose write waits for the client's window)."""
+    max_ahead: int = 0
+    """Most entries pulled but not yet handed to gRPC at any time."""
+
+
+class ConsumerService(rpc.ConsumerServicer):
+    def __init__(self, manager: WALManager, limits: Limits) -> None:
+        self.manager = manager
+        self.limits = limits
+        self.streams: dict[int, ConsumeStats] = {}
+        self._ids = itertools.count(1)
+
+    async def Consume(
+        self,
+        request: pb.ConsumeRequest,
+        context: Context[pb.ConsumeRequest, pb.ConsumeResponse],
+    ) -> AsyncIterator[pb.ConsumeResponse]:
+        try:
+            wal = self.manager.get(request.pchannel)
+            scanner = wal.read(convert.read_options(request))
+        except errors.HeadraceError as exc:
+            await abort(context, exc)
+        max_messages = min(
+            request.max_batch_messages or self.limits.consume_batch_messages,
+            self.limits.consume_batch_messages,
+        )
+        max_bytes = min(
+            request.max_batch_bytes or self.limits.consume_batch_bytes,
+            self.limits.consume_batch_bytes,
+        )
+        stream_id = next(self._ids)
+        stats = self.streams[stream_id] = ConsumeStats(request.pchannel)
+        failure: errors.HeadraceError | None = None
+        try:
+            yield convert.consume_header(self.manager.node_id, wal.term, request, scanner)
+            while True:
+                response = await self._fill(scanner, wal, stats, max_messages, max_bytes)
+                yield response
+                stats.sent += len(response.messages)
+        except errors.HeadraceError as exc:
+            failure = exc
+        finally:
+            del self.streams[stream_id]
+            await scanner.close()
+        if failure is not None:
+            if isinstance(failure, errors.NotOwner | errors.Closed):
+                failure = self.manager.not_owner(request.pchannel)
+            await abort(context, failure)
+
+    async def _fill(
+        self, scanner: Scanner, wal: WAL, stats: ConsumeStats, max_messages: int, max_bytes: int
+    ) -> pb.ConsumeResponse:
+        """Wait for the next entry, then pack what is ready within the bounds."""
+        entry = await scanner.next(self.limits.consume_poll_seconds)
+        while entry is None:
+            if self.manager.held.get(wal.pchannel) is not wal:
+                raise errors.NotOwner(f"{wal.pchannel} moved away from this node")
+            entry = await scanner.next(self.limits.consume_poll_seconds)
+        response = pb.ConsumeResponse()
+        out = response.messages
+        size = 0
+        while entry is not None:
+            size += convert.add_consumed(out, entry)
+            stats.pulled += 1
+            if len(out) >= max_messages or size >= max_bytes:
+                break
+            entry = await scanner.next(0)
+        stats.max_ahead = max(stats.max_ahead, stats.pulled - stats.sent)
+        return response
+
+
+# ------------------------------------------------------------------- Manager
+
+
+class ManagerService(rpc.ManagerServicer):
+    def __init__(self, manager: WALManager) -> None:
+        self.manager = manager
+
+    async def OpenWAL(
+        self,
+        request: pb.OpenWALRequest,
+        context: Context[pb.OpenWALRequest, pb.OpenWALResponse],
+    ) -> pb.OpenWALResponse:
+        try:
+            recorded = self.manager.recorded_term(request.pchannel)
+            if request.term < recorded:
+                raise errors.Fenced(
+                    f"{request.pchannel} is recorded at term {recorded}; "
+                    f"cannot open term {request.term}",
+                    term=request.term,
+                    current_term=recorded,
+                )
+            wal = await self.manager.open(request.pchannel, request.term)
+        except Exception as exc:
+            await abort(context, as_headrace(exc))
+        return pb.OpenWALResponse(wal=convert.wal_info(wal))
+
+    async def CloseWAL(
+        self,
+        request: pb.CloseWALRequest,
+        context: Context[pb.CloseWALRequest, pb.CloseWALResponse],
+    ) -> pb.CloseWALResponse:
+        try:
+            held_term = self.manager.held_term(request.pchannel)
+            if held_term is not None and request.term and request.term < held_term:
+                raise errors.Fenced(
+                    f"{request.pchannel} is held at term {held_term}; "
+                    f"cannot close term {request.term}",
+                    term=request.term,
+                    current_term=held_term,
+                )
+            await self.manager.close(request.pchannel, drain=True)
+        except Exception as exc:
+            await abort(context, as_headrace(exc))
+        return pb.CloseWALResponse()
+
+    async def ListWALs(
+        self,
+        request: pb.ListWALsRequest,
+        context: Context[pb.ListWALsRequest, pb.ListWALsResponse],
+    ) -> pb.ListWALsResponse:
+        held = sorted(self.manager.held.items())
+        return pb.ListWALsResponse(
+            node_id=self.manager.node_id, wals=[convert.wal_info(wal) for _, wal in held]
+        )
