@@ -69,7 +69,7 @@ async def local_case(tmp_path: Path) -> BackendCase:
 
 
 async def kafka_case(tmp_path: Path) -> BackendCase:
-    from fixtures_brokers import kafka_bootstrap_address  # noqa: PLC0415
+    from tests.fixtures_brokers import kafka_bootstrap_address  # noqa: PLC0415
 
     from headrace.wal.kafka.message_id import KafkaMessageID  # noqa: PLC0415
 
@@ -86,7 +86,7 @@ async def kafka_case(tmp_path: Path) -> BackendCase:
 
 
 async def pulsar_case(tmp_path: Path) -> BackendCase:
-    from fixtures_brokers import pulsar_service_url  # noqa: PLC0415
+    from tests.fixtures_brokers import pulsar_service_url  # noqa: PLC0415
 
     from headrace.wal.pulsar.message_id import PulsarMessageID  # noqa: PLC0415
 

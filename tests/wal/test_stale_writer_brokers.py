@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from fixtures_brokers import (  # noqa: F401
+from tests.fixtures_brokers import (  # noqa: F401
     kafka_bootstrap,
     pulsar_url,
     stop_brokers_at_session_end,

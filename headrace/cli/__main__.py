@@ -1,0 +1,5 @@
+import sys
+
+from headrace.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,81 @@
+"""``headrace status``, ``move``, ``drain`` and ``wal dump``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from headrace import errors
+from headrace.client import api as client_api
+from headrace.wal.local import dump as local_dump
+
+
+def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+
+
+async def status(args: argparse.Namespace) -> int:
+    report = await client_api.cluster_status(args.metastore, cluster=args.cluster)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(
+        f"cluster {args.cluster}: {len(report['nodes'])} node(s), "
+        f"{len(report['pchannels'])} pchannel(s)"
+    )
+    _print_table(report["nodes"], ["node_id", "address", "frozen", "pchannels"])
+    print()
+    _print_table(report["pchannels"], ["pchannel", "state", "node", "term", "lag"])
+    return 0
+
+
+async def move(args: argparse.Namespace) -> int:
+    outcome = await client_api.request_move(
+        args.metastore, args.pchannel, args.to_node, cluster=args.cluster, timeout=args.timeout
+    )
+    _report(args, outcome)
+    return 0
+
+
+async def drain(args: argparse.Namespace) -> int:
+    outcome = await client_api.request_drain(
+        args.metastore, args.node, cluster=args.cluster, timeout=args.timeout
+    )
+    _report(args, outcome)
+    return 0
+
+
+def _report(args: argparse.Namespace, outcome: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(outcome))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in outcome.items()))
+
+
+async def wal_dump(args: argparse.Namespace) -> int:
+    root = Path(args.dir)
+    if not (root / args.pchannel).is_dir():
+        raise errors.NotFound(f"no local WAL for pchannel {args.pchannel!r} under {root}")
+    if not args.json:
+        print("ID\tTYPE\tVCHANNEL\tTIMETICK\tTERM\tSIZE\tERROR")
+    for count, row in enumerate(local_dump.iter_dump(str(root), args.pchannel), start=1):
+        data = row._asdict()
+        if not data["error"]:
+            del data["error"]
+        if args.json:
+            print(json.dumps(data, default=str))
+        else:
+            print(
+                "\t".join(
+                    str(data.get(k, ""))
+                    for k in ("id", "type", "vchannel", "timetick", "term", "size")
+                )
+            )
+        if args.limit and count >= args.limit:
+            break
+    return 0

@@ -1,0 +1,160 @@
+"""``headrace produce`` and ``headrace consume``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+
+from headrace import errors
+from headrace.cli.progress import Progress
+from headrace.client import api as client_api
+from headrace.client.consumer import Start
+from headrace.message import ids
+from headrace.message.types import MessageType, validate_vchannel
+from headrace.wal import registry
+
+
+def add_produce_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--vchannel",
+        required=True,
+        action="append",
+        help="target vchannel; repeat to spread messages round-robin",
+    )
+    p.add_argument("--count", type=int, default=1000)
+    p.add_argument("--size", type=int, default=1024, help="payload bytes per message")
+    p.add_argument("--type", default="INSERT", help="message type (default INSERT)")
+    p.add_argument(
+        "--concurrency", type=int, default=256, help="messages in flight at once (default 256)"
+    )
+
+
+def add_consume_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vchannel", required=True)
+    p.add_argument(
+        "--from",
+        dest="start",
+        default="earliest",
+        help="earliest, latest, or a message id such as local:42",
+    )
+    p.add_argument("--count", type=int, default=0, help="stop after N data messages (0: never)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="stop when nothing arrives for this many seconds (0: wait forever)",
+    )
+    p.add_argument("--include-ticks", action="store_true", help="also print time ticks")
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    idx = min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))
+    return sorted_values[idx]
+
+
+async def produce(args: argparse.Namespace) -> int:
+    if args.count < 0 or args.size < 0 or args.concurrency < 1:
+        raise errors.InvalidArgument("--count and --size must be >= 0, --concurrency >= 1")
+    vchannels = [validate_vchannel(v) for v in args.vchannel]
+    mtype = MessageType.parse(args.type)
+    progress = Progress("produce", args.count)
+    latencies: list[float] = []
+    acked = failed = 0
+    first_error: errors.HeadraceError | None = None
+    async with client_api.HeadraceClient(args.metastore, cluster=args.cluster) as client:
+        producer = client.producer()
+        sem = asyncio.Semaphore(args.concurrency)
+        payload = os.urandom(args.size)
+
+        async def one(i: int) -> None:
+            nonlocal acked, failed, first_error
+            async with sem:
+                t0 = time.perf_counter()
+                try:
+                    await producer.send(vchannels[i % len(vchannels)], payload, type=mtype)
+                except errors.HeadraceError as exc:
+                    failed += 1
+                    first_error = first_error or exc
+                    return
+                latencies.append((time.perf_counter() - t0) * 1000)
+                acked += 1
+                progress.update(acked + failed)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(args.count)))
+        elapsed = time.perf_counter() - start
+        await producer.close()
+    progress.close()
+    latencies.sort()
+    result: dict[str, object] = {
+        "acked": acked,
+        "failed": failed,
+        "msgs_per_s": round(acked / elapsed, 1) if elapsed > 0 else 0.0,
+        "p50_ms": round(_percentile(latencies, 0.50), 3),
+        "p99_ms": round(_percentile(latencies, 0.99), 3),
+    }
+    if first_error is not None:
+        result["first_error"] = str(first_error)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in result.items()))
+    return 0 if failed == 0 else 1
+
+
+def parse_start(text: str) -> Start:
+    if text == "earliest":
+        return "earliest"
+    if text == "latest":
+        return "latest"
+    registry.load_id_classes()
+    return ids.parse(text)
+
+
+async def consume(args: argparse.Namespace) -> int:
+    validate_vchannel(args.vchannel)
+    start = parse_start(args.start)
+    progress = Progress("consume", args.count)
+    seen = 0
+    timeout = args.timeout if args.timeout > 0 else None
+    types = list(MessageType) if args.include_ticks else None
+    async with (
+        client_api.HeadraceClient(args.metastore, cluster=args.cluster) as client,
+        client.consume(args.vchannel, start=start, types=types) as consumer,
+    ):
+        while args.count == 0 or seen < args.count:
+            entry = await consumer.next(timeout=timeout)
+            if entry is None:
+                break
+            msg = entry.message
+            is_data = not msg.type.is_system
+            if is_data:
+                seen += 1
+                progress.update(seen)
+            if not (is_data or args.include_ticks):
+                continue
+            row = {
+                "id": str(entry.id),
+                "vchannel": msg.vchannel,
+                "timetick": msg.timetick,
+                "type": msg.type.name,
+                "size": len(msg.payload),
+            }
+            if args.json:
+                print(json.dumps(row), flush=False)
+            else:
+                print(
+                    f"{row['id']}\t{row['vchannel']}\t{row['timetick']}\t"
+                    f"{row['type']}\t{row['size']}"
+                )
+    progress.close()
+    if args.count and seen < args.count:
+        raise errors.Unavailable(
+            f"consumed {seen} of {args.count} messages before the {args.timeout}s timeout"
+        )
+    return 0

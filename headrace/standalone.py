@@ -1,0 +1,239 @@
+"""Embedded standalone: the whole service on one machine.
+
+One foreground process owns a data directory::
+
+    DIR/meta.db      SQLite metastore (shared with the node processes)
+    DIR/wal/         local WAL backend root (one sub-directory per pchannel)
+    DIR/logs/        one log file per node process
+
+It runs the coordinator in-process and supervises N streaming-node processes
+(restarting a node that dies, with backoff). It prints one line
+``headrace standalone ready metastore=<url> ...`` once every pchannel is
+ASSIGNED, and shuts down cleanly on SIGINT/SIGTERM. Starting again on the same
+directory resumes with all acknowledged data: the pchannel list is kept in the
+metastore and every WAL reopens under a new term.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from headrace import cluster, errors
+from headrace.coordinator import coordinator as coord_mod
+from headrace.metastore import factory
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class StandaloneConfig:
+    data_dir: Path
+    nodes: int = 1
+    pchannels: int = 4
+    cluster: str = cluster.DEFAULT_CLUSTER
+    lease_ttl_s: float = 3.0
+    fsync: str = "batch"
+    timetick_interval_ms: float = 10.0
+    ready_timeout_s: float = 60.0
+    restart_nodes: bool = True
+
+    @property
+    def metastore_url(self) -> str:
+        return f"sqlite:///{(self.data_dir / 'meta.db').resolve()}"
+
+    @property
+    def wal_dir(self) -> Path:
+        return self.data_dir / "wal"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    def validate(self) -> None:
+        if self.nodes < 1:
+            raise errors.InvalidArgument(f"--nodes must be at least 1, got {self.nodes}")
+        if self.pchannels < 1:
+            raise errors.InvalidArgument(f"--pchannels must be at least 1, got {self.pchannels}")
+        if self.lease_ttl_s <= 0:
+            raise errors.InvalidArgument("--lease-ttl must be positive")
+
+
+def node_command(cfg: StandaloneConfig, node_id: str) -> list[str]:
+    """The command line of one node process (pure, for tests and docs)."""
+    return [
+        sys.executable,
+        "-m",
+        "headrace.cli",
+        "node",
+        "--node-id",
+        node_id,
+        "--metastore",
+        cfg.metastore_url,
+        "--cluster",
+        cfg.cluster,
+        "--listen",
+        "127.0.0.1:0",
+        "--wal",
+        "local",
+        "--wal-dir",
+        str(cfg.wal_dir.resolve()),
+        "--fsync",
+        cfg.fsync,
+        "--lease-ttl",
+        str(cfg.lease_ttl_s),
+        "--timetick-interval-ms",
+        str(cfg.timetick_interval_ms),
+    ]
+
+
+class NodeProcess:
+    """One supervised node process."""
+
+    def __init__(self, cfg: StandaloneConfig, node_id: str) -> None:
+        self.cfg = cfg
+        self.node_id = node_id
+        self.proc: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+
+    async def start(self) -> None:
+        self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.cfg.log_dir / f"{self.node_id}.log"
+        with log_path.open("ab") as log_file:
+            self.proc = await asyncio.create_subprocess_exec(
+                *node_command(self.cfg, self.node_id),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+            )
+
+    async def stop(self, timeout: float = 15.0) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            log.warning("node %s did not stop within %.0fs; killing it", self.node_id, timeout)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """Keep the process running until ``stop`` is set."""
+        backoff = 0.5
+        while not stop.is_set():
+            await self.start()
+            assert self.proc is not None
+            started = time.monotonic()
+            wait_exit = asyncio.ensure_future(self.proc.wait())
+            wait_stop = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({wait_exit, wait_stop}, return_when=asyncio.FIRST_COMPLETED)
+            wait_stop.cancel()
+            if stop.is_set():
+                wait_exit.cancel()
+                return
+            code = self.proc.returncode
+            log.warning(
+                "node %s exited with code %s; see %s",
+                self.node_id,
+                code,
+                self.cfg.log_dir / f"{self.node_id}.log",
+            )
+            if not self.cfg.restart_nodes:
+                return
+            if time.monotonic() - started > 30:
+                backoff = 0.5
+            self.restarts += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            backoff = min(backoff * 2, 10.0)
+
+
+async def wait_all_assigned(
+    metastore_url: str, cluster_name: str, expected: int, timeout: float
+) -> list[cluster.Assignment]:
+    """Wait until ``expected`` pchannels are ASSIGNED; raise Unavailable on timeout."""
+    keys = cluster.Keys(cluster_name)
+    deadline = time.monotonic() + timeout
+    store = await factory.open_metastore(metastore_url)
+    try:
+        while True:
+            kvs = await store.get_prefix(keys.pchannels)
+            records = [cluster.Assignment.model_validate_json(kv.value) for kv in kvs]
+            assigned = [r for r in records if r.state is cluster.AssignmentState.ASSIGNED]
+            if len(assigned) >= expected:
+                return records
+            if time.monotonic() > deadline:
+                states = ", ".join(f"{r.pchannel}={r.state.value}" for r in records) or "none"
+                raise errors.Unavailable(
+                    f"only {len(assigned)} of {expected} pchannels ASSIGNED after {timeout:.0f}s "
+                    f"({states})"
+                )
+            await asyncio.sleep(0.05)
+    finally:
+        await store.close()
+
+
+async def run_standalone(
+    cfg: StandaloneConfig, stop: asyncio.Event, *, announce: bool = True
+) -> int:
+    """Run until ``stop`` is set; return the process exit code."""
+    cfg.validate()
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    cfg.wal_dir.mkdir(parents=True, exist_ok=True)
+    store = await factory.open_metastore(cfg.metastore_url)
+    coordinator = coord_mod.Coordinator(
+        store,
+        cfg.cluster,
+        coord_mod.CoordinatorConfig(
+            pchannels=cluster.default_pchannels(cfg.pchannels),
+            lease_ttl_s=cfg.lease_ttl_s,
+            coordinator_id=f"standalone-{os.getpid()}",
+        ),
+    )
+    coord_task = asyncio.create_task(coordinator.run(stop), name="coordinator")
+    procs = [NodeProcess(cfg, f"node-{i}") for i in range(cfg.nodes)]
+    supervisors = [asyncio.create_task(p.supervise(stop), name=p.node_id) for p in procs]
+    try:
+        ready = asyncio.create_task(
+            wait_all_assigned(cfg.metastore_url, cfg.cluster, cfg.pchannels, cfg.ready_timeout_s)
+        )
+        stop_wait = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait(
+            {ready, stop_wait, coord_task}, return_when=asyncio.FIRST_COMPLETED
+        )
+        stop_wait.cancel()
+        if coord_task in done:
+            coord_task.result()
+            raise errors.HeadraceError("the coordinator stopped unexpectedly")
+        if ready in done:
+            ready.result()
+            if announce:
+                print(
+                    f"headrace standalone ready metastore={cfg.metastore_url} "
+                    f"cluster={cfg.cluster} nodes={cfg.nodes} pchannels={cfg.pchannels} "
+                    f"data_dir={cfg.data_dir}",
+                    flush=True,
+                )
+            await stop.wait()
+        else:
+            ready.cancel()
+        return 0
+    finally:
+        stop.set()
+        await asyncio.gather(*(p.stop() for p in procs), return_exceptions=True)
+        await asyncio.gather(*supervisors, return_exceptions=True)
+        with contextlib.suppress(asyncio.CancelledError, errors.HeadraceError):
+            await asyncio.wait_for(coord_task, 10)
+        await store.close()
