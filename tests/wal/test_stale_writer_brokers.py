@@ -12,11 +12,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from tests.fixtures_brokers import (  # noqa: F401
-    kafka_bootstrap,
-    pulsar_url,
-    stop_brokers_at_session_end,
-)
 
 from headrace import errors
 from headrace.wal import registry
