@@ -1,0 +1,234 @@
+"""``headrace bench node``: messages through a node over loopback vs in-process.
+
+Both sides append the same 1 KiB messages to the local backend (fsync every
+batch) in the same shape: ``producers`` tasks each sending chunks of
+``chunk`` messages. The baseline appends them to a framework WAL in this
+process; the measured side sends them with the client to one streaming-node
+process over gRPC on 127.0.0.1 (the node gets the pchannel from a coordinator
+running here). ``tail_p99_ms`` is the time from handing a message to the
+producer to its delivery to a consumer tailing the vchannel, with the producer
+paced at half of the measured maximum rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from headrace import cluster, errors, runtime
+from headrace.client.client import HeadraceClient
+from headrace.coordinator import coordinator as coord_mod
+from headrace.message.types import Message, MessageType
+from headrace.metastore import factory
+from headrace.tso import LocalTSO
+from headrace.wal import registry
+from headrace.wal.framework import WAL
+
+_STAMP = struct.Struct("<q")
+PCHANNEL = "bench-000"
+VCHANNEL = "bench-vchannel"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _chunks(total: int, chunk: int) -> list[int]:
+    return [min(chunk, total - start) for start in range(0, total, chunk)]
+
+
+async def _run_producers(
+    producers: int, sizes: list[int], send: Any
+) -> tuple[float, list[float]]:
+    """Run ``send(n)`` for every chunk size from ``producers`` tasks; elapsed, latencies."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for n in sizes:
+        queue.put_nowait(n)
+    latencies: list[float] = []
+
+    async def worker() -> None:
+        while not queue.empty():
+            n = queue.get_nowait()
+            t0 = time.perf_counter()
+            await send(n)
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(producers)))
+    return time.perf_counter() - start, latencies
+
+
+async def baseline(root: Path, messages: int, payload: bytes, chunk: int, producers: int) -> float:
+    """Messages/s appended to a framework WAL on the local backend, in process."""
+    backend = registry.create("local", root=str(root), fsync="batch")
+    wal = await WAL.open(backend, PCHANNEL, 1, tso=LocalTSO())
+    msg = Message(MessageType.INSERT, VCHANNEL, payload)
+
+    async def send(n: int) -> None:
+        for outcome in await wal.append_many([msg] * n):
+            if isinstance(outcome, errors.HeadraceError):
+                raise outcome
+
+    try:
+        elapsed, _ = await _run_producers(producers, _chunks(messages, chunk), send)
+    finally:
+        await wal.close()
+        await backend.close()
+    return messages / elapsed
+
+
+class _Cluster:
+    """A one-node cluster: the node as a child process, the coordinator here."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = f"sqlite:///{(root / 'meta.db').resolve()}"
+        self.stop = asyncio.Event()
+        self.proc: asyncio.subprocess.Process | None = None
+        self.coord_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        store = await factory.open_metastore(self.url)
+        coordinator = coord_mod.Coordinator(
+            store,
+            cluster.DEFAULT_CLUSTER,
+            coord_mod.CoordinatorConfig(pchannels=[PCHANNEL], coordinator_id="bench"),
+        )
+        self._store = store
+        self.coord_task = asyncio.create_task(coordinator.run(self.stop))
+        log = (self.root / "node.log").open("ab")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "headrace.cli", "node", "--node-id", "bench-node",
+            "--metastore", self.url, "--wal", "local", "--wal-dir", str(self.root / "wal"),
+            "--listen", "127.0.0.1:0",
+            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+        )
+        log.close()
+
+    async def close(self) -> None:
+        self.stop.set()
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 20)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        if self.coord_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.coord_task, 10)
+        await self._store.close()
+
+
+async def _through_node(
+    client: HeadraceClient, messages: int, payload: bytes, chunk: int, producers: int
+) -> tuple[float, list[float]]:
+    producer = client.producer()
+    msg = Message(MessageType.INSERT, VCHANNEL, payload)
+
+    async def send(n: int) -> None:
+        for outcome in await producer.send_many([msg] * n):
+            if isinstance(outcome, errors.HeadraceError):
+                raise outcome
+
+    try:
+        elapsed, latencies = await _run_producers(producers, _chunks(messages, chunk), send)
+    finally:
+        await producer.close()
+    return messages / elapsed, latencies
+
+
+async def _tail_latency(
+    client: HeadraceClient, rate: float, duration: float, size: int
+) -> list[float]:
+    """Append at ``rate`` msgs/s while a tailing consumer measures delivery delay."""
+    delays: list[float] = []
+    producer = client.producer()
+    sent = 0
+    done = asyncio.Event()
+
+    async def consume() -> None:
+        async with client.consume(VCHANNEL, start="latest") as consumer:
+            ready.set()
+            while not done.is_set() or len(delays) < sent:
+                entry = await consumer.next(timeout=5)
+                if entry is None:
+                    return
+                (stamp,) = _STAMP.unpack_from(entry.message.payload)
+                delays.append((time.perf_counter_ns() - stamp) / 1e6)
+
+    ready = asyncio.Event()
+    consumer_task = asyncio.create_task(consume())
+    await asyncio.wait_for(ready.wait(), 30)
+    await asyncio.sleep(0.2)
+    tick = 0.005
+    per_tick = max(1, round(rate * tick))
+    start = time.perf_counter()
+    pending: list[asyncio.Future[Any]] = []
+    while time.perf_counter() - start < duration:
+        batch = [
+            Message(
+                MessageType.INSERT,
+                VCHANNEL,
+                _STAMP.pack(time.perf_counter_ns()) + bytes(max(0, size - 8)),
+            )
+            for _ in range(per_tick)
+        ]
+        pending.append(asyncio.ensure_future(producer.send_many(batch)))
+        sent += per_tick
+        await asyncio.sleep(tick)
+    await asyncio.gather(*pending)
+    done.set()
+    await asyncio.wait_for(consumer_task, 30)
+    await producer.close()
+    return delays
+
+
+async def bench_node(
+    *,
+    messages: int = 50_000,
+    size: int = 1024,
+    root: Path,
+    chunk: int = 256,
+    producers: int = 4,
+    tail_seconds: float = 5.0,
+) -> dict[str, Any]:
+    if messages < chunk or size < 8:
+        raise errors.InvalidArgument(f"need messages >= {chunk} and size >= 8")
+    runtime.tune_gc()
+    payload = bytes(size)
+    base_rate = await baseline(root / "baseline", messages, payload, chunk, producers)
+    node_cluster = _Cluster(root)
+    await node_cluster.start()
+    try:
+        async with HeadraceClient(node_cluster.url) as client:
+            await client.wait_ready(PCHANNEL, timeout=60)
+            rate, latencies = await _through_node(client, messages, payload, chunk, producers)
+            delays = await _tail_latency(client, rate / 2, tail_seconds, size)
+    finally:
+        await node_cluster.close()
+    return {
+        "messages": messages,
+        "size": size,
+        "chunk": chunk,
+        "producers": producers,
+        "msgs_per_s": round(rate, 1),
+        "baseline_msgs_per_s": round(base_rate, 1),
+        "ratio": round(rate / base_rate, 3),
+        "append_p50_ms": round(_percentile(latencies, 0.5), 3),
+        "append_p99_ms": round(_percentile(latencies, 0.99), 3),
+        "tail_rate_msgs_per_s": round(rate / 2, 1),
+        "tail_samples": len(delays),
+        "tail_p50_ms": round(_percentile(delays, 0.5), 3),
+        "tail_p99_ms": round(_percentile(delays, 0.99), 3),
+        "timetick_interval_ms": 10.0,
+    }

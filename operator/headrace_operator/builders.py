@@ -1,0 +1,466 @@
+"""Desired Kubernetes objects of a StreamingCluster, as pure functions.
+
+Every function here takes the cluster's identity and its parsed spec and returns
+plain dicts ready for server-side apply; nothing here does I/O or imports kopf
+or kubernetes (an import-linter contract keeps it so).
+
+Workload: operator-owned Pods, one per node id (``<cluster>-node-<i>``), each
+with its own PVC (``<cluster>-wal-<i>``) for the local WAL. A StatefulSet with
+``updateStrategy: OnDelete`` would also let the operator pick the moment a pod
+goes, but its controller still owns pod creation and scale-down: lowering
+``replicas`` deletes the highest pod at once, before its pchannels are drained,
+and a pod deleted by anyone comes straight back with the old template. Owning
+the pods directly makes the order "drain the node's pchannels through the
+coordinator, wait until it holds none, then delete the pod" the only path, for
+scale-down and restarts alike, and lets a node that is still draining stay up
+while its replacement ordinal is unaffected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from headrace_operator import models
+from headrace_operator.models import StreamingClusterSpec
+
+GRPC_PORT = 19530
+WAL_MOUNT = "/var/lib/headrace/wal"
+KAFKA_TLS_MOUNT = "/etc/headrace/kafka-tls"
+NODE_UID = 10001
+FIELD_MANAGER = "headrace-operator"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_CLUSTER = f"{models.GROUP}/cluster"
+LABEL_ORDINAL = f"{models.GROUP}/node-ordinal"
+LABEL_PCHANNEL = f"{models.GROUP}/pchannel"
+TEMPLATE_HASH = f"{models.GROUP}/template-hash"
+DRAINING = f"{models.GROUP}/draining"
+"""Pod annotation: the operator is draining this node (value: why)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterRef:
+    """Identity of a StreamingCluster object."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int = 0
+
+    @property
+    def metastore_cluster(self) -> str:
+        """The cluster name in the metastore (``/headrace/<this>/...``)."""
+        return f"{self.namespace}.{self.name}"
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": models.API_VERSION,
+            "kind": "StreamingCluster",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def node_name(cluster: str, ordinal: int) -> str:
+    """Pod name and node id of ordinal ``ordinal``."""
+    return f"{cluster}-node-{ordinal}"
+
+
+def pvc_name(cluster: str, ordinal: int) -> str:
+    return f"{cluster}-wal-{ordinal}"
+
+
+def config_map_name(cluster: str) -> str:
+    return f"{cluster}-config"
+
+
+def headless_service_name(cluster: str) -> str:
+    return f"{cluster}-nodes"
+
+
+def client_service_name(cluster: str) -> str:
+    return cluster
+
+
+def node_account_name(cluster: str) -> str:
+    return f"{cluster}-node"
+
+
+def assignment_name(cluster: str, pchannel: str) -> str:
+    return f"{cluster}-{pchannel}"
+
+
+def ordinal_of(cluster: str, pod_name: str) -> int | None:
+    """The ordinal of a node pod name, None for other names."""
+    prefix = f"{cluster}-node-"
+    rest = pod_name[len(prefix) :]
+    if not pod_name.startswith(prefix) or not rest.isdigit() or str(int(rest)) != rest:
+        return None
+    return int(rest)
+
+
+def selector_labels(cluster: str) -> dict[str, str]:
+    return {LABEL_CLUSTER: cluster, LABEL_COMPONENT: "streaming-node"}
+
+
+def selector(cluster: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(cluster).items()))
+
+
+def _labels(cluster: str, component: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: "headrace",
+        LABEL_INSTANCE: cluster,
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED_BY: FIELD_MANAGER,
+        LABEL_CLUSTER: cluster,
+    }
+
+
+def _meta(
+    ref: ClusterRef, name: str, component: str, *, owned: bool = True, **extra: Any
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": _labels(ref.name, component),
+    }
+    if owned:
+        meta["ownerReferences"] = [ref.owner_reference()]
+    meta.update(extra)
+    return meta
+
+
+def config_data(ref: ClusterRef, spec: StreamingClusterSpec) -> dict[str, str]:
+    """Settings every node reads from the ConfigMap (as environment)."""
+    data = {
+        "HEADRACE_METASTORE": spec.metastore.url(),
+        "HEADRACE_CLUSTER": ref.metastore_cluster,
+        "HEADRACE_WAL": spec.wal.backend,
+        "HEADRACE_LEASE_TTL": str(spec.lease_ttl_seconds),
+        "HEADRACE_PCHANNELS": ",".join(spec.pchannel_names),
+        "HEADRACE_VERSION": spec.version,
+    }
+    if spec.wal.kafka is not None:
+        data["HEADRACE_KAFKA_BOOTSTRAP"] = ",".join(spec.wal.kafka.bootstrap_servers)
+        if spec.wal.kafka.sasl is not None:
+            data["HEADRACE_KAFKA_SASL_MECHANISM"] = spec.wal.kafka.sasl.mechanism
+    if spec.wal.pulsar is not None:
+        data["HEADRACE_PULSAR_URL"] = spec.wal.pulsar.service_url
+    return data
+
+
+def config_map(ref: ClusterRef, spec: StreamingClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(ref, config_map_name(ref.name), "config"),
+        "data": config_data(ref, spec),
+    }
+
+
+def _service(ref: ClusterRef, name: str, *, headless: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": selector_labels(ref.name),
+        "ports": [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"}],
+    }
+    if headless:
+        spec["clusterIP"] = "None"
+        spec["publishNotReadyAddresses"] = True
+    else:
+        spec["type"] = "ClusterIP"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, name, "streaming-node"),
+        "spec": spec,
+    }
+
+
+def headless_service(ref: ClusterRef) -> dict[str, Any]:
+    """Stable DNS per node pod (``<pod>.<cluster>-nodes``)."""
+    return _service(ref, headless_service_name(ref.name), headless=True)
+
+
+def client_service(ref: ClusterRef) -> dict[str, Any]:
+    return _service(ref, client_service_name(ref.name), headless=False)
+
+
+def service_account(ref: ClusterRef) -> dict[str, Any]:
+    """The nodes' identity. Nodes do not call the Kubernetes API, so no token
+    is mounted into their pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(ref, node_account_name(ref.name), "streaming-node"),
+        "automountServiceAccountToken": False,
+    }
+
+
+def node_role(ref: ClusterRef) -> dict[str, Any]:
+    """Least privilege: read the cluster's own ConfigMap, nothing else."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(ref, node_account_name(ref.name), "streaming-node"),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [config_map_name(ref.name)],
+                "verbs": ["get"],
+            }
+        ],
+    }
+
+
+def node_role_binding(ref: ClusterRef) -> dict[str, Any]:
+    name = node_account_name(ref.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(ref, name, "streaming-node"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ref.namespace}],
+    }
+
+
+def pvc(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:
+    """The WAL volume of one node. Owned by the cluster (so deleted with it)
+    only when ``deleteDataOnDelete`` is set; otherwise it outlives the cluster."""
+    local = spec.wal.local_or_default
+    claim: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": local.size}},
+    }
+    if local.storage_class_name:
+        claim["storageClassName"] = local.storage_class_name
+    meta = _meta(ref, pvc_name(ref.name, ordinal), "wal", owned=spec.delete_data_on_delete)
+    meta["labels"][LABEL_ORDINAL] = str(ordinal)
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": claim}
+
+
+def _env(spec: StreamingClusterSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    kafka = spec.wal.kafka
+    if kafka is not None and kafka.sasl is not None:
+        for key in ("username", "password"):
+            env.append(
+                {
+                    "name": f"HEADRACE_KAFKA_SASL_{key.upper()}",
+                    "valueFrom": {"secretKeyRef": {"name": kafka.sasl.secret_name, "key": key}},
+                }
+            )
+    pulsar = spec.wal.pulsar
+    if pulsar is not None and pulsar.auth_secret_ref is not None:
+        ref = pulsar.auth_secret_ref
+        env.append(
+            {
+                "name": "HEADRACE_PULSAR_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    return env
+
+
+def node_args(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> list[str]:
+    """The ``headrace node`` command line; ``$(VAR)`` expands from the env."""
+    args = [
+        "--node-id",
+        node_name(ref.name, ordinal),
+        "--metastore",
+        "$(HEADRACE_METASTORE)",
+        "--cluster",
+        "$(HEADRACE_CLUSTER)",
+        "--listen",
+        f"$(POD_IP):{GRPC_PORT}",
+        "--wal",
+        spec.wal.backend,
+        "--lease-ttl",
+        "$(HEADRACE_LEASE_TTL)",
+    ]
+    if spec.wal.backend == "local":
+        args += ["--wal-dir", WAL_MOUNT]
+    elif spec.wal.backend == "kafka":
+        args += ["--kafka-bootstrap", "$(HEADRACE_KAFKA_BOOTSTRAP)"]
+    else:
+        args += ["--pulsar-url", "$(HEADRACE_PULSAR_URL)"]
+    return args
+
+
+def _volumes(
+    ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if spec.wal.backend == "local":
+        claim = {"claimName": pvc_name(ref.name, ordinal)}
+        volumes.append({"name": "wal", "persistentVolumeClaim": claim})
+        mounts.append({"name": "wal", "mountPath": WAL_MOUNT})
+    kafka = spec.wal.kafka
+    if kafka is not None and kafka.tls is not None:
+        volumes.append({"name": "kafka-tls", "secret": {"secretName": kafka.tls.secret_name}})
+        mounts.append({"name": "kafka-tls", "mountPath": KAFKA_TLS_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def _container(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:
+    _, mounts = _volumes(ref, spec, ordinal)
+    probe = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5, "failureThreshold": 3}
+    container: dict[str, Any] = {
+        "name": "node",
+        "image": spec.image,
+        "command": ["headrace", "node"],
+        "args": node_args(ref, spec, ordinal),
+        "envFrom": [{"configMapRef": {"name": config_map_name(ref.name)}}],
+        "env": _env(spec),
+        "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"}],
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},
+        "volumeMounts": mounts,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if spec.resources is not None:
+        container["resources"] = spec.resources.to_api()
+    return container
+
+
+def template_hash(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> str:
+    """Changes whenever a node pod must be replaced: its pod spec or the
+    settings it reads from the ConfigMap at start."""
+    payload = {"pod": _pod_spec(ref, spec, ordinal), "config": config_data(ref, spec)}
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
+def _pod_spec(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:
+    volumes, _ = _volumes(ref, spec, ordinal)
+    return {
+        "hostname": node_name(ref.name, ordinal),
+        "subdomain": headless_service_name(ref.name),
+        "serviceAccountName": node_account_name(ref.name),
+        "automountServiceAccountToken": False,
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": NODE_UID,
+            "runAsGroup": NODE_UID,
+            "fsGroup": NODE_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(ref, spec, ordinal)],
+        "volumes": volumes,
+    }
+
+
+def node_pod(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:
+    """The pod of node ``ordinal``."""
+    meta = _meta(
+        ref,
+        node_name(ref.name, ordinal),
+        "streaming-node",
+        annotations={TEMPLATE_HASH: template_hash(ref, spec, ordinal)},
+    )
+    meta["labels"][LABEL_ORDINAL] = str(ordinal)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": _pod_spec(ref, spec, ordinal),
+    }
+
+
+def pod_disruption_budget(ref: ClusterRef, spec: StreamingClusterSpec) -> dict[str, Any] | None:
+    """At most one node pod evicted at a time; None below two nodes (a budget
+    of zero would block node maintenance for nothing)."""
+    if spec.nodes < 2:
+        return None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(ref, f"{ref.name}-nodes", "streaming-node"),
+        "spec": {
+            "minAvailable": spec.nodes - 1,
+            "selector": {"matchLabels": selector_labels(ref.name)},
+        },
+    }
+
+
+def pchannel_assignment(ref: ClusterRef, pchannel: str) -> dict[str, Any]:
+    """A PChannelAssignment as the operator applies it: only the fields it owns
+    (``spec.pinnedNode`` belongs to the user and is never sent)."""
+    meta = _meta(ref, assignment_name(ref.name, pchannel), "pchannel")
+    meta["labels"][LABEL_PCHANNEL] = pchannel
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": "PChannelAssignment",
+        "metadata": meta,
+        "spec": {"cluster": ref.name, "pchannel": pchannel},
+    }
+
+
+def cluster_objects(ref: ClusterRef, spec: StreamingClusterSpec) -> list[dict[str, Any]]:
+    """The objects that exist once per cluster, in apply order."""
+    return [
+        service_account(ref),
+        node_role(ref),
+        node_role_binding(ref),
+        config_map(ref, spec),
+        headless_service(ref),
+        client_service(ref),
+    ]
+
+
+APPLIED_HASH = f"{models.GROUP}/applied-hash"
+"""Annotation: digest of the body the operator last applied."""
+
+
+def stamped(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with the digest of its own content as an annotation."""
+    digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+    meta = dict(obj["metadata"])
+    meta["annotations"] = {**meta.get("annotations", {}), APPLIED_HASH: digest}
+    return {**obj, "metadata": meta}
+
+
+def contains(actual: Any, desired: Any) -> bool:
+    """Whether every field of ``desired`` has the same value in ``actual``
+    (fields the server added are ignored; lists are compared item by item)."""
+    if isinstance(desired, dict):
+        return isinstance(actual, dict) and all(
+            key in actual and contains(actual[key], value) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(desired)
+            and all(contains(a, d) for a, d in zip(actual, desired, strict=True))
+        )
+    return bool(actual == desired)
+
+
+def needs_apply(desired: dict[str, Any], current: dict[str, Any] | None) -> bool:
+    """Apply when the object is missing, was applied from other content (a
+    field the operator dropped must go), or drifted from ``desired``."""
+    if current is None:
+        return True
+    want = desired["metadata"].get("annotations", {}).get(APPLIED_HASH)
+    have = (current.get("metadata", {}).get("annotations") or {}).get(APPLIED_HASH)
+    return want != have or not contains(current, desired)

@@ -1,0 +1,424 @@
+"""Pydantic models of the custom resources (group ``streaming.headrace.io``).
+
+These models are the single source of the CRD schemas: :mod:`.crdgen` turns
+them into OpenAPI v3 (structural) schemas with the CEL rules attached below,
+and the operator parses every custom resource it reads through them, so an
+object that the API server accepted and an object the operator understands are
+the same set. Field names are the Kubernetes (camelCase) names; Python code uses
+the snake_case attributes.
+
+Cross-field invariants are written twice on purpose, side by side: as CEL
+(``x-kubernetes-validations``, enforced by the API server at admission) and as a
+pydantic validator (enforced when the operator parses, and testable without a
+server). ``tests/operator/test_models.py`` checks that each rule rejects the
+same specs in both places.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic.alias_generators import to_camel
+
+from headrace_operator.errors import InvalidSpec
+
+GROUP = "streaming.headrace.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+PAUSED_ANNOTATION = f"{GROUP}/paused"
+"""Set to ``"true"`` on a StreamingCluster to stop reconciling it."""
+
+_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_HOST_PORT = r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$"
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P|E|Ei)?$"
+HostPort = Annotated[str, pydantic.StringConstraints(pattern=_HOST_PORT, max_length=256)]
+MAX_NODES = 64
+MAX_PCHANNELS = 256
+
+
+def cel(rule: str, message: str, field_path: str = "") -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+def _cel_extra(*rules: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(rules)}
+
+
+class _Model(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The Kubernetes representation (camelCase, unset optionals left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class SecretKeyRef(_Model):
+    """A key of a Secret in the cluster's namespace."""
+
+    name: str = pydantic.Field(min_length=1, max_length=253, pattern=_NAME)
+    key: str = pydantic.Field(min_length=1, max_length=253)
+
+
+class MetastoreSpec(_Model):
+    """The etcd cluster holding the cluster's coordination state.
+
+    Cluster mode needs a shared etcd; the embedded SQLite metastore of
+    ``headrace standalone`` is not offered here.
+    """
+
+    etcd_endpoints: list[HostPort] = pydantic.Field(
+        min_length=1, max_length=16, description="etcd client endpoints as host:port."
+    )
+
+    @pydantic.field_validator("etcd_endpoints")
+    @classmethod
+    def _endpoints(cls, value: list[str]) -> list[str]:
+        return _check_host_ports(value, "spec.metastore.etcdEndpoints")
+
+    def url(self) -> str:
+        """The metastore URL ``headrace node --metastore`` takes."""
+        return "etcd://" + ",".join(self.etcd_endpoints)
+
+
+class LocalWAL(_Model):
+    """Local segmented files on a PersistentVolumeClaim per node."""
+
+    storage_class_name: str | None = pydantic.Field(
+        default=None, max_length=253, description="StorageClass of the WAL volumes."
+    )
+    size: str = pydantic.Field(
+        default="10Gi", pattern=_QUANTITY, description="Size of each node's WAL volume."
+    )
+
+
+class KafkaSASL(_Model):
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    secret_name: str = pydantic.Field(
+        min_length=1,
+        max_length=253,
+        pattern=_NAME,
+        description="Secret with keys 'username' and 'password'.",
+    )
+
+
+class KafkaTLS(_Model):
+    secret_name: str = pydantic.Field(
+        min_length=1,
+        max_length=253,
+        pattern=_NAME,
+        description="Secret with 'ca.crt' (and 'tls.crt'/'tls.key' for mutual TLS).",
+    )
+
+
+class KafkaWAL(_Model):
+    bootstrap_servers: list[HostPort] = pydantic.Field(
+        min_length=1, max_length=16, description="Kafka bootstrap brokers as host:port."
+    )
+    tls: KafkaTLS | None = None
+    sasl: KafkaSASL | None = None
+
+    @pydantic.field_validator("bootstrap_servers")
+    @classmethod
+    def _servers(cls, value: list[str]) -> list[str]:
+        return _check_host_ports(value, "spec.wal.kafka.bootstrapServers")
+
+
+class PulsarWAL(_Model):
+    service_url: str = pydantic.Field(
+        max_length=512,
+        pattern=r"^pulsar(\+ssl)?://[^/\s]+:[0-9]{1,5}/?$",
+        description="Pulsar broker URL, pulsar://host:port or pulsar+ssl://host:port.",
+    )
+    auth_secret_ref: SecretKeyRef | None = pydantic.Field(
+        default=None, description="Secret key holding a JWT for token authentication."
+    )
+
+
+class WALSpec(_Model):
+    """Where the write-ahead logs live. The backend is fixed at creation."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_cel_extra(
+            cel(
+                "self.backend != 'kafka' || has(self.kafka)",
+                "wal.kafka is required when wal.backend is kafka",
+                ".kafka",
+            ),
+            cel(
+                "self.backend != 'pulsar' || has(self.pulsar)",
+                "wal.pulsar is required when wal.backend is pulsar",
+                ".pulsar",
+            ),
+            cel(
+                "self.backend == 'kafka' || !has(self.kafka)",
+                "wal.kafka is only allowed when wal.backend is kafka",
+                ".kafka",
+            ),
+            cel(
+                "self.backend == 'pulsar' || !has(self.pulsar)",
+                "wal.pulsar is only allowed when wal.backend is pulsar",
+                ".pulsar",
+            ),
+            cel(
+                "self.backend == 'local' || !has(self.local)",
+                "wal.local is only allowed when wal.backend is local",
+                ".local",
+            ),
+        )
+    )
+
+    backend: Literal["local", "kafka", "pulsar"] = pydantic.Field(
+        default="local",
+        description="local (a volume per node), kafka or pulsar. Immutable.",
+        json_schema_extra=_cel_extra(cel("self == oldSelf", "wal.backend is immutable")),
+    )
+    local: LocalWAL | None = None
+    kafka: KafkaWAL | None = None
+    pulsar: PulsarWAL | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _sections(self) -> WALSpec:
+        sections = {"local": self.local, "kafka": self.kafka, "pulsar": self.pulsar}
+        if self.backend in ("kafka", "pulsar") and sections[self.backend] is None:
+            raise InvalidSpec(
+                f"wal.{self.backend} is required when wal.backend is {self.backend}",
+                field=f"spec.wal.{self.backend}",
+            )
+        for name, section in sections.items():
+            if section is not None and name != self.backend:
+                raise InvalidSpec(
+                    f"wal.{name} is only allowed when wal.backend is {name}",
+                    field=f"spec.wal.{name}",
+                )
+        return self
+
+    @property
+    def local_or_default(self) -> LocalWAL:
+        return self.local or LocalWAL()
+
+
+class ResourceList(_Model):
+    cpu: str | None = pydantic.Field(default=None, pattern=_QUANTITY)
+    memory: str | None = pydantic.Field(default=None, pattern=_QUANTITY)
+
+
+class Resources(_Model):
+    """CPU and memory of each node container (as in a Pod's ``resources``)."""
+
+    requests: ResourceList | None = None
+    limits: ResourceList | None = None
+
+
+class StreamingClusterSpec(_Model):
+    """A Headrace streaming cluster: node pods, their WAL storage, coordination."""
+
+    nodes: int = pydantic.Field(
+        default=1, ge=0, le=MAX_NODES, description="Streaming node pods to run."
+    )
+    pchannels: int = pydantic.Field(
+        ge=1,
+        le=MAX_PCHANNELS,
+        description="Number of pchannels (pchannel-000 ...). Immutable once set.",
+        json_schema_extra=_cel_extra(cel("self == oldSelf", "pchannels is immutable once set")),
+    )
+    image: str = pydantic.Field(
+        min_length=1, max_length=512, description="Container image of the streaming nodes."
+    )
+    version: str = pydantic.Field(
+        min_length=1, max_length=64, description="Headrace version the image carries."
+    )
+    metastore: MetastoreSpec
+    wal: WALSpec = pydantic.Field(
+        default_factory=WALSpec, json_schema_extra={"default": {"backend": "local"}}
+    )
+    resources: Resources | None = None
+    lease_ttl_seconds: int = pydantic.Field(
+        default=5,
+        ge=1,
+        le=300,
+        alias="leaseTTLSeconds",
+        description="Session and election lease TTL; a crashed node is failed over after it.",
+    )
+    delete_data_on_delete: bool = pydantic.Field(
+        default=False,
+        description="Delete WAL volumes with the cluster (and on scale-down). Default keeps them.",
+    )
+
+    @property
+    def pchannel_names(self) -> list[str]:
+        return [f"pchannel-{i:03d}" for i in range(self.pchannels)]
+
+
+class ConditionType(enum.StrEnum):
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+    PAUSED = "ReconciliationPaused"
+
+
+class Condition(_Model):
+    """A condition as in the Kubernetes API conventions."""
+
+    type: str = pydantic.Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = pydantic.Field(
+        max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+    )
+    message: str = pydantic.Field(default="", max_length=32768)
+    observed_generation: int = pydantic.Field(default=0, ge=0)
+    last_transition_time: str = pydantic.Field(json_schema_extra={"format": "date-time"})
+
+
+_CONDITIONS_EXTRA: dict[str, Any] = {
+    "x-kubernetes-list-type": "map",
+    "x-kubernetes-list-map-keys": ["type"],
+    "maxItems": 16,
+}
+
+
+class NodeStatus(_Model):
+    node_id: str
+    pod: str
+    phase: str = ""
+    ready: bool = False
+    pchannels: int = 0
+    draining: bool = False
+
+
+class StreamingClusterStatus(_Model):
+    observed_generation: int = 0
+    nodes_desired: int = 0
+    nodes_ready: int = 0
+    node_summary: str = pydantic.Field(default="", description="ready/desired, for kubectl get.")
+    pchannels_total: int = 0
+    pchannels_assigned: int = 0
+    pchannel_summary: str = pydantic.Field(
+        default="", description="assigned/total, for kubectl get."
+    )
+    selector: str = pydantic.Field(default="", description="Label selector of the node pods.")
+    coordinator: str = pydantic.Field(default="", description="Id of the leading coordinator.")
+    node_statuses: list[NodeStatus] = pydantic.Field(
+        default_factory=list, json_schema_extra={"maxItems": MAX_NODES * 2}
+    )
+    conditions: list[Condition] = pydantic.Field(
+        default_factory=list, json_schema_extra=_CONDITIONS_EXTRA
+    )
+
+
+class AssignmentStateName(enum.StrEnum):
+    ASSIGNING = "ASSIGNING"
+    ASSIGNED = "ASSIGNED"
+    UNASSIGNING = "UNASSIGNING"
+    UNASSIGNED = "UNASSIGNED"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNKNOWN = "UNKNOWN"
+
+
+class PChannelAssignmentSpec(_Model):
+    """Where one pchannel of a StreamingCluster is served (mirrors the metastore)."""
+
+    cluster: str = pydantic.Field(
+        min_length=1,
+        max_length=63,
+        pattern=_NAME,
+        description="Name of the StreamingCluster (same namespace). Immutable.",
+        json_schema_extra=_cel_extra(cel("self == oldSelf", "cluster is immutable")),
+    )
+    pchannel: str = pydantic.Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="The pchannel this object mirrors. Immutable.",
+        json_schema_extra=_cel_extra(cel("self == oldSelf", "pchannel is immutable")),
+    )
+    pinned_node: str | None = pydantic.Field(
+        default=None,
+        max_length=253,
+        description="Node id to keep this pchannel on; moved there by graceful handoff.",
+    )
+
+
+class PChannelAssignmentStatus(_Model):
+    node: str = ""
+    term: int = 0
+    state: AssignmentStateName = AssignmentStateName.UNKNOWN
+    target: str = ""
+    previous_node: str = pydantic.Field(
+        default="", description="The node that served it before its last move."
+    )
+    pinned: bool = pydantic.Field(default=False, description="On the pinned node.")
+    message: str = ""
+    observed_generation: int = 0
+    conditions: list[Condition] = pydantic.Field(
+        default_factory=list, json_schema_extra=_CONDITIONS_EXTRA
+    )
+
+
+class UpgradePlanSpec(_Model):
+    """A rolling upgrade of a StreamingCluster (carried out by a later release)."""
+
+    cluster: str = pydantic.Field(min_length=1, max_length=63, pattern=_NAME)
+    target_version: str = pydantic.Field(min_length=1, max_length=64)
+    target_image: str = pydantic.Field(min_length=1, max_length=512)
+    max_unavailable: int = pydantic.Field(default=1, ge=1, le=MAX_NODES)
+    drain_timeout_seconds: int = pydantic.Field(default=300, ge=10, le=86400)
+
+
+class UpgradePlanStatus(_Model):
+    phase: Literal["Pending", "Running", "Succeeded", "Failed", ""] = ""
+    nodes_upgraded: int = 0
+    observed_generation: int = 0
+    conditions: list[Condition] = pydantic.Field(
+        default_factory=list, json_schema_extra=_CONDITIONS_EXTRA
+    )
+
+
+def _check_host_ports(values: list[str], field: str) -> list[str]:
+    for value in values:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidSpec(f"{field}: {value!r} is not host:port", field=field)
+    return values
+
+
+def parse_spec(model: type[_Model], spec: object, *, prefix: str = "spec") -> Any:
+    """Validate a custom resource's spec; :class:`InvalidSpec` names the field.
+
+    Validators of cross-field rules raise :class:`InvalidSpec` themselves (it is
+    not a ``ValueError``, so pydantic passes it through with its field intact).
+    """
+    try:
+        return model.model_validate(spec)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        location = ".".join(str(part) for part in first["loc"])
+        field = f"{prefix}.{location}" if location else prefix
+        raise InvalidSpec(f"{field}: {first['msg']}", field=field) from None
+
+
+def parse_cluster_spec(spec: object) -> StreamingClusterSpec:
+    parsed: StreamingClusterSpec = parse_spec(StreamingClusterSpec, spec)
+    return parsed
+
+
+def parse_assignment_spec(spec: object) -> PChannelAssignmentSpec:
+    parsed: PChannelAssignmentSpec = parse_spec(PChannelAssignmentSpec, spec)
+    return parsed
+
+
+KINDS: dict[str, tuple[type[_Model], type[_Model]]] = {
+    "StreamingCluster": (StreamingClusterSpec, StreamingClusterStatus),
+    "PChannelAssignment": (PChannelAssignmentSpec, PChannelAssignmentStatus),
+    "UpgradePlan": (UpgradePlanSpec, UpgradePlanStatus),
+}

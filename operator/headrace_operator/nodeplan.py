@@ -1,0 +1,228 @@
+"""What to do with the node pods next, as a pure function of what is observed.
+
+:func:`plan_nodes` compares the desired node count and pod template with the
+pods that exist and with what the metastore says each node holds, and returns
+the actions of this pass. The rules, in order:
+
+* A terminating pod is left alone until it is gone.
+* A pod that has terminated (phase ``Failed``/``Succeeded``) is deleted; the
+  next pass creates it again.
+* A missing pod of a desired ordinal is created.
+* Scale-down: the highest excess ordinal is drained first (the coordinator
+  moves its pchannels away), and deleted only once it holds none. One drain at
+  a time.
+* A desired pod whose template changed is replaced: at once if its node holds
+  no pchannel, else by drain-then-delete, one pod at a time, highest ordinal
+  first, and only while every other desired pod is up and ready.
+* A scale-down drain of an ordinal that is desired again is cancelled; a node
+  the metastore still shows frozen after its pod was recreated is unfrozen.
+
+A node with no other eligible node to take its pchannels (the last one, or
+scaling to zero) counts as drained: waiting could never end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+
+from headrace.cluster import Assignment
+from headrace.coordinator import state
+from headrace_operator.builders import node_name
+
+
+class ActionKind(enum.Enum):
+    CREATE = "create"
+    DELETE_TERMINATED = "delete-terminated"
+    START_DRAIN = "start-drain"
+    DELETE_DRAINED = "delete-drained"
+    REPLACE_IDLE = "replace-idle"
+    CANCEL_DRAIN = "cancel-drain"
+    UNFREEZE = "unfreeze"
+
+
+class DrainReason(enum.StrEnum):
+    SCALE_DOWN = "scale-down"
+    RESTART = "restart"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodView:
+    """The parts of a node pod the plan looks at."""
+
+    name: str
+    ordinal: int
+    phase: str = "Pending"
+    ready: bool = False
+    terminating: bool = False
+    template_hash: str = ""
+    draining: str = ""
+    """Value of the draining annotation ("" when not draining)."""
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Failed", "Succeeded")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the metastore says about the nodes."""
+
+    holding: Mapping[str, int]
+    """Node id -> pchannels it holds or that are on their way to it."""
+    live: frozenset[str]
+    """Nodes with a session."""
+    frozen: frozenset[str]
+    """Nodes frozen or draining (by request or by themselves)."""
+
+    def has_peer(self, node: str) -> bool:
+        return any(other != node and other not in self.frozen for other in self.live)
+
+    def drained(self, node: str) -> bool:
+        return self.holding.get(node, 0) == 0 or not self.has_peer(node)
+
+
+def holdings(records: Iterable[Assignment]) -> dict[str, int]:
+    """Node -> pchannels it holds or is receiving (from assignment records)."""
+    counts: dict[str, int] = {}
+    for record in records:
+        for node in {state.holder(record), state.destination(record)} - {""}:
+            counts[node] = counts.get(node, 0) + 1
+    return counts
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Action:
+    kind: ActionKind
+    ordinal: int
+    node: str
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodePlan:
+    actions: tuple[Action, ...]
+    waiting: tuple[str, ...]
+    """Why nothing more could be done this pass (for Progressing)."""
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.actions or self.waiting)
+
+
+def plan_nodes(
+    cluster: str,
+    desired: int,
+    template_hashes: Mapping[int, str],
+    pods: Mapping[int, PodView],
+    facts: NodeFacts | None,
+) -> NodePlan:
+    """The node actions of one pass (see the module docstring).
+
+    ``facts`` is None when the metastore is unreachable, which blocks every
+    step that needs to know what a node holds.
+    """
+    actions: list[Action] = []
+    waiting: list[str] = []
+    live_pods = {o: p for o, p in pods.items() if not p.terminating}
+    waiting += [f"pod {p.name} is terminating" for p in pods.values() if p.terminating]
+    for pod in live_pods.values():
+        if pod.terminated:
+            actions.append(Action(ActionKind.DELETE_TERMINATED, pod.ordinal, pod.name, pod.phase))
+    usable = {o: p for o, p in live_pods.items() if not p.terminated}
+    for ordinal in range(desired):
+        if ordinal not in pods:
+            actions.append(Action(ActionKind.CREATE, ordinal, node_name(cluster, ordinal)))
+    draining = [p for p in usable.values() if p.draining]
+    excess = sorted((p for o, p in usable.items() if o >= desired), key=lambda p: -p.ordinal)
+    actions += _scale_down(excess, draining, facts, waiting)
+    current = [p for o, p in usable.items() if o < desired]
+    for pod in current:
+        if pod.draining == DrainReason.SCALE_DOWN:
+            actions.append(Action(ActionKind.CANCEL_DRAIN, pod.ordinal, pod.name))
+        elif (
+            not pod.draining
+            and facts is not None
+            and pod.name in facts.frozen
+            and pod.template_hash == template_hashes.get(pod.ordinal)
+        ):
+            actions.append(Action(ActionKind.UNFREEZE, pod.ordinal, pod.name))
+    all_up = len(current) == desired and all(p.ready for p in current) and not excess
+    actions += _restarts(
+        current,
+        hashes=template_hashes,
+        draining=draining,
+        facts=facts,
+        all_up=all_up,
+        waiting=waiting,
+    )
+    return NodePlan(tuple(actions), tuple(waiting))
+
+
+def _scale_down(
+    excess: list[PodView],
+    draining: list[PodView],
+    facts: NodeFacts | None,
+    waiting: list[str],
+) -> list[Action]:
+    if not excess:
+        return []
+    pod = excess[0]
+    if not pod.draining:
+        others = [p for p in draining if p.ordinal != pod.ordinal]
+        if others:
+            waiting.append(f"scale-down waits for the drain of {others[0].name}")
+            return []
+        return [Action(ActionKind.START_DRAIN, pod.ordinal, pod.name, DrainReason.SCALE_DOWN)]
+    if facts is None:
+        waiting.append(f"cannot see whether {pod.name} is drained: metastore unreachable")
+        return []
+    if facts.drained(pod.name):
+        return [Action(ActionKind.DELETE_DRAINED, pod.ordinal, pod.name, DrainReason.SCALE_DOWN)]
+    held = facts.holding.get(pod.name, 0)
+    waiting.append(f"draining {pod.name}: {held} pchannel(s) still on it")
+    return []
+
+
+def _restarts(
+    current: list[PodView],
+    *,
+    hashes: Mapping[int, str],
+    draining: list[PodView],
+    facts: NodeFacts | None,
+    all_up: bool,
+    waiting: list[str],
+) -> list[Action]:
+    stale = sorted(
+        (p for p in current if p.template_hash != hashes.get(p.ordinal)),
+        key=lambda p: -p.ordinal,
+    )
+    if not stale:
+        return []
+    if facts is None:
+        waiting.append("pod template changed; restarts wait for the metastore")
+        return []
+    actions: list[Action] = []
+    restarting = [p for p in stale if p.draining == DrainReason.RESTART]
+    for pod in restarting:
+        if facts.drained(pod.name):
+            actions.append(
+                Action(ActionKind.DELETE_DRAINED, pod.ordinal, pod.name, DrainReason.RESTART)
+            )
+        else:
+            held = facts.holding.get(pod.name, 0)
+            waiting.append(f"restarting {pod.name}: {held} pchannel(s) still on it")
+    for pod in stale:
+        if not pod.draining and facts.holding.get(pod.name, 0) == 0:
+            actions.append(Action(ActionKind.REPLACE_IDLE, pod.ordinal, pod.name))
+    busy = [p for p in stale if not p.draining and facts.holding.get(p.name, 0) > 0]
+    if busy and not draining and not actions:
+        if all_up:
+            pod = busy[0]
+            actions.append(
+                Action(ActionKind.START_DRAIN, pod.ordinal, pod.name, DrainReason.RESTART)
+            )
+        else:
+            waiting.append(f"restart of {busy[0].name} waits until every node pod is ready")
+    return actions

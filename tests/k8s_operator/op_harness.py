@@ -1,0 +1,362 @@
+"""Test bed of the reconcile steps: the same tests on a fake and a real API server.
+
+``bed`` is parametrized:
+
+* ``fake``: :class:`fake_kube.FakeKube`, a SQLite metastore, and
+  :class:`SimKubelet`, which turns every node pod into a simulated streaming
+  node (a session in the metastore that follows the assignment protocol) and
+  marks the pod Ready;
+* ``real``: kube-apiserver + kube-controller-manager + the process-runner
+  kubelet of ``tests/fixtures_kube.py``; node pods run the real
+  ``headrace node`` on the control plane's etcd (also the cluster metastore).
+
+The coordinator runs in the test process through
+:class:`headrace_operator.coordinator_runner.CoordinatorRunners`, as in the
+operator; every pass is :func:`headrace_operator.steps.run_pass`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headrace import errors
+from headrace.cluster import Assignment, AssignmentState, Keys, NodeInfo
+from headrace.coordinator import state
+from headrace.metastore.contract import Compare, Metastore, Put
+from headrace.metastore.sqlite import SqliteMetastore
+from headrace_operator import builders, crdgen, models
+from headrace_operator.builders import ClusterRef
+from headrace_operator.coordinator_runner import CoordinatorRunners, RunnerConfig
+from headrace_operator.events import KubeEventSink
+from headrace_operator.interfaces import ClusterControl, KubeApi
+from headrace_operator.kube import KubernetesApi
+from headrace_operator.models import StreamingClusterSpec
+from headrace_operator.probe import TcpProbe
+from headrace_operator.steps import Pass, run_pass
+from tests.fixtures_kube import KubeTestbed
+from tests.k8s_operator.fake_kube import FakeKube
+
+SC = (models.API_VERSION, "StreamingCluster")
+PCA = (models.API_VERSION, "PChannelAssignment")
+
+
+class SimNode:
+    """A streaming node as the metastore sees it: a session key under a lease
+    and a loop acknowledging ASSIGNING and UNASSIGNING records of this node."""
+
+    def __init__(self, store: Metastore, keys: Keys, node_id: str) -> None:
+        self.store, self.keys, self.node_id = store, keys, node_id
+        self.lease = 0
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.lease = await self.store.grant_lease(1.0)
+        info = NodeInfo(node_id=self.node_id, address=f"127.0.0.1:{10000 + len(self.node_id)}")
+        await self.store.put(self.keys.node(self.node_id), info.to_json(), lease=self.lease)
+        self.task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        tick = 0
+        while True:
+            tick += 1
+            if tick % 10 == 0:
+                with contextlib.suppress(errors.HeadraceError):
+                    await self.store.keep_alive(self.lease)
+            for kv in await self.store.get_prefix(self.keys.pchannels):
+                record = Assignment.model_validate_json(kv.value)
+                moving = (AssignmentState.ASSIGNING, AssignmentState.UNASSIGNING)
+                if record.node == self.node_id and record.state in moving:
+                    done = state.acknowledge(record, time.time())
+                    await self.store.txn(
+                        [Compare.mod_revision_is(kv.key, kv.mod_revision)],
+                        [Put(kv.key, done.to_json())],
+                    )
+            await asyncio.sleep(0.025)
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        await self.store.revoke_lease(self.lease)
+
+
+class SimKubelet:
+    """Runs a :class:`SimNode` per node pod of the fake API server."""
+
+    def __init__(self, kube: FakeKube, store: Metastore, namespace: str) -> None:
+        self.kube, self.store, self.namespace = kube, store, namespace
+        self.nodes: dict[tuple[str, str], SimNode] = {}
+
+    async def sync(self) -> None:
+        pods = await self.kube.list("v1", "Pod", self.namespace, {})
+        present = set()
+        for pod in pods:
+            meta = pod["metadata"]
+            cluster = meta["labels"][builders.LABEL_CLUSTER]
+            key = (meta["uid"], meta["name"])
+            present.add(key)
+            if key in self.nodes:
+                continue
+            node = SimNode(self.store, Keys(f"{self.namespace}.{cluster}"), meta["name"])
+            await node.start()
+            self.nodes[key] = node
+            status = {
+                "phase": "Running",
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+            await self.kube.patch_merge(
+                "v1", "Pod", self.namespace, meta["name"], {"status": status}, subresource="status"
+            )
+        for key in set(self.nodes) - present:
+            await self.nodes.pop(key).stop()
+
+    async def stop(self) -> None:
+        for node in self.nodes.values():
+            await node.stop()
+        self.nodes.clear()
+
+
+@dataclasses.dataclass
+class Bed:
+    kind: str
+    kube: KubeApi
+    namespace: str
+    etcd_endpoint: str
+    runners: CoordinatorRunners
+    kubelet: SimKubelet | None
+    image: str = "headrace-node:test"
+    passes: int = 0
+
+    @property
+    def real(self) -> bool:
+        return self.kind == "real"
+
+    async def connect(self, ref: ClusterRef, spec: StreamingClusterSpec) -> ClusterControl | None:
+        config = RunnerConfig(
+            metastore_url=spec.metastore.url(),
+            cluster=ref.metastore_cluster,
+            pchannels=tuple(spec.pchannel_names),
+            wal_backend=spec.wal.backend,
+            lease_ttl_s=float(spec.lease_ttl_seconds),
+            retry_s=0.2,
+            relist_interval_s=0.3,
+            balance_interval_s=0.5,
+        )
+        runner = await self.runners.ensure(f"{ref.namespace}/{ref.name}", config)
+        for _ in range(100):
+            if runner.control() is not None:
+                break
+            await asyncio.sleep(0.02)
+        return runner.control()
+
+    def spec(self, **overrides: Any) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "nodes": 2,
+            "pchannels": 4,
+            "image": self.image,
+            "version": "0.1.0",
+            "metastore": {"etcdEndpoints": [self.etcd_endpoint]},
+            "wal": {"backend": "local", "local": {"size": "1Gi"}},
+            "leaseTTLSeconds": 1,
+        }
+        spec.update(overrides)
+        return spec
+
+    async def create_cluster(self, name: str, **overrides: Any) -> dict[str, Any]:
+        body = {
+            "apiVersion": models.API_VERSION,
+            "kind": "StreamingCluster",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": self.spec(**overrides),
+        }
+        return await self.kube.apply(body)
+
+    async def cluster(self, name: str) -> dict[str, Any]:
+        body = await self.kube.get(*SC, self.namespace, name)
+        assert body is not None, f"StreamingCluster {name} is gone"
+        return body
+
+    async def patch_cluster(self, name: str, patch: Mapping[str, Any]) -> None:
+        await self.kube.patch_merge(*SC, self.namespace, name, patch)
+
+    async def reconcile(self, name: str) -> Pass:
+        kube = self.kube
+        p = Pass(
+            body=await self.cluster(name),
+            kube=kube,
+            events=KubeEventSink(kube, "test"),
+            probe=TcpProbe(timeout=1.0),
+            connect=self.connect,
+            now=datetime.datetime.now(datetime.UTC),
+        )
+        await run_pass(p)
+        self.passes += 1
+        if self.kubelet is not None:
+            await self.kubelet.sync()
+        return p
+
+    async def converge(
+        self,
+        name: str,
+        done: Callable[[dict[str, Any]], bool],
+        timeout: float = 30.0,
+        what: str = "the awaited state",
+    ) -> dict[str, Any]:
+        """Run passes until ``done(cluster)`` holds (checked after each pass)."""
+        deadline = time.monotonic() + (timeout * 4 if self.real else timeout)
+        while True:
+            await self.reconcile(name)
+            body = await self.cluster(name)
+            if done(body):
+                return body
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} did not reach {what}; status={body.get('status')}")
+            await asyncio.sleep(0.3 if self.real else 0.05)
+
+    async def until(
+        self,
+        name: str,
+        check: Callable[[], Awaitable[bool]],
+        timeout: float = 30.0,
+        what: str = "the awaited state",
+    ) -> None:
+        """Run passes until ``await check()`` holds (checked after each pass)."""
+        deadline = time.monotonic() + (timeout * 4 if self.real else timeout)
+        while True:
+            await self.reconcile(name)
+            if await check():
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} did not reach {what}")
+            await asyncio.sleep(0.3 if self.real else 0.05)
+
+    async def pods(self, cluster: str) -> dict[str, dict[str, Any]]:
+        labels = builders.selector_labels(cluster)
+        return {
+            p["metadata"]["name"]: p
+            for p in await self.kube.list("v1", "Pod", self.namespace, labels)
+            if not p["metadata"].get("deletionTimestamp")
+        }
+
+    async def event_reasons(self) -> list[str]:
+        events = await self.kube.list("v1", "Event", self.namespace, {})
+        ordered = sorted(events, key=lambda e: (e.get("eventTime") or "", e["metadata"]["name"]))
+        return [
+            e["reason"]
+            for e in ordered
+            if e.get("source", {}).get("component") == "headrace-operator"
+        ]
+
+    async def control(self, cluster: str) -> ClusterControl:
+        runner = self.runners.get(f"{self.namespace}/{cluster}")
+        assert runner is not None and runner.control() is not None
+        control = runner.control()
+        assert control is not None
+        return control
+
+
+def condition(body: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    for item in (body.get("status") or {}).get("conditions") or []:
+        if item["type"] == kind:
+            return dict(item)
+    return {}
+
+
+def is_ready(body: Mapping[str, Any]) -> bool:
+    return condition(body, "Ready").get("status") == "True"
+
+
+@contextlib.asynccontextmanager
+async def tcp_listener() -> AsyncIterator[str]:
+    """A loopback port that accepts connections (stands for etcd in the fake bed)."""
+
+    async def handle(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def install_crds(kube: KubernetesApi) -> None:
+    for kind in models.KINDS:
+        await kube.apply(crdgen.crd(kind))
+    for kind in models.KINDS:
+        for _ in range(200):
+            crd = await kube.get(
+                "apiextensions.k8s.io/v1",
+                "CustomResourceDefinition",
+                "",
+                f"{crdgen.plural(kind)}.{models.GROUP}",
+            )
+            established = [
+                c
+                for c in (crd or {}).get("status", {}).get("conditions", [])
+                if c["type"] == "Established" and c["status"] == "True"
+            ]
+            if established:
+                break
+            await asyncio.sleep(0.05)
+
+
+async def _fake_bed(tmp_path: Path) -> AsyncIterator[Bed]:
+    path = tmp_path / "meta.db"
+    store = await SqliteMetastore.open(str(path), reap_interval=0.05, busy_timeout=30.0)
+
+    async def opener(_url: str) -> Metastore:
+        return await SqliteMetastore.open(str(path), reap_interval=0.05, busy_timeout=30.0)
+
+    kube = FakeKube()
+    runners = CoordinatorRunners("test-operator", opener=opener)
+    kubelet = SimKubelet(kube, store, "ns")
+    try:
+        async with tcp_listener() as endpoint:
+            yield Bed("fake", kube, "ns", endpoint, runners, kubelet)
+    finally:
+        await runners.stop_all()
+        await kubelet.stop()
+        await store.close()
+
+
+async def _real_bed(testbed: KubeTestbed) -> AsyncIterator[Bed]:
+    kube = KubernetesApi(testbed.api_client())
+    await install_crds(kube)
+    namespace = f"op-{uuid.uuid4().hex[:8]}"
+    await kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    for _ in range(200):
+        if await kube.get("v1", "ServiceAccount", namespace, "default") is not None:
+            break
+        await asyncio.sleep(0.05)
+    runners = CoordinatorRunners("test-operator")
+    try:
+        yield Bed("real", kube, namespace, testbed.cluster.etcd.endpoint, runners, None)
+    finally:
+        await runners.stop_all()
+        await kube.delete("v1", "Namespace", "", namespace)
+        kube.close()
+
+
+@pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.kube)])
+async def bed(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Bed]:
+    if request.param == "fake":
+        async for item in _fake_bed(tmp_path):
+            yield item
+    else:
+        testbed: KubeTestbed = request.getfixturevalue("kube_cluster")
+        async for item in _real_bed(testbed):
+            yield item

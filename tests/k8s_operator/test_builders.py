@@ -1,0 +1,183 @@
+"""The pure builders of a StreamingCluster's objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from headrace_operator import builders, models
+from headrace_operator.builders import ClusterRef
+
+REF = ClusterRef(name="demo", namespace="streams", uid="uid-1", generation=3)
+
+
+def spec(**overrides: Any) -> models.StreamingClusterSpec:
+    raw: dict[str, Any] = {
+        "nodes": 3,
+        "pchannels": 4,
+        "image": "registry.local/headrace-node:0.1.0",
+        "version": "0.1.0",
+        "metastore": {"etcdEndpoints": ["etcd:2379"]},
+    }
+    raw.update(overrides)
+    return models.parse_cluster_spec(raw)
+
+
+def env_names(pod: dict[str, Any]) -> set[str]:
+    return {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_node_pod_runs_headrace_node_with_its_identity() -> None:
+    pod = builders.node_pod(REF, spec(), 2)
+    assert pod["metadata"]["name"] == "demo-node-2"
+    assert pod["metadata"]["labels"][builders.LABEL_ORDINAL] == "2"
+    assert pod["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "streaming.headrace.io/v1alpha1",
+        "kind": "StreamingCluster",
+        "name": "demo",
+        "uid": "uid-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["headrace", "node"]
+    args = container["args"]
+    assert args[args.index("--node-id") + 1] == "demo-node-2"
+    assert args[args.index("--listen") + 1] == "$(POD_IP):19530"
+    assert args[args.index("--wal") + 1] == "local"
+    assert args[args.index("--wal-dir") + 1] == builders.WAL_MOUNT
+    assert pod["spec"]["volumes"] == [
+        {"name": "wal", "persistentVolumeClaim": {"claimName": "demo-wal-2"}}
+    ]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["serviceAccountName"] == "demo-node"
+    assert container["readinessProbe"]["grpc"]["port"] == 19530
+
+
+def test_config_map_carries_what_the_node_reads() -> None:
+    data = builders.config_map(REF, spec(leaseTTLSeconds=9))["data"]
+    assert data["HEADRACE_METASTORE"] == "etcd://etcd:2379"
+    assert data["HEADRACE_CLUSTER"] == "streams.demo"
+    assert data["HEADRACE_LEASE_TTL"] == "9"
+    assert data["HEADRACE_PCHANNELS"] == "pchannel-000,pchannel-001,pchannel-002,pchannel-003"
+
+
+def test_kafka_backend_wiring() -> None:
+    wal = {
+        "backend": "kafka",
+        "kafka": {
+            "bootstrapServers": ["k-0:9092", "k-1:9092"],
+            "sasl": {"secretName": "kafka-user", "mechanism": "PLAIN"},
+            "tls": {"secretName": "kafka-ca"},
+        },
+    }
+    s = spec(wal=wal)
+    pod = builders.node_pod(REF, s, 0)
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--kafka-bootstrap") + 1] == "$(HEADRACE_KAFKA_BOOTSTRAP)"
+    assert "--wal-dir" not in args
+    assert builders.config_map(REF, s)["data"]["HEADRACE_KAFKA_BOOTSTRAP"] == "k-0:9092,k-1:9092"
+    assert {"HEADRACE_KAFKA_SASL_USERNAME", "HEADRACE_KAFKA_SASL_PASSWORD"} <= env_names(pod)
+    assert {"name": "kafka-tls", "secret": {"secretName": "kafka-ca"}} in pod["spec"]["volumes"]
+    assert all(v["name"] != "wal" for v in pod["spec"]["volumes"])
+
+
+def test_pulsar_backend_wiring() -> None:
+    wal = {
+        "backend": "pulsar",
+        "pulsar": {
+            "serviceUrl": "pulsar://broker:6650",
+            "authSecretRef": {"name": "pulsar-jwt", "key": "token"},
+        },
+    }
+    pod = builders.node_pod(REF, spec(wal=wal), 0)
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--pulsar-url") + 1] == "$(HEADRACE_PULSAR_URL)"
+    assert "HEADRACE_PULSAR_TOKEN" in env_names(pod)
+
+
+def test_template_hash_follows_pod_and_config_changes() -> None:
+    base = builders.template_hash(REF, spec(), 0)
+    assert builders.template_hash(REF, spec(), 0) == base
+    assert builders.template_hash(REF, spec(image="other:1"), 0) != base
+    assert builders.template_hash(REF, spec(version="0.2.0"), 0) != base
+    assert builders.template_hash(REF, spec(leaseTTLSeconds=30), 0) != base
+    assert builders.template_hash(REF, spec(nodes=5), 0) == base, "scaling restarts nothing"
+    assert builders.template_hash(REF, spec(), 1) != base
+
+
+def test_volume_is_owned_only_when_data_goes_with_the_cluster() -> None:
+    kept = builders.pvc(REF, spec(), 1)
+    assert "ownerReferences" not in kept["metadata"]
+    assert kept["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    owned = builders.pvc(
+        REF,
+        spec(
+            deleteDataOnDelete=True,
+            wal={"backend": "local", "local": {"size": "5Gi", "storageClassName": "fast"}},
+        ),
+        1,
+    )
+    assert owned["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert owned["spec"]["storageClassName"] == "fast"
+
+
+def test_disruption_budget_allows_one_node_down() -> None:
+    budget = builders.pod_disruption_budget(REF, spec(nodes=3))
+    assert budget is not None
+    assert budget["spec"]["minAvailable"] == 2
+    assert budget["spec"]["selector"]["matchLabels"] == builders.selector_labels("demo")
+    assert builders.pod_disruption_budget(REF, spec(nodes=1)) is None
+
+
+def test_services_select_the_node_pods() -> None:
+    headless = builders.headless_service(REF)
+    client = builders.client_service(REF)
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert client["spec"]["type"] == "ClusterIP"
+    for service in (headless, client):
+        assert service["spec"]["selector"] == builders.selector_labels("demo")
+        assert service["spec"]["ports"][0]["port"] == 19530
+
+
+def test_node_rbac_is_minimal() -> None:
+    role = builders.node_role(REF)
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["demo-config"],
+            "verbs": ["get"],
+        }
+    ]
+    binding = builders.node_role_binding(REF)
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "demo-node", "namespace": "streams"}
+    ]
+    assert builders.service_account(REF)["automountServiceAccountToken"] is False
+
+
+def test_pchannel_assignment_leaves_the_pin_to_the_user() -> None:
+    obj = builders.pchannel_assignment(REF, "pchannel-003")
+    assert obj["metadata"]["name"] == "demo-pchannel-003"
+    assert obj["spec"] == {"cluster": "demo", "pchannel": "pchannel-003"}
+
+
+def test_needs_apply_detects_missing_drift_and_dropped_fields() -> None:
+    desired = builders.stamped(builders.config_map(REF, spec()))
+    assert builders.needs_apply(desired, None)
+    live = {**desired, "metadata": {**desired["metadata"], "resourceVersion": "7", "uid": "x"}}
+    assert not builders.needs_apply(desired, live), "server-added fields are ignored"
+    drifted = {**live, "data": {**live["data"], "HEADRACE_LEASE_TTL": "99"}}
+    assert builders.needs_apply(desired, drifted)
+    fewer = builders.stamped(builders.pvc(REF, spec(), 0))
+    before = builders.stamped(builders.pvc(REF, spec(deleteDataOnDelete=True), 0))
+    assert builders.needs_apply(fewer, before), "dropping ownerReferences must be applied"
+
+
+def test_ordinal_of_pod_names() -> None:
+    assert builders.ordinal_of("demo", "demo-node-12") == 12
+    assert builders.ordinal_of("demo", "demo-node-012") is None
+    assert builders.ordinal_of("demo", "demo-node-x") is None
+    assert builders.ordinal_of("demo", "other-node-1") is None

@@ -1,0 +1,209 @@
+"""The Helm chart: lint, render with defaults, dry-run on a real API server,
+and a reconcile pass run with exactly the permissions the chart grants."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+from headrace_operator import models
+from headrace_operator.coordinator_runner import CoordinatorRunners
+from headrace_operator.events import KubeEventSink
+from headrace_operator.kube import KubernetesApi
+from headrace_operator.probe import TcpProbe
+from headrace_operator.steps import Pass, run_pass
+from headrace_testbed import TestbedError
+from headrace_testbed.helm import Helm, ensure_helm
+from tests.fixtures_kube import KubeTestbed
+from tests.k8s_operator.op_harness import Bed, install_crds
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "headrace-operator"
+KUBE_VERSION = "1.34.4"
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    try:
+        binary = ensure_helm()
+    except TestbedError as exc:
+        pytest.fail(f"cannot build helm: {exc}", pytrace=False)
+    home = tmp_path_factory.mktemp("helm-offline")
+    return Helm(binary, home / "no-kubeconfig", home)
+
+
+def render(
+    helm: Helm, *args: str, release: str = "rel", namespace: str = "ops"
+) -> list[dict[str, Any]]:
+    text = helm.run(
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--kube-version",
+        KUBE_VERSION,
+        *args,
+    )
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        out.setdefault(doc["kind"], []).append(doc)
+    return out
+
+
+def test_lint(helm: Helm) -> None:
+    output = helm.run("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION)
+    assert "0 chart(s) failed" in output
+
+
+def test_defaults_render_a_non_root_deployment_and_cluster_rbac(helm: Helm) -> None:
+    kinds = by_kind(render(helm))
+    assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    deployment = kinds["Deployment"][0]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    container = pod["containers"][0]
+    assert container["image"] == "headrace-operator:0.1.0"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["args"] == ["--liveness=http://0.0.0.0:8080/healthz", "--resync-seconds=10"]
+    assert pod["serviceAccountName"] == "rel-headrace-operator"
+    binding = kinds["ClusterRoleBinding"][0]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rel-headrace-operator", "namespace": "ops"}
+    ]
+
+
+def test_rbac_is_least_privilege(helm: Helm) -> None:
+    rules = by_kind(render(helm))["ClusterRole"][0]["rules"]
+    granted = {
+        (group, resource): set(rule["verbs"])
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    for (group, resource), verbs in granted.items():
+        assert "*" not in verbs and group != "*" and resource != "*"
+        assert resource not in ("secrets", "nodes", "clusterroles", "customresourcedefinitions")
+        assert not {"escalate", "bind", "impersonate", "deletecollection"} & verbs
+    assert granted[("", "pods")] == {"get", "list", "create", "patch", "delete"}
+    assert granted[("streaming.headrace.io", "streamingclusters")] == {
+        "get",
+        "list",
+        "watch",
+        "patch",
+    }
+    assert ("streaming.headrace.io", "upgradeplans") not in granted, "not used yet"
+
+
+def test_watched_namespaces_get_roles_instead(helm: Helm) -> None:
+    kinds = by_kind(render(helm, "--set", "watchNamespaces={a,b}", "--set", "logVerbosity=1"))
+    assert "ClusterRole" not in kinds
+    assert sorted(r["metadata"]["namespace"] for r in kinds["Role"]) == ["a", "b"]
+    assert sorted(r["metadata"]["namespace"] for r in kinds["RoleBinding"]) == ["a", "b"]
+    args = kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=a" in args and "--namespace=b" in args and "-v" in args
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    for path in (CHART / "crds").glob("*.yaml"):
+        assert path.read_text() == (CHART.parents[1] / "crds" / path.name).read_text()
+
+
+@pytest.fixture
+def namespace(kube_cluster: KubeTestbed) -> Iterator[str]:
+    name = f"chart-{uuid.uuid4().hex[:8]}"
+    with kube_cluster.api_client() as api:
+        core = kubernetes.client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": name}})
+        yield name
+        core.delete_namespace(name)
+
+
+@pytest.mark.kube
+async def test_rendered_chart_passes_server_side_dry_run(
+    helm: Helm, kube_cluster: KubeTestbed, namespace: str
+) -> None:
+    docs = render(helm, "--include-crds", namespace=namespace)
+    api = KubernetesApi(kube_cluster.api_client())
+    try:
+        for doc in docs:
+            result = await api.dry_run_apply(doc)
+            assert result["kind"] == doc["kind"]
+            assert (
+                await api.get(doc["apiVersion"], doc["kind"], namespace, doc["metadata"]["name"])
+                is None
+                or doc["kind"] == "CustomResourceDefinition"
+            )
+    finally:
+        api.close()
+
+
+def service_account_client(admin: Any, namespace: str, account: str) -> Any:
+    """An API client that authenticates as ``namespace/account`` (TokenRequest)."""
+    core = kubernetes.client.CoreV1Api(admin)
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 900},
+    }
+    token = core.create_namespaced_service_account_token(account, namespace, request).status.token
+    configuration = copy.copy(admin.configuration)
+    configuration.cert_file = None
+    configuration.key_file = None
+    configuration.api_key = {"BearerToken": f"Bearer {token}"}
+    return kubernetes.client.ApiClient(configuration)
+
+
+@pytest.mark.kube
+@pytest.mark.timeout(300)
+async def test_a_pass_needs_no_more_than_the_chart_grants(
+    helm: Helm, kube_cluster: KubeTestbed, namespace: str
+) -> None:
+    release = f"r{uuid.uuid4().hex[:6]}"
+    docs = [
+        d for d in render(helm, release=release, namespace=namespace) if d["kind"] != "Deployment"
+    ]
+    admin = KubernetesApi(kube_cluster.api_client())
+    await install_crds(admin)
+    for doc in docs:
+        await admin.apply(doc)
+    account = f"{release}-headrace-operator"
+    operator = KubernetesApi(service_account_client(admin.api_client, namespace, account))
+    runners = CoordinatorRunners("rbac-test")
+    user = Bed("real", admin, namespace, kube_cluster.cluster.etcd.endpoint, runners, None)
+    try:
+        await user.create_cluster("least", nodes=1, pchannels=2, deleteDataOnDelete=True)
+        for nodes in (1, 0):
+            await user.patch_cluster("least", {"spec": {"nodes": nodes}})
+            p = Pass(
+                body=await user.cluster("least"),
+                kube=operator,
+                events=KubeEventSink(operator, "rbac-test"),
+                probe=TcpProbe(),
+                connect=user.connect,
+                now=datetime.datetime.now(datetime.UTC),
+            )
+            await run_pass(p)
+            assert p.failures == [], p.failures
+        assert await admin.get("v1", "ServiceAccount", namespace, "least-node") is not None
+        assert "NodePodCreated" in await user.event_reasons()
+        body = await admin.get(models.API_VERSION, "StreamingCluster", namespace, "least")
+        assert body is not None and body["status"]["nodesDesired"] == 0
+    finally:
+        await runners.stop_all()
+        for doc in docs:
+            if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+                await admin.delete(doc["apiVersion"], doc["kind"], "", doc["metadata"]["name"])
+        operator.close()
+        admin.close()

@@ -1,0 +1,120 @@
+"""The pure node plan: creation, drain-before-delete, restarts, one at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from headrace.cluster import Assignment, AssignmentState
+from headrace_operator.nodeplan import (
+    ActionKind,
+    NodeFacts,
+    PodView,
+    holdings,
+    plan_nodes,
+)
+
+H = {i: f"hash-{i}" for i in range(8)}
+
+
+def pod(i: int, **kw: object) -> PodView:
+    values: dict[str, object] = {
+        "name": f"c-node-{i}",
+        "ordinal": i,
+        "phase": "Running",
+        "ready": True,
+        "template_hash": H[i],
+    }
+    values.update(kw)
+    return PodView(**values)  # type: ignore[arg-type]
+
+
+def facts(
+    holding: dict[str, int], live: set[str] | None = None, frozen: Iterable[str] = ()
+) -> NodeFacts:
+    nodes = live if live is not None else set(holding) | {f"c-node-{i}" for i in range(3)}
+    return NodeFacts(holding=holding, live=frozenset(nodes), frozen=frozenset(frozen))
+
+
+def kinds(plan: object) -> list[tuple[ActionKind, str]]:
+    return [(a.kind, a.node) for a in plan.actions]  # type: ignore[attr-defined]
+
+
+def test_missing_pods_are_created() -> None:
+    plan = plan_nodes("c", 3, H, {0: pod(0)}, None)
+    assert kinds(plan) == [(ActionKind.CREATE, "c-node-1"), (ActionKind.CREATE, "c-node-2")]
+
+
+def test_scale_down_drains_highest_first_and_waits() -> None:
+    pods = {i: pod(i) for i in range(4)}
+    plan = plan_nodes("c", 2, H, pods, facts({"c-node-3": 2, "c-node-2": 1, "c-node-0": 1}))
+    assert kinds(plan) == [(ActionKind.START_DRAIN, "c-node-3")]
+    pods[3] = pod(3, draining="scale-down")
+    plan = plan_nodes("c", 2, H, pods, facts({"c-node-3": 1, "c-node-0": 1}))
+    assert kinds(plan) == []
+    assert "draining c-node-3: 1 pchannel(s) still on it" in plan.waiting
+    plan = plan_nodes("c", 2, H, pods, facts({"c-node-0": 3}))
+    assert kinds(plan) == [(ActionKind.DELETE_DRAINED, "c-node-3")]
+
+
+def test_scale_down_without_the_metastore_never_deletes() -> None:
+    pods = {0: pod(0), 1: pod(1, draining="scale-down")}
+    plan = plan_nodes("c", 1, H, pods, None)
+    assert kinds(plan) == []
+    assert any("metastore unreachable" in w for w in plan.waiting)
+
+
+def test_last_node_counts_as_drained() -> None:
+    pods = {0: pod(0, draining="scale-down")}
+    plan = plan_nodes(
+        "c", 0, H, pods, facts({"c-node-0": 4}, live={"c-node-0"}, frozen={"c-node-0"})
+    )
+    assert kinds(plan) == [(ActionKind.DELETE_DRAINED, "c-node-0")]
+
+
+def test_scale_up_cancels_a_scale_down_drain() -> None:
+    pods = {0: pod(0), 1: pod(1, draining="scale-down")}
+    plan = plan_nodes("c", 2, H, pods, facts({"c-node-0": 2}, frozen={"c-node-1"}))
+    assert kinds(plan) == [(ActionKind.CANCEL_DRAIN, "c-node-1")]
+
+
+def test_recreated_pod_of_a_frozen_node_is_unfrozen() -> None:
+    plan = plan_nodes("c", 1, H, {0: pod(0)}, facts({}, frozen={"c-node-0"}))
+    assert kinds(plan) == [(ActionKind.UNFREEZE, "c-node-0")]
+
+
+def test_terminated_pods_are_replaced_and_terminating_ones_awaited() -> None:
+    pods = {0: pod(0, phase="Failed", ready=False), 1: pod(1, terminating=True)}
+    plan = plan_nodes("c", 2, H, pods, facts({}))
+    assert kinds(plan) == [(ActionKind.DELETE_TERMINATED, "c-node-0")]
+    assert plan.waiting == ("pod c-node-1 is terminating",)
+
+
+def test_restart_drains_one_busy_pod_at_a_time_and_replaces_idle_ones() -> None:
+    stale = {i: pod(i, template_hash="old") for i in range(3)}
+    plan = plan_nodes("c", 3, H, stale, facts({"c-node-0": 1, "c-node-1": 1, "c-node-2": 0}))
+    assert kinds(plan) == [(ActionKind.REPLACE_IDLE, "c-node-2")]
+    stale[2] = pod(2)
+    plan = plan_nodes("c", 3, H, stale, facts({"c-node-0": 1, "c-node-1": 1}))
+    assert kinds(plan) == [(ActionKind.START_DRAIN, "c-node-1")]
+    stale[1] = pod(1, template_hash="old", draining="restart")
+    plan = plan_nodes("c", 3, H, stale, facts({"c-node-0": 1, "c-node-1": 1}))
+    assert kinds(plan) == [], "node 0 waits for node 1"
+    plan = plan_nodes("c", 3, H, stale, facts({"c-node-0": 1, "c-node-2": 1}))
+    assert kinds(plan) == [(ActionKind.DELETE_DRAINED, "c-node-1")]
+
+
+def test_restart_waits_for_every_pod_to_be_ready() -> None:
+    pods = {0: pod(0, template_hash="old"), 1: pod(1, ready=False)}
+    plan = plan_nodes("c", 2, H, pods, facts({"c-node-0": 2}))
+    assert kinds(plan) == []
+    assert "restart of c-node-0 waits until every node pod is ready" in plan.waiting
+
+
+def test_holdings_count_holder_and_destination() -> None:
+    records = [
+        Assignment(pchannel="p0", state=AssignmentState.ASSIGNED, term=1, node="a"),
+        Assignment(pchannel="p1", state=AssignmentState.UNASSIGNING, term=2, node="a", target="b"),
+        Assignment(pchannel="p2", state=AssignmentState.UNASSIGNED, term=3, node="b"),
+        Assignment(pchannel="p3", state=AssignmentState.ASSIGNING, term=1, node="c"),
+    ]
+    assert holdings(records) == {"a": 2, "b": 1, "c": 1}
