@@ -3,14 +3,21 @@
 The baseline is the least any durable log must do: a plain loop that writes
 the same encoded messages to a file and fsyncs after every batch. The
 framework WAL appends the same messages in batches of the same size with
-``append_many`` (interceptors, timeticks, group commit, the backend's framing
-and fsync, one backend append per batch) and the ratio of the two rates is the
-figure of merit. The scan reads the written log back through a backend
-scanner (no write-ahead buffer) on a freshly opened backend.
+``append_many`` from one producer (interceptors, timeticks, group commit, the
+backend's framing and fsync, one backend append per batch) and the ratio of
+the two rates, the median of the rounds' own ratios, is the figure of merit.
+Baseline and WAL alternate round by round. Each round also runs the WAL with
+two producers (``*_2p`` fields), whose batches share backend appends.
 
-To show where time goes, the same run also measures the backend writer alone
-(the same pre-encoded batches), the backend reader alone, and
-``codec.decode`` alone.
+The scan reads the written log back through a backend scanner (no
+write-ahead buffer) on a freshly opened backend, in batches
+(``Scanner.next_many``), as the node's consume path does.
+
+The process runs with the product's collector tuning
+(:func:`headrace.runtime.tune_gc`, ``gc_tuned``), as the node and the
+standalone server do. To show where time goes, the same run also measures
+the backend writer alone (the same pre-encoded batches), the backend reader
+alone, and ``codec.decode`` alone.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from headrace import errors
+from headrace import errors, runtime
 from headrace.message import codec
 from headrace.message.types import Message, MessageType
 from headrace.tso import LocalTSO
@@ -39,6 +46,8 @@ from headrace.wal.scanner import open_backend_scanner
 
 VCHANNEL = "bench-v0"
 _STALL_S = 10.0
+_SCAN_BATCH = 1024
+_EXTRA_PRODUCERS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,12 +132,12 @@ async def _backend_append(rnd: _Round, backend: Backend, msgs: list[Message]) ->
 
 
 async def _wal_append(
-    rnd: _Round, backend: Backend, msgs: list[Message]
+    rnd: _Round, backend: Backend, msgs: list[Message], producers: int, pchannel: str
 ) -> tuple[float, list[float]]:
     # One backend append (and fsync) per batch, as in the baseline; a sync
     # tick may ride along with a batch.
     options = WALOptions(max_batch_messages=rnd.batch + 1)
-    wal = await WAL.open(backend, rnd.pchannel, 1, tso=LocalTSO(), options=options)
+    wal = await WAL.open(backend, pchannel, 1, tso=LocalTSO(), options=options)
     batches = [msgs[i : i + rnd.batch] for i in range(0, len(msgs), rnd.batch)]
     latencies: list[float] = []
 
@@ -143,7 +152,7 @@ async def _wal_append(
 
     try:
         start = time.perf_counter()
-        await asyncio.gather(*(produce(batches[k :: rnd.producers]) for k in range(rnd.producers)))
+        await asyncio.gather(*(produce(batches[k::producers]) for k in range(producers)))
         elapsed = time.perf_counter() - start
     finally:
         await wal.close()
@@ -152,14 +161,15 @@ async def _wal_append(
 
 async def _scan(rnd: _Round, backend: Backend, expected: int) -> float:
     options = ReadOptions(types=[MessageType.INSERT])
-    scanner = await open_backend_scanner(backend, rnd.pchannel, options, batch_size=1024)
+    scanner = await open_backend_scanner(backend, rnd.pchannel, options, batch_size=_SCAN_BATCH)
     seen = 0
     try:
         start = time.perf_counter()
         while seen < expected:
-            if await scanner.next(timeout=_STALL_S) is None:
+            entries = await scanner.next_many(_SCAN_BATCH, timeout=_STALL_S)
+            if not entries:
                 raise errors.Unavailable(f"scan stalled after {seen} of {expected} messages")
-            seen += 1
+            seen += len(entries)
         elapsed = time.perf_counter() - start
     finally:
         await scanner.close()
@@ -196,7 +206,13 @@ async def _one_round(rnd: _Round, msgs: list[Message]) -> tuple[dict[str, float]
     fresh = rnd.backend != "memory"
     try:
         figures["backend"] = await _backend_append(rnd, writer_backend, msgs)
-        figures["msgs_per_s"], latencies = await _wal_append(rnd, writer_backend, msgs)
+        figures["msgs_per_s"], latencies = await _wal_append(
+            rnd, writer_backend, msgs, rnd.producers, rnd.pchannel
+        )
+        if rnd.producers != _EXTRA_PRODUCERS:
+            figures["msgs_per_s_2p"], _ = await _wal_append(
+                rnd, writer_backend, msgs, _EXTRA_PRODUCERS, f"{rnd.pchannel}-2p"
+            )
         if not fresh:
             figures["scan"] = await _scan(rnd, writer_backend, len(msgs))
             figures["scan_backend"] = await _raw_scan(rnd, writer_backend)
@@ -223,8 +239,8 @@ async def bench_wal(
     batch: int = 64,
     root: str | os.PathLike[str] | None = None,
     *,
-    producers: int = 2,
-    rounds: int = 3,
+    producers: int = 1,
+    rounds: int = 5,
     settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark; a JSON-ready dict of rates, ratio and latencies.
@@ -232,14 +248,36 @@ async def bench_wal(
     ``settings`` go to the backend factory (e.g. Kafka's bootstrap servers).
     Baseline and WAL alternate for ``rounds`` rounds on fresh files and fresh
     pchannels. Rates are the best round's (noise only ever slows a round
-    down); ``ratio`` is the median of the rounds' own WAL/baseline ratios.
-    The per-round figures come alongside. ``p50_ms``/``p99_ms``
-    are the per-batch ``append_many`` latencies of the fastest WAL round.
+    down); ``ratio`` is the median of the rounds' own WAL/baseline ratios
+    (``ratio_2p`` likewise with two producers, unless ``producers`` is 2).
+    The per-round figures come alongside. ``p50_ms``/``p99_ms`` are the
+    per-batch ``append_many`` latencies of the fastest WAL round.
+    ``loadavg`` is the machine's load average before and after the run.
     """
     if min(messages, batch, producers, rounds) < 1 or size < 0:
         raise errors.InvalidArgument(
             "messages, batch, producers and rounds must be positive, size non-negative"
         )
+    setup = _Setup(backend, messages, size, batch, producers, rounds, dict(settings or {}))
+    with runtime.gc_tuning() as gc_settings:
+        return await _bench(setup, root, gc_settings)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    backend: str
+    messages: int
+    size: int
+    batch: int
+    producers: int
+    rounds: int
+    settings: Mapping[str, Any]
+
+
+async def _bench(
+    setup: _Setup, root: str | os.PathLike[str] | None, gc_settings: runtime.GCSettings
+) -> dict[str, Any]:
+    load_before = os.getloadavg()
     own_root = root is None
     workdir = tempfile.mkdtemp(prefix="headrace-bench-") if root is None else os.fspath(root)
     token = secrets.token_hex(4)
@@ -247,20 +285,20 @@ async def bench_wal(
     best_latencies: list[float] = []
     try:
         os.makedirs(workdir, exist_ok=True)
-        msgs = _messages(messages, size)
-        for r in range(rounds):
+        msgs = _messages(setup.messages, setup.size)
+        for r in range(setup.rounds):
             base_path = os.path.join(workdir, f"baseline-{r}.log")
             rnd = _Round(
-                backend=backend,
-                settings=dict(settings or {}),
+                backend=setup.backend,
+                settings=setup.settings,
                 root=os.path.join(workdir, f"wal-{r}"),
                 pchannel=f"bench-{token}-{r}",
                 raw_pchannel=f"bench-{token}-{r}-raw",
-                batch=batch,
-                producers=producers,
+                batch=setup.batch,
+                producers=setup.producers,
             )
             try:
-                baseline = baseline_rate(base_path, msgs, batch)
+                baseline = baseline_rate(base_path, msgs, setup.batch)
                 figures, latencies = await _one_round(rnd, msgs)
             finally:
                 with contextlib.suppress(FileNotFoundError):
@@ -274,14 +312,17 @@ async def bench_wal(
     finally:
         if own_root:
             shutil.rmtree(workdir, ignore_errors=True)
-    setup = {
-        "backend": backend,
-        "messages": messages,
-        "size": size,
-        "batch": batch,
-        "producers": producers,
+    described = {
+        "backend": setup.backend,
+        "messages": setup.messages,
+        "size": setup.size,
+        "batch": setup.batch,
+        "producers": setup.producers,
+        "gc_tuned": runtime.gc_tuned(),
+        "gc_thresholds": list(gc_settings.thresholds),
+        "loadavg": [round(x, 2) for x in (*load_before, *os.getloadavg())],
     }
-    return _summary(setup, per_round, best_latencies)
+    return _summary(described, per_round, best_latencies)
 
 
 def _summary(
@@ -294,11 +335,18 @@ def _summary(
     # drifts on a shared machine); the median round is reported.
     for x in per_round:
         x["ratio"] = x["msgs_per_s"] / x["baseline"] if x["baseline"] else 0.0
+        if "msgs_per_s_2p" in x:
+            x["ratio_2p"] = x["msgs_per_s_2p"] / x["baseline"] if x["baseline"] else 0.0
+    extra: dict[str, float] = {}
+    if all("ratio_2p" in x for x in per_round):
+        extra["msgs_per_s_2p"] = round(best("msgs_per_s_2p"), 1)
+        extra["ratio_2p"] = round(statistics.median(x["ratio_2p"] for x in per_round), 3)
     return {
         **setup,
         "msgs_per_s": round(best("msgs_per_s"), 1),
         "baseline_msgs_per_s": round(best("baseline"), 1),
         "ratio": round(statistics.median(x["ratio"] for x in per_round), 3),
+        **extra,
         "p50_ms": round(statistics.median(latencies) * 1000, 3) if latencies else 0.0,
         "p99_ms": round(_percentile(latencies, 0.99) * 1000, 3),
         "scan_msgs_per_s": round(best("scan"), 1),
@@ -306,6 +354,7 @@ def _summary(
         "backend_scan_records_per_s": round(best("scan_backend"), 1),
         "decode_msgs_per_s": round(best("decode"), 1),
         "rounds": [
-            {k: round(v, 3 if k == "ratio" else 1) for k, v in x.items()} for x in per_round
+            {k: round(v, 3 if k.startswith("ratio") else 1) for k, v in x.items()}
+            for x in per_round
         ],
     }

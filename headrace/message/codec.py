@@ -24,13 +24,22 @@ The fixed 32-byte header lets scanners read type, vchannel, timetick and term
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from headrace import errors
-from headrace.message.types import DEFAULT_MAX_MESSAGE_BYTES, Message, MessageType
+from headrace.message.ids import MessageID
+from headrace.message.types import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    EMPTY_PROPERTIES,
+    MESSAGE_SLOT_SETTERS,
+    LogEntry,
+    Message,
+    MessageType,
+)
 
 MAGIC = b"HM"
 FORMAT_VERSION = 1
@@ -106,12 +115,13 @@ def encode(msg: Message, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> bytes:
 
 def _encode(msg: Message, max_size: int) -> bytes:
     vch = msg.vchannel.encode()
-    if len(vch) > 0xFFFF:
+    vlen = len(vch)
+    if vlen > 0xFFFF:
         raise errors.InvalidArgument("vchannel name longer than 65535 bytes")
     properties = msg.properties
     payload = msg.payload
     txn_id = msg.txn_id
-    size = HEADER_SIZE + len(vch) + len(payload) + 4
+    size = HEADER_SIZE + vlen + len(payload) + 4
     if txn_id:
         size += 8
     if properties:
@@ -121,20 +131,21 @@ def _encode(msg: Message, max_size: int) -> bytes:
             f"message of {size} bytes (payload {len(payload)}) exceeds the "
             f"maximum of {max_size} bytes; nothing was written"
         )
-    props = _encode_properties(properties)
-    head = _HEADER.pack(
+    props = _encode_properties(properties) if properties else b""
+    # IntEnum type codes pack as they are.
+    prefix = _HEADER.pack(
         MAGIC,
         FORMAT_VERSION,
-        int(msg.type),
+        msg.type,
         _FLAG_TXN if txn_id else 0,
         0,
-        len(vch),
+        vlen,
         msg.timetick,
         msg.term,
         len(payload),
         len(props),
     )
-    prefix = head + vch + _TXN.pack(txn_id) + props if txn_id else head + vch + props
+    prefix += vch + _TXN.pack(txn_id) + props if txn_id else vch + props
     # One copy of the payload: the CRC runs over the prefix, then the payload.
     crc = zlib.crc32(payload, zlib.crc32(prefix))
     return b"".join((prefix, payload, _CRC.pack(crc)))
@@ -224,4 +235,130 @@ def _decode_properties(view: memoryview) -> dict[str, str]:
         raise errors.CorruptData(f"malformed message properties: {exc}") from None
     if pos != len(view):
         raise errors.CorruptData("malformed message properties: trailing bytes")
+    return out
+
+
+# -- bulk decoding -------------------------------------------------------------
+
+
+class Skipped(NamedTuple):
+    """A record :func:`decode_block` did not decode in full: its id and header."""
+
+    id: MessageID
+    type: MessageType
+    vchannel: str
+    timetick: int
+    term: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeaderFilter:
+    """Which messages without a txn id :func:`decode_block` decodes in full.
+
+    The rule of a reader's filters, on header fields only: ``vchannels``
+    (empty: any; messages without a vchannel always pass), ``types`` (type
+    codes; empty: any) and ``min_timetick`` (inclusive).
+    """
+
+    vchannels: frozenset[str] = frozenset()
+    types: frozenset[int] = frozenset()
+    min_timetick: int = 0
+
+    def accepts(self, type_code: int, vchannel: str, timetick: int) -> bool:
+        if self.vchannels and vchannel and vchannel not in self.vchannels:
+            return False
+        if self.types and type_code not in self.types:
+            return False
+        return timetick >= self.min_timetick
+
+
+_MIN_SIZE = HEADER_SIZE + 4
+_VCHANNELS: dict[bytes, str] = {}
+"""Decoded vchannel names by their bytes (a pchannel carries few of them)."""
+_VCHANNELS_MAX = 4096
+_new_tuple = tuple.__new__
+
+
+def _vchannel_of(raw: bytes) -> str:
+    name = _decode_vchannel(raw)
+    if len(_VCHANNELS) >= _VCHANNELS_MAX:
+        _VCHANNELS.clear()
+    _VCHANNELS[raw] = name
+    return name
+
+
+def decode_block(
+    data: bytes,
+    bounds: Sequence[int],
+    ids: Sequence[MessageID],
+    *,
+    verify: bool = True,
+    keep: HeaderFilter | None = None,
+) -> list[LogEntry | Skipped]:
+    """Decode many records of one buffer: record ``i`` is ``data[bounds[2i]:bounds[2i+1]]``.
+
+    Every record is checked as :func:`decode` checks it (``verify`` as
+    there) and comes back as ``LogEntry(ids[i], message)``, in order. With
+    ``keep``, a message without a txn id that ``keep`` rejects comes back as
+    a :class:`Skipped` instead: no payload copied, no message built.
+    CorruptData on the first bad record.
+    """
+    if len(bounds) != 2 * len(ids):
+        raise errors.InvalidArgument(
+            f"a block of {len(ids)} records needs {2 * len(ids)} bounds, got {len(bounds)}"
+        )
+    out: list[LogEntry | Skipped] = []
+    append = out.append
+    unpack, unpack_crc, crc32 = _HEADER.unpack_from, _CRC.unpack_from, zlib.crc32
+    view = memoryview(data)
+    types, cache, new_tuple, new = _TYPES, _VCHANNELS, _new_tuple, object.__new__
+    set_type, set_vch, set_payload, set_props, set_tt, set_term, set_txn = MESSAGE_SLOT_SETTERS
+    check = keep is not None
+    kv, kt, kmin = (keep.vchannels, keep.types, keep.min_timetick) if keep else (None, None, 0)
+    prev_raw, prev_vch = b"", ""
+    spans = iter(bounds)
+    for mid, start, end in zip(ids, spans, spans, strict=True):
+        if end - start < _MIN_SIZE:
+            decode(view[start:end], verify=verify)  # raises CorruptData
+        magic, version, tcode, flags, _res, vlen, tt, term, plen, rlen = unpack(data, start)
+        if verify and crc32(view[start : end - 4]) != unpack_crc(data, end - 4)[0]:
+            decode(view[start:end])  # raises: what is wrong with the header, else the CRC
+            raise errors.CorruptData("message CRC mismatch")
+        if (
+            flags
+            or rlen
+            or magic != MAGIC
+            or version != FORMAT_VERSION
+            or tcode not in types
+            or end - start != HEADER_SIZE + vlen + plen + 4
+        ):
+            # Transactions and properties, or a bad header (decode() says what).
+            msg = decode(view[start:end], verify=False)
+            if keep is None or msg.txn_id or keep.accepts(tcode, msg.vchannel, tt):
+                append(new_tuple(LogEntry, (mid, msg)))
+            else:
+                append(new_tuple(Skipped, (mid, msg.type, msg.vchannel, tt, term)))
+            continue
+        vstart = start + HEADER_SIZE
+        pos = vstart + vlen
+        if vlen == len(prev_raw) and data.startswith(prev_raw, vstart):
+            vch = prev_vch  # the same vchannel as the previous message
+        elif vlen:
+            prev_raw = data[vstart:pos]
+            vch = prev_vch = cache.get(prev_raw) or _vchannel_of(prev_raw)
+        else:
+            vch = ""
+        kind = types[tcode]
+        if check and ((kv and vch and vch not in kv) or (kt and tcode not in kt) or tt < kmin):
+            append(new_tuple(Skipped, (mid, kind, vch, tt, term)))
+            continue
+        msg = new(Message)
+        set_type(msg, kind)
+        set_vch(msg, vch)
+        set_payload(msg, data[pos : pos + plen])
+        set_props(msg, EMPTY_PROPERTIES)
+        set_tt(msg, tt)
+        set_term(msg, term)
+        set_txn(msg, 0)
+        append(new_tuple(LogEntry, (mid, msg)))
     return out

@@ -17,6 +17,7 @@ import asyncio
 import bisect
 import dataclasses
 
+from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.message.types import LogEntry
 
@@ -55,12 +56,25 @@ class WriteAheadBuffer:
 
     def extend(self, entries: list[tuple[LogEntry, int, bool]]) -> None:
         """Add ``(entry, encoded size, persisted)`` triples in log order."""
-        for entry, size, persisted in entries:
-            self._entries.append(entry)
-            self._tts.append(entry.message.timetick)
-            self._sizes.append(size)
-            self._persisted.append(persisted)
-            self._bytes += size
+        self.extend_columns(
+            [e for e, _, _ in entries],
+            [e.message.timetick for e, _, _ in entries],
+            [size for _, size, _ in entries],
+            [persisted for _, _, persisted in entries],
+        )
+
+    def extend_columns(
+        self, entries: list[LogEntry], timeticks: list[int], sizes: list[int], persisted: list[bool]
+    ) -> None:
+        """:meth:`extend` by columns: entry ``i`` has ``timeticks[i]`` (its
+        message's), encoded size ``sizes[i]`` and ``persisted[i]``."""
+        if not len(entries) == len(timeticks) == len(sizes) == len(persisted):
+            raise errors.InvalidArgument("write-ahead buffer columns differ in length")
+        self._entries += entries
+        self._tts += timeticks
+        self._sizes += sizes
+        self._persisted += persisted
+        self._bytes += sum(sizes)
         self._evict()
         self._wake()
 
@@ -86,15 +100,21 @@ class WriteAheadBuffer:
         self._wake()
 
     def _evict(self) -> None:
-        live = len(self._entries) - self._head
-        while self._bytes > self._max_bytes and live > 1:
-            i = self._head
-            entry = self._entries[i]
+        excess = self._bytes - self._max_bytes
+        if excess <= 0:
+            return
+        head, last = self._head, len(self._entries) - 1
+        sizes = self._sizes
+        i, freed = head, 0
+        while freed < excess and i < last:
+            freed += sizes[i]
+            i += 1
+        if i > head:
+            entry = self._entries[i - 1]
             self._base = Position(entry.id, entry.message.timetick)
-            self._bytes -= self._sizes[i]
-            self._head += 1
-            self._first_seq += 1
-            live -= 1
+            self._bytes -= freed
+            self._first_seq += i - head
+            self._head = i
         if self._head > 1024 and self._head * 2 > len(self._entries):
             del self._entries[: self._head]
             del self._tts[: self._head]
@@ -195,7 +215,7 @@ class WriteAheadBuffer:
         start = self._head + (seq - self._first_seq)
         return self._entries[start : start + max_entries]
 
-    async def wait(self, seq: int, timeout: float | None) -> None:  # noqa: ASYNC109
+    async def wait(self, seq: int, timeout: float | None) -> None:
         """Wait until an entry at ``seq`` exists, the buffer changes, or timeout."""
         if seq < self.next_seq or self._closed or seq < self._first_seq:
             return

@@ -25,9 +25,10 @@ Rules every backend keeps:
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import enum
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from headrace.message.ids import MessageID
@@ -73,6 +74,41 @@ class Record:
     data: bytes
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordBlock:
+    """Records in bulk: record ``i`` has id ``ids[i]`` and bytes
+    ``data[bounds[2 * i]:bounds[2 * i + 1]]``.
+
+    ``verified``: each record's bytes were checked against a checksum stored
+    with them (so a reader may skip checking the same bytes again).
+    """
+
+    ids: Sequence[MessageID]
+    data: bytes
+    bounds: Sequence[int]
+    verified: bool = False
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def records(self) -> list[Record]:
+        data, bounds = self.data, self.bounds
+        return [
+            Record(mid, data[bounds[2 * i] : bounds[2 * i + 1]]) for i, mid in enumerate(self.ids)
+        ]
+
+    @classmethod
+    def of(cls, records: Sequence[Record]) -> RecordBlock:
+        """One block holding ``records`` (their bytes copied into one buffer)."""
+        bounds: list[int] = []
+        pos = 0
+        for record in records:
+            bounds.append(pos)
+            pos += len(record.data)
+            bounds.append(pos)
+        return cls([r.id for r in records], b"".join([r.data for r in records]), bounds)
+
+
 class BackendReader(abc.ABC):
     """Reads records of one pchannel in id order, waiting at the tail."""
 
@@ -85,6 +121,18 @@ class BackendReader(abc.ABC):
         Returns an empty list on timeout. Raises :class:`headrace.errors.Truncated`
         when the next record to read was truncated away.
         """
+
+    async def next_block(
+        self,
+        max_records: int = 1024,
+        timeout: float | None = None,
+    ) -> RecordBlock:
+        """:meth:`next_batch` in bulk form (optional; the same records, the same rules).
+
+        Backends that parse many records out of one buffer override it to hand
+        the buffer over as is; this default wraps :meth:`next_batch`.
+        """
+        return RecordBlock.of(await self.next_batch(max_records, timeout))
 
     @abc.abstractmethod
     async def close(self) -> None: ...
@@ -107,6 +155,36 @@ class BackendWriter(abc.ABC):
     @abc.abstractmethod
     async def append(self, records: Sequence[bytes]) -> list[MessageID]:
         """Durably append ``records`` in order; their ids, increasing."""
+
+    def next_ids(self, count: int) -> list[MessageID] | None:
+        """The ids the very next append of ``count`` records gets if it succeeds,
+        when the backend knows them before writing (optional; None by default).
+
+        A caller that starts that append right away (nothing in between) may
+        prepare its bookkeeping while the append is in flight; the append's
+        result is then this very list object.
+        """
+        return None
+
+    def start_append(
+        self,
+        records: Sequence[bytes],
+        on_done: Callable[[asyncio.Future[list[MessageID]]], None] | None = None,
+    ) -> asyncio.Future[list[MessageID]]:
+        """:meth:`append`, started now; its outcome as a future (optional fast path).
+
+        Same rules as :meth:`append`. ``on_done(future)`` runs once the future
+        is done. This default runs :meth:`append` as a task (which starts at
+        the event loop's next turn) and ``on_done`` as a done callback;
+        backends whose appends start without waiting override it, so the
+        write begins at once and ``on_done`` runs as the outcome is set.
+        Cancelling the future abandons only the wait, as cancelling
+        :meth:`append` does.
+        """
+        future = asyncio.ensure_future(self.append(records))
+        if on_done is not None:
+            future.add_done_callback(on_done)
+        return future
 
     @abc.abstractmethod
     async def close(self) -> None:

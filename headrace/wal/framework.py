@@ -35,6 +35,7 @@ from headrace.wal.interceptors.timetick import Appender, AppenderConfig, Timetic
 from headrace.wal.interceptors.txn import (
     DEFAULT_MAX_OPEN_TXNS,
     DEFAULT_MAX_TXN_BYTES,
+    TXN_RELEVANT,
     TxnInterceptor,
     TxnTable,
 )
@@ -46,6 +47,10 @@ _REBUILD_READ_TIMEOUT_S = 5.0
 _SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))
 _U16_MAX = 0xFFFF
 _U64_MAX = (1 << 64) - 1
+_NOT_PLAIN = _SYSTEM | TXN_RELEVANT
+_PLAIN_SIZE = codec.HEADER_SIZE + 4
+"""Encoded size of a message without vchannel, payload, txn id and properties."""
+_GOOD_VCHANNELS_MAX = 65536
 DEDUP_FROM = "dedup_from"
 """Property of the WAL's own ticks and fences: where a dedup rebuild starts."""
 
@@ -164,12 +169,16 @@ class WAL:
         )
         table = TxnTable(options.txn_keepalive_s, options.max_txn_bytes, options.max_open_txns)
         self._txn = TxnInterceptor(table, tso, options.max_message_bytes, time.monotonic)
-        self._chain = build_chain(
-            [LockInterceptor(), DedupInterceptor(dedup), self._txn], self._appender.write
-        )
+        lock = LockInterceptor()
+        self._chain = build_chain([lock, DedupInterceptor(dedup), self._txn], self._appender.write)
+        self._plain_chain = build_chain([lock], self._appender.write)
+        """The chain for batches of plain messages: no properties (so no
+        dedup key), no txn id, no DDL or transaction control type."""
         self._sync = TimetickSync(
             self._appender, options.timetick_interval_ms / 1000.0, [self._expire_txns]
         )
+        self._good_vchannels: set[str] = set()
+        """Vchannel names that passed validation (well formed, hence ASCII)."""
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -275,19 +284,44 @@ class WAL:
         if refusal is not None:
             return [refusal] * len(msgs)
         max_bytes = self._opts.max_message_bytes
+        good = self._good_vchannels
         contexts: list[AppendContext] = []
         valid: list[AppendContext] = []
+        plain = True
         for msg in msgs:
+            kind, vchannel, payload = msg.type, msg.vchannel, msg.payload
+            if (
+                kind.__class__ is MessageType
+                and kind not in _NOT_PLAIN
+                and vchannel in good
+                and payload.__class__ is bytes
+                and not msg.properties
+                and msg.txn_id == 0
+            ):
+                # What validate() checks, for a plain message (no properties,
+                # transaction or DDL) on a known good, hence ASCII, vchannel.
+                size = _PLAIN_SIZE + len(vchannel) + len(payload)
+                if size <= max_bytes:
+                    ctx = AppendContext(msg, size)
+                    valid.append(ctx)
+                    contexts.append(ctx)
+                    continue
+            plain = False
             try:
                 ctx = AppendContext(msg, validate(msg, max_bytes))
                 valid.append(ctx)
+                if len(good) >= _GOOD_VCHANNELS_MAX:
+                    good.clear()
+                good.add(vchannel)
             except errors.HeadraceError as exc:
                 ctx = AppendContext(msg, 0, error=exc)
             contexts.append(ctx)
+        # Dedup and transactions have nothing to do for plain messages.
+        chain = self._plain_chain if plain else self._chain
         self._inflight += 1
         self._idle.clear()
         try:
-            await self._chain(valid)
+            await chain(valid)
         finally:
             self._inflight -= 1
             if self._inflight == 0:

@@ -23,6 +23,7 @@ from typing import Literal
 
 from headrace import errors
 from headrace.message import codec
+from headrace.message.codec import Skipped
 from headrace.message.ids import MessageID
 from headrace.message.types import LogEntry
 from headrace.wal.api import DeliverPolicy, ReadOptions
@@ -57,8 +58,11 @@ class Scanner:
         self._buffer = buffer
         self._batch = max(1, batch_size)
         self._delivery = Delivery(options, max_txn_bytes)
-        self._raw: deque[LogEntry] = deque()
-        """Read but not yet consumed (bounded by one read batch)."""
+        self._raw: deque[LogEntry | Skipped] = deque()
+        """Read but not yet consumed (bounded by one read batch); records the
+        delivery's header filter rejects are left undecoded (:class:`Skipped`)."""
+        self._raw_accepted = False
+        """Whether ``_raw``'s entries without a txn id all pass the delivery's filter."""
         self._ready: list[LogEntry] = []
         """Consumed and deliverable (one entry, or one committed transaction)."""
         self._ready_at = 0
@@ -145,29 +149,51 @@ class Scanner:
             policy, start_id = DeliverPolicy.ALL, None
         return dataclasses.replace(opts, policy=policy, start_id=start_id, timetick_gt=floor)
 
-    async def next(self, timeout: float | None = None) -> LogEntry | None:  # noqa: ASYNC109
+    async def next(self, timeout: float | None = None) -> LogEntry | None:
         """The next entry; None if ``timeout`` seconds pass first.
 
         Raises :class:`errors.Closed` once the scanner is closed, or when the
         WAL stopped serving and everything it wrote was delivered (resume on
         the new owner from :attr:`position`).
         """
+        ready, at = self._ready, self._ready_at
+        if at < len(ready) and not self._closed:
+            self._ready_at = at + 1
+            return ready[at]
+        out = await self.next_many(1, timeout)
+        return out[0] if out else None
+
+    async def next_many(
+        self,
+        max_entries: int = DEFAULT_READ_BATCH,
+        timeout: float | None = None,
+    ) -> list[LogEntry]:
+        """The next entries, at most ``max_entries``: what as many :meth:`next` calls
+        would return, waiting only for the first; [] if ``timeout`` passes first.
+
+        It returns what was already read once at least one entry is there
+        (never waiting for more), so a caller can forward entries in batches.
+        Errors as :meth:`next`.
+        """
+        if max_entries < 1:
+            raise errors.InvalidArgument(f"max_entries must be at least 1, got {max_entries}")
+        if self._closed:
+            raise errors.Closed("the scanner was closed")
+        out: list[LogEntry] = []
+        self._take(out, max_entries)
+        if out:
+            return out
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         waited = False
-        if self._closed:
-            raise errors.Closed("the scanner was closed")
-        while self._ready_at == len(self._ready):
-            if self._raw:
-                self._consume()
-                continue
+        while True:
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
             if remaining == 0.0 and waited:
-                return None
+                return out
             waited = not await self._step(remaining)
-        entry = self._ready[self._ready_at]
-        self._ready_at += 1
-        return entry
+            self._take(out, max_entries)
+            if out:
+                return out
 
     async def open(self) -> None:
         """Open the backend reader now if catching up (else on the first read)."""
@@ -233,6 +259,7 @@ class Scanner:
         if entries:
             self._cursor += len(entries)
             self._raw.extend(entries)
+            self._raw_accepted = self._delivery.plain
             return True
         if buf.closed:
             raise errors.Closed("the WAL stopped serving; resume on the pchannel's new owner")
@@ -246,34 +273,86 @@ class Scanner:
         await self.open()
         assert self._reader is not None
         try:
-            records = await self._reader.next_batch(self._batch, timeout=wait)
+            block = await self._reader.next_block(self._batch, timeout=wait)
         except errors.Truncated as exc:
             raise await self._named_truncation(exc) from None
-        if not records:
+        if not block.ids:
             return False
-        self._raw.extend([LogEntry(r.id, codec.decode(r.data)) for r in records])
+        # A block the backend verified skips the messages' own CRC (it covers
+        # the same bytes); records the filter rejects are not decoded in full.
+        self._raw.extend(
+            codec.decode_block(
+                block.data,
+                block.bounds,
+                block.ids,
+                verify=not block.verified,
+                keep=self._delivery.header_filter,
+            )
+        )
+        self._raw_accepted = True
         return True
 
-    def _consume(self) -> None:
-        """Consume read entries until something is deliverable or none are left."""
-        raw, ready, feed = self._raw, self._ready, self._delivery.feed
-        if self._ready_at:
-            ready.clear()
-            self._ready_at = 0
+    def _take(self, out: list[LogEntry], room: int) -> None:
+        """Move up to ``room`` deliverable entries to ``out``, consuming read ones.
+
+        Leaves the scanner as ``len(out)`` calls of :meth:`next` would: the
+        last delivered group (one entry or one transaction) in ``_ready``, the
+        part of it handed out counted by ``_ready_at``.
+        """
+        ready, at = self._ready, self._ready_at
+        if at < len(ready):
+            part = ready[at : at + room]
+            out += part
+            self._ready_at = at + len(part)
+            room -= len(part)
+        if room > 0 and self._raw:
+            self._consume(out, room)
+
+    def _consume(self, out: list[LogEntry], room: int) -> None:
+        """Consume read entries until ``room`` entries went to ``out`` or none are left."""
+        raw, delivery = self._raw, self._delivery
+        feed, held = delivery.feed, delivery.held
+        # Entries without a txn id pass as they are while no transaction is
+        # held back, if the delivery's filter already accepted them.
+        fast = self._raw_accepted
         floor = self._pos_tt if self._pos_known else -1
         before = floor
-        last: LogEntry | None = None
-        while raw and not ready:
+        last: LogEntry | Skipped | None = None
+        group: list[LogEntry] = []
+        ready: list[LogEntry] | None = None
+        taken = ready_floor = 0
+        while raw and room > 0:
             entry = raw.popleft()
-            tt = entry.message.timetick
+            if isinstance(entry, Skipped):
+                if entry.timetick <= floor:
+                    continue
+                floor = entry.timetick
+                last = entry
+                delivery.skip(entry)
+                continue
+            msg = entry.message
+            tt = msg.timetick
             if tt <= floor:
                 continue
             before, floor = floor, tt
             last = entry
-            feed(entry, ready)
+            if fast and not msg.txn_id and not held:
+                out.append(entry)
+                room -= 1
+                ready, taken, ready_floor = None, 1, before
+                continue
+            feed(entry, group)
+            if group:
+                taken = len(group) if len(group) <= room else room
+                out += group if taken == len(group) else group[:taken]
+                room -= taken
+                ready, ready_floor = group, before
+                group = []
         if last is not None:
             self._pos_id, self._pos_tt, self._pos_known = last.id, floor, True
-            self._ready_floor = before
+            if taken:
+                self._ready = ready if ready is not None else [out[-1]]
+                self._ready_at, self._ready_floor = taken, ready_floor
 
     async def _named_truncation(self, exc: errors.Truncated) -> errors.Truncated:
         earliest = exc.earliest

@@ -193,6 +193,75 @@ class BackendConformance:
         assert [r.data for r in got] == [b"two", b"three"]
         await reader.close()
 
+    async def test_blocks_hold_the_same_records_as_batches(
+        self, backend_factory: BackendCase, pchannel: str
+    ) -> None:
+        backend = await backend_factory()
+        writer = await backend.open_writer(pchannel, 1)
+        sent = [b"", *payloads("blk", 20), bytes(range(256)) * 40]
+        ids = await writer.append(sent)
+        expected = await read_all(backend, pchannel, len(sent))
+        reader = await backend.open_reader(pchannel, StartPosition.at(ids[3]))
+        got: list[Record] = []
+        try:
+            async with asyncio.timeout(WAIT):
+                while len(got) < len(sent) - 3:
+                    block = await reader.next_block(max_records=5)
+                    assert 1 <= len(block) <= 5
+                    assert len(block.bounds) == 2 * len(block.ids)
+                    assert block.records() == [
+                        Record(mid, block.data[block.bounds[2 * i] : block.bounds[2 * i + 1]])
+                        for i, mid in enumerate(block.ids)
+                    ]
+                    got += block.records()
+            assert len(await reader.next_block(timeout=0.05)) == 0
+            assert (await reader.next_batch(timeout=0.05)) == []
+        finally:
+            await reader.close()
+        assert got == expected[3:]
+        assert [r.id for r in got] == ids[3:]
+
+    async def test_blocks_and_batches_mix_on_one_reader(
+        self, backend_factory: BackendCase, pchannel: str
+    ) -> None:
+        backend = await backend_factory()
+        writer = await backend.open_writer(pchannel, 1)
+        sent = payloads("mix", 12)
+        await writer.append(sent)
+        reader = await backend.open_reader(pchannel, StartPosition.earliest())
+        got: list[bytes] = []
+        try:
+            async with asyncio.timeout(WAIT):
+                for turn in itertools.count():
+                    if len(got) == len(sent):
+                        break
+                    if turn % 2:
+                        got += [r.data for r in await reader.next_batch(max_records=2)]
+                    else:
+                        got += [r.data for r in (await reader.next_block(max_records=3)).records()]
+        finally:
+            await reader.close()
+        assert got == sent
+
+    async def test_announced_ids_are_the_ids_of_the_next_append(
+        self, backend_factory: BackendCase, pchannel: str
+    ) -> None:
+        backend = await backend_factory()
+        writer = await backend.open_writer(pchannel, 1)
+        announced = writer.next_ids(3)
+        got = await writer.append(payloads("ann", 3))
+        if announced is None:
+            pytest.skip(f"{backend_factory.name} does not announce ids")
+        assert got is announced
+        stale = writer.next_ids(2)
+        assert stale is not None
+        other = await writer.append([b"one"])
+        assert other is not stale
+        after = await writer.append(payloads("after", 2))
+        assert after is not stale and after[0] > other[0] > got[-1]
+        records = await read_all(backend, pchannel, 6)
+        assert [r.id for r in records] == [*got, *other, *after]
+
     async def test_lower_term_is_fenced(self, backend_factory: BackendCase, pchannel: str) -> None:
         backend = await backend_factory()
         old = await backend.open_writer(pchannel, 1)

@@ -25,11 +25,12 @@ DEFAULT_MAX_TXN_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_OPEN_TXNS = 4096
 TXN_ID_BYTES = 8
 """What a txn id adds to an encoded message."""
-_TXN_RELEVANT = frozenset(
+TXN_RELEVANT = frozenset(
     t
     for t in MessageType
     if t.is_ddl or t in (MessageType.BEGIN_TXN, MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN)
 )
+"""Types the txn interceptor acts on (besides messages with a txn id)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -164,7 +165,7 @@ class TxnInterceptor:
         self._clock = clock
 
     async def __call__(self, batch: list[AppendContext], call_next: Handler) -> None:
-        if not any(c.message.txn_id or c.message.type in _TXN_RELEVANT for c in batch):
+        if not any(c.message.txn_id or c.message.type in TXN_RELEVANT for c in batch):
             await call_next(batch)
             return
         n_begin = sum(

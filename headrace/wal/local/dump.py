@@ -56,10 +56,10 @@ def _dump_segment(link: Link, marker: int) -> Iterator[DumpRow]:
         pos, lsn = HEADER_SIZE, link.base_lsn
         while True:
             parsed = scan.read_chunk(fd, pos, lsn, link.limit, scan.ALL)
-            for record in parsed.records:
+            for record in parsed.records():
                 if record.id.sort_key()[0] >= marker:
                     yield _row(str(record.id), record.data, link.name.term)
-            if parsed.records:
+            if parsed.n_records:
                 pos, lsn = parsed.pos, parsed.lsn
                 continue
             if link.limit is not None and pos != link.limit:

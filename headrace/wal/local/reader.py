@@ -16,15 +16,16 @@ import contextlib
 import os
 
 from headrace import errors
-from headrace.wal.contract import BackendReader, Record
+from headrace.wal.contract import BackendReader, Record, RecordBlock
 from headrace.wal.local import files, scan
 from headrace.wal.local.chain import Chain, Link
 from headrace.wal.local.channel import Channel
 from headrace.wal.local.message_id import LocalMessageID
-from headrace.wal.local.segment import HEADER_SIZE, Stop
+from headrace.wal.local.segment import HEADER_SIZE, Parsed, Stop
 
 POLL_MIN = 0.005
 POLL_MAX = 0.02
+_EMPTY = RecordBlock((), b"", (), True)
 IN_PROCESS_WAIT = 0.5
 """Longest wait for a same-process writer's notification before re-checking."""
 
@@ -47,15 +48,25 @@ class LocalReader(BackendReader):
         self._fd = -1
         self._pos = 0
         self._lsn = 0
-        self._pending: list[Record] = []
+        self._pending: RecordBlock | None = None
+        """Read but not yet returned: ``_pending`` from record ``_pending_at`` on."""
+        self._pending_at = 0
         self._lock = asyncio.Lock()
         self._closed = False
 
     async def next_batch(
         self,
         max_records: int = 1024,
-        timeout: float | None = None,  # noqa: ASYNC109
+        timeout: float | None = None,
     ) -> list[Record]:
+        return (await self.next_block(max_records, timeout)).records()
+
+    async def next_block(
+        self,
+        max_records: int = 1024,
+        timeout: float | None = None,
+    ) -> RecordBlock:
+        """The next records as one verified block (the chunk read from the file)."""
         if max_records < 1:
             raise errors.InvalidArgument(f"max_records must be at least 1, got {max_records}")
         loop = asyncio.get_running_loop()
@@ -64,13 +75,11 @@ class LocalReader(BackendReader):
         while True:
             if self._closed:
                 raise errors.Closed(f"reader of pchannel {self._channel.pchannel} is closed")
-            if self._pending:
-                batch = self._pending[:max_records]
-                del self._pending[:max_records]
-                return batch
+            if self._pending is not None:
+                return self._take(max_records)
             changed = self._channel.changed()
             async with self._lock:
-                if self._closed or self._pending:
+                if self._closed or self._pending is not None:
                     continue
                 try:
                     self._pending = await asyncio.to_thread(self._step)
@@ -78,7 +87,8 @@ class LocalReader(BackendReader):
                     raise files.storage_error(
                         exc, f"reading pchannel {self._channel.pchannel}"
                     ) from None
-            if self._pending:
+                self._pending_at = 0
+            if self._pending is not None:
                 delay = POLL_MIN
                 continue
             wait = IN_PROCESS_WAIT if self._follows_local_writer() else delay
@@ -86,7 +96,7 @@ class LocalReader(BackendReader):
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    return []
+                    return _EMPTY
                 wait = min(wait, remaining)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), wait)
@@ -101,34 +111,50 @@ class LocalReader(BackendReader):
             and chain.links[-1].name == active[0]
         )
 
-    def _step(self) -> list[Record]:
-        """Read what is available now (blocking); [] if nothing is."""
+    def _take(self, max_records: int) -> RecordBlock:
+        """Up to ``max_records`` of the pending records."""
+        block, at = self._pending, self._pending_at
+        assert block is not None
+        count = len(block.ids)
+        if at == 0 and count <= max_records:
+            self._pending = None
+            return block
+        stop = min(count, at + max_records)
+        part = RecordBlock(block.ids[at:stop], block.data, block.bounds[2 * at : 2 * stop], True)
+        if stop == count:
+            self._pending = None
+        else:
+            self._pending_at = stop
+        return part
+
+    def _step(self) -> RecordBlock | None:
+        """Read what is available now (blocking); None if nothing is."""
         chain = self._chain
         if chain is None:
             chain = self._position()
             if chain is None:
-                return []
+                return None
         while True:
             link = chain.links[self._index]
             if link.limit is not None:
-                records = self._read_bounded(link)
-                if records is None:
+                block = self._read_bounded(link)
+                if block is None:
                     chain = self._next_link(chain)
                     continue
-                return records
-            records, refresh = self._read_head(link)
-            if records or not refresh:
-                return records
+                return block
+            block, refresh = self._read_head(link)
+            if block is not None or not refresh:
+                return block
             newer = self._channel.load_chain()
             if not newer.trusted:
-                return []
+                return None
             index = newer.position_of(link.name)
             if index is None:
                 raise self._lost(newer, link)
             chain = self._chain = newer
             self._index = index
             if newer.links[index].limit is None:
-                return []
+                return None
 
     def _position(self) -> Chain | None:
         chain = self._channel.load_chain()
@@ -148,22 +174,23 @@ class LocalReader(BackendReader):
         self._chain, self._index = chain, index
         return chain
 
-    def _deliver(self, records: list[Record], pos: int, lsn: int) -> list[Record]:
-        self._pos, self._lsn = pos, lsn
-        target = self._target or 0
-        if records and records[0].id.sort_key()[0] < target:
-            records = [r for r in records if r.id.sort_key()[0] >= target]
-        return records
+    def _deliver(self, parsed: Parsed) -> RecordBlock | None:
+        """The parsed records at or after the target; None if there are none."""
+        self._pos, self._lsn = parsed.pos, parsed.lsn
+        skip = max(0, (self._target or 0) - parsed.first_lsn)
+        if skip >= parsed.n_records:
+            return None
+        return parsed.block(skip)
 
-    def _read_bounded(self, link: Link) -> list[Record] | None:
+    def _read_bounded(self, link: Link) -> RecordBlock | None:
         """Records of a segment with a known end; None once it is exhausted."""
         while self._pos < (link.limit or 0):
             parsed = scan.read_chunk(self._fd, self._pos, self._lsn, link.limit, scan.ALL)
-            if not parsed.records:
+            if not parsed.n_records:
                 raise scan.strict_failure(link, parsed)
-            records = self._deliver(parsed.records, parsed.pos, parsed.lsn)
-            if records:
-                return records
+            block = self._deliver(parsed)
+            if block is not None:
+                return block
         if link.end_lsn is not None and self._lsn != link.end_lsn:
             raise errors.CorruptData(
                 f"{link.path}: ends with record {self._lsn - 1} but its successor starts "
@@ -182,21 +209,21 @@ class LocalReader(BackendReader):
         self._fd, self._pos = fd, HEADER_SIZE
         return chain
 
-    def _read_head(self, link: Link) -> tuple[list[Record], bool]:
-        """Records of the head; whether the chain should be re-read."""
+    def _read_head(self, link: Link) -> tuple[RecordBlock | None, bool]:
+        """Records of the head (None if none); whether the chain should be re-read."""
         active = self._channel.active
         if active is not None and active[0] == link.name:
             parsed = scan.read_chunk(self._fd, self._pos, self._lsn, active[1], scan.ALL)
-            if not parsed.records and parsed.pos < active[1]:
+            if not parsed.n_records and parsed.pos < active[1]:
                 raise scan.strict_failure(link, parsed)
-            return self._deliver(parsed.records, parsed.pos, parsed.lsn), False
+            return self._deliver(parsed), False
         parsed = scan.read_chunk(self._fd, self._pos, self._lsn, None, scan.ALL)
-        if parsed.records:
+        if parsed.n_records:
             if self._channel.term() <= link.name.term:
-                return self._deliver(parsed.records, parsed.pos, parsed.lsn), False
+                return self._deliver(parsed), False
         elif parsed.stop is Stop.BAD:
             scan.check_bad_tail(self._fd, link.path, parsed.pos, parsed.lsn)
-        return [], True
+        return None, True
 
     def _lost(self, chain: Chain, link: Link) -> errors.HeadraceError:
         if chain.first_lsn > self._lsn:

@@ -16,28 +16,27 @@ ALL = 1 << 62
 
 
 def read_chunk(
-    fd: int, pos: int, lsn: int, end: int | None, max_records: int, *, make_records: bool = True
+    fd: int, pos: int, lsn: int, end: int | None, max_records: int, *, with_bounds: bool = True
 ) -> Parsed:
-    """Parse the frames of one chunk starting at byte ``pos`` (absolute positions).
+    """Parse the frames of one chunk starting at byte ``pos`` of the file.
 
-    ``end`` bounds the read (None: to the end of the file). An empty result
-    with ``Stop.END`` means no bytes were left; ``PARTIAL``/``BAD`` describe
-    the frame at ``pos``.
+    ``end`` bounds the read (None: to the end of the file). The result's
+    ``pos`` is a file position; its record bounds index its ``data``. An
+    empty result with ``Stop.END`` means no bytes were left;
+    ``PARTIAL``/``BAD`` describe the frame at ``pos``.
     """
     want = CHUNK_BYTES if end is None else min(CHUNK_BYTES, end - pos)
     if want <= 0:
-        return Parsed([], pos, lsn, Stop.END, 0)
+        return Parsed(b"", [], lsn, pos, lsn, Stop.END, 0)
     data = os.pread(fd, want, pos)
-    parsed = segment.parse_records(
-        memoryview(data), 0, len(data), lsn, max_records, make_records=make_records
-    )
+    parsed = segment.parse_records(data, 0, len(data), lsn, max_records, with_bounds=with_bounds)
     if parsed.stop is Stop.PARTIAL and parsed.pos == 0 and len(data) == want < parsed.need:
         want = parsed.need if end is None else min(parsed.need, end - pos)
         data = os.pread(fd, want, pos)
         parsed = segment.parse_records(
-            memoryview(data), 0, len(data), lsn, max_records, make_records=make_records
+            data, 0, len(data), lsn, max_records, with_bounds=with_bounds
         )
-    return Parsed(parsed.records, pos + parsed.pos, parsed.lsn, parsed.stop, parsed.need)
+    return parsed._replace(pos=pos + parsed.pos)
 
 
 def corrupt_frame(path: str, pos: int, lsn: int, why: str) -> errors.CorruptData:
@@ -91,7 +90,7 @@ def scan_end(fd: int, link: Link) -> tuple[int, int]:
     """
     pos, lsn = HEADER_SIZE, link.base_lsn
     while True:
-        parsed = read_chunk(fd, pos, lsn, link.limit, ALL, make_records=False)
+        parsed = read_chunk(fd, pos, lsn, link.limit, ALL, with_bounds=False)
         if parsed.lsn > lsn:
             pos, lsn = parsed.pos, parsed.lsn
             continue
@@ -127,10 +126,10 @@ def read_record(fd: int, link: Link, target: int) -> Record:
     pos, lsn = skip_to(fd, link, target)
     while True:
         parsed = read_chunk(fd, pos, lsn, link.limit, target - lsn + 1)
-        if not parsed.records:
+        if not parsed.n_records:
             raise strict_failure(link, parsed)
         if parsed.lsn > target:
-            return parsed.records[target - lsn]
+            return parsed.records()[target - lsn]
         pos, lsn = parsed.pos, parsed.lsn
 
 

@@ -35,7 +35,8 @@ import zlib
 from typing import NamedTuple
 
 from headrace import errors
-from headrace.wal.contract import Record
+from headrace.message.ids import MessageID
+from headrace.wal.contract import Record, RecordBlock
 from headrace.wal.local.message_id import LocalMessageID
 
 MAGIC = b"HRWALSEG"
@@ -144,50 +145,78 @@ class Stop(enum.Enum):
 
 
 class Parsed(NamedTuple):
-    records: list[Record]
+    """Frames parsed out of ``data``: record ``i`` (LSN ``first_lsn + i``) is
+    ``data[bounds[2 * i]:bounds[2 * i + 1]]`` (its body)."""
+
+    data: bytes
+    bounds: list[int]
+    first_lsn: int
     pos: int
     lsn: int
     stop: Stop
     need: int
 
+    @property
+    def n_records(self) -> int:
+        """Records parsed (also when their bounds were not kept)."""
+        return self.lsn - self.first_lsn
+
+    def block(self, skip: int = 0) -> RecordBlock:
+        """The records from the ``skip``-th on, as a verified block."""
+        first = self.first_lsn + skip
+        return RecordBlock(
+            lsn_ids(first, self.lsn - first), self.data, self.bounds[2 * skip :], True
+        )
+
+    def records(self) -> list[Record]:
+        return self.block().records()
+
+
+def lsn_ids(first: int, count: int) -> list[MessageID]:
+    """Ids of ``count`` consecutive LSNs from ``first`` (which are in range)."""
+    out: list[MessageID] = []
+    append, new_id, id_class = out.append, object.__new__, LocalMessageID
+    for lsn in range(first, first + count):
+        mid = new_id(id_class)  # skip the constructor's range check
+        mid.lsn = lsn
+        append(mid)
+    return out
+
 
 def parse_records(
-    view: memoryview, pos: int, end: int, lsn: int, max_records: int, *, make_records: bool = True
+    data: bytes, pos: int, end: int, lsn: int, max_records: int, *, with_bounds: bool = True
 ) -> Parsed:
-    """Parse frames in ``view[pos:end]`` whose LSNs continue from ``lsn``.
+    """Parse frames in ``data[pos:end]`` whose LSNs continue from ``lsn``.
 
-    With ``make_records=False`` frames are checked but no records are built
-    (recovery scans). This is the hot loop of every scan: one ``unpack`` and
-    one CRC per frame, and the body sliced straight out of the bytes object.
+    With ``with_bounds=False`` frames are checked but their bounds are not
+    kept (recovery scans). This is the hot loop of every scan: one
+    ``unpack`` and one CRC per frame, no object per record.
     """
-    records: list[Record] = []
-    append = records.append
+    bounds: list[int] = []
+    add = bounds.append
+    view = memoryview(data)
     unpack, crc32 = FRAME.unpack_from, zlib.crc32
-    whole = view.obj
-    data = whole if isinstance(whole, bytes) and len(whole) == len(view) else view.tobytes()
-    new_id, id_class = object.__new__, LocalMessageID
-    count = 0
+    first = lsn
+    last = lsn + max_records
     while pos < end:
-        if count >= max_records:
-            return Parsed(records, pos, lsn, Stop.FULL, 0)
+        if lsn >= last:
+            return Parsed(data, bounds, first, pos, lsn, Stop.FULL, 0)
         if end - pos < FRAME_SIZE:
-            return Parsed(records, pos, lsn, Stop.PARTIAL, FRAME_SIZE)
+            return Parsed(data, bounds, first, pos, lsn, Stop.PARTIAL, FRAME_SIZE)
         length, crc, frame_lsn = unpack(view, pos)
         if length > MAX_RECORD_BYTES or frame_lsn != lsn:
-            return Parsed(records, pos, lsn, Stop.BAD, 0)
+            return Parsed(data, bounds, first, pos, lsn, Stop.BAD, 0)
         stop = pos + FRAME_SIZE + length
         if stop > end:
-            return Parsed(records, pos, lsn, Stop.PARTIAL, FRAME_SIZE + length)
+            return Parsed(data, bounds, first, pos, lsn, Stop.PARTIAL, FRAME_SIZE + length)
         if crc32(view[pos + 8 : stop]) != crc:
-            return Parsed(records, pos, lsn, Stop.BAD, 0)
-        if make_records:
-            mid = new_id(id_class)  # LSNs here are in range: skip the constructor's check
-            mid.lsn = lsn
-            append(Record(mid, data[pos + FRAME_SIZE : stop]))
-        count += 1
+            return Parsed(data, bounds, first, pos, lsn, Stop.BAD, 0)
+        if with_bounds:
+            add(pos + FRAME_SIZE)
+            add(stop)
         lsn += 1
         pos = stop
-    return Parsed(records, pos, lsn, Stop.END, 0)
+    return Parsed(data, bounds, first, pos, lsn, Stop.END, 0)
 
 
 def frame_valid_at(view: memoryview, pos: int, lsn: int) -> bool:

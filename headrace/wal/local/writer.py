@@ -1,10 +1,12 @@
 """The local WAL writer: group commit, segment rolling and fencing checks.
 
-Concurrent ``append`` calls queue up; one flusher task takes everything
-queued, writes it with one ``pwrite``, syncs once and then re-reads the term
-file. Only if no higher term is stored are the callers acknowledged: a new
-owner stores its term before measuring the log, so every acknowledged byte
-lies below what it measured. Blocking I/O runs in a worker thread.
+Concurrent ``append`` calls queue up; when no write is in flight, everything
+queued goes to the writer's own I/O thread at once, which writes it with one
+``pwrite``, syncs once (``fdatasync``: the file's new size is synced with the
+data) and then re-reads the term file through a descriptor it keeps. Only if
+no higher term is stored are the callers acknowledged: a new owner stores its
+term before measuring the log, so every acknowledged byte lies below what it
+measured. The next queued write starts as the previous one is answered.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import queue
+import threading
 from collections.abc import Callable, Sequence
 
 from headrace import errors
@@ -20,7 +24,6 @@ from headrace.message.ids import MessageID
 from headrace.wal.contract import BackendWriter
 from headrace.wal.local import files, segment
 from headrace.wal.local.channel import Channel
-from headrace.wal.local.message_id import LocalMessageID
 from headrace.wal.local.segment import SegmentHeader, SegmentName
 
 
@@ -46,7 +49,47 @@ class OpenSegment:
 BATCH_BYTES = 8 * 1024 * 1024
 """Group commit writes at most about this much at once (one call is never split)."""
 
-_Pending = tuple[list[bytes], "asyncio.Future[list[MessageID]]"]
+_Future = asyncio.Future[list[MessageID]]
+_OnDone = Callable[[_Future], None] | None
+_Announced = tuple[int, list[MessageID]]
+"""Ids announced for a call: its first LSN and the ids."""
+_Pending = tuple[list[bytes], _Future, _OnDone, _Announced | None]
+"""Records of one call, its future and callback, and the ids announced for it."""
+_Done = Callable[[int, BaseException | None], None]
+
+
+class _IOThread:
+    """The thread that runs one writer's blocking writes, one at a time, in order.
+
+    A dedicated thread with a queue costs less per write than a thread pool
+    (``asyncio.to_thread``), and the writes of one pchannel never overlap.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], int], _Done] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], int], done: _Done) -> None:
+        """Run ``job`` in the thread; then ``done(result, error)`` (in the thread)."""
+        self._jobs.put((job, done))
+
+    def stop(self) -> None:
+        """End the thread once the jobs submitted before are done."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, done = item
+            try:
+                result = job()
+            except BaseException as exc:
+                done(0, exc)
+            else:
+                done(result, None)
 
 
 class LocalWriter(BackendWriter):
@@ -65,11 +108,17 @@ class LocalWriter(BackendWriter):
         self._settings = settings
         self._on_close = on_close
         self._queue: list[_Pending] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._busy = False
+        """A write is in flight (or, with interval fsync, scheduled)."""
+        self._idle: asyncio.Future[None] | None = None
+        """Resolved when the writer next has nothing queued or in flight."""
+        self._io: _IOThread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._failure: errors.HeadraceError | None = None
         self._closing = False
         self._last_sync = 0.0
+        self._announced: _Announced | None = None
+        """Ids :meth:`next_ids` announced for the next call."""
         self._names = {current.name}
         """Segments this writer created (to recognise its own ``channel.active``)."""
         self._publish(current.name, current.length, current.next_lsn)
@@ -85,76 +134,163 @@ class LocalWriter(BackendWriter):
             self._channel.active = None
 
     async def append(self, records: Sequence[bytes]) -> list[MessageID]:
-        if self._failure is not None:
-            raise self._failure.with_traceback(None)
-        if self._closing:
-            raise errors.Closed(f"writer of pchannel {self.pchannel} (term {self.term}) is closed")
-        data = [bytes(record) for record in records]
-        for body in data:
-            if len(body) > segment.MAX_RECORD_BYTES:
-                raise errors.MessageTooLarge(
-                    f"record of {len(body)} bytes exceeds the local WAL limit of "
-                    f"{segment.MAX_RECORD_BYTES} bytes; nothing was written"
-                )
-        if not data:
-            return []
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[MessageID]] = loop.create_future()
-        self._queue.append((data, future))
-        self._wake.set()
-        if self._task is None:
-            self._task = loop.create_task(self._run(), name=f"wal-writer-{self.pchannel}")
-        return await future
+        return await self.start_append(records)
 
-    async def _run(self) -> None:
+    def next_ids(self, count: int) -> list[MessageID] | None:
+        """The LSNs the next call gets, if it starts a write at once (nothing queued)."""
+        self._announced = None
+        if self._busy or self._queue or self._refusal() is not None or count < 1:
+            return None
+        ids = segment.lsn_ids(self._segment.next_lsn, count)
+        self._announced = (self._segment.next_lsn, ids)
+        return ids
+
+    def start_append(self, records: Sequence[bytes], on_done: _OnDone = None) -> _Future:
+        """Queue ``records`` and start writing them now if no write is in flight.
+
+        ``on_done`` runs right when the write's outcome is set.
+        """
         loop = asyncio.get_running_loop()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if not self._queue:
-                if self._closing:
-                    return
-                continue
-            if self._settings.fsync == "interval":
-                delay = self._last_sync + self._settings.fsync_interval - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            batch = self._take_batch()
-            bodies = [body for data, _ in batch for body in data]
-            try:
-                first = await asyncio.to_thread(self._write, bodies)
-            except Exception as exc:  # every caller must get an answer
-                failure = (
-                    exc
-                    if isinstance(exc, errors.HeadraceError)
-                    else errors.Unavailable(f"appending to pchannel {self.pchannel}: {exc}")
-                )
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(failure)
-                self._channel.notify()
-                continue
+        future: _Future = loop.create_future()
+        announced, self._announced = self._announced, None
+        refusal = self._refusal()
+        data = _as_bytes(records) if refusal is None else []
+        if refusal is None and data and max(map(len, data)) > segment.MAX_RECORD_BYTES:
+            refusal = errors.MessageTooLarge(
+                f"record of {max(map(len, data))} bytes exceeds the local WAL limit of "
+                f"{segment.MAX_RECORD_BYTES} bytes; nothing was written"
+            )
+        if refusal is not None or not data:
+            if refusal is not None:
+                future.set_exception(refusal)
+            else:
+                future.set_result([])
+            if on_done is not None:
+                future.add_done_callback(on_done)
+            return future
+        if announced is not None and (
+            self._busy
+            or self._queue
+            or announced[0] != self._segment.next_lsn
+            or len(announced[1]) != len(data)
+        ):
+            announced = None
+        self._queue.append((data, future, on_done, announced))
+        if not self._busy:
+            self._loop = loop
+            self._dispatch()
+        return future
+
+    def _refusal(self) -> errors.HeadraceError | None:
+        if self._failure is not None:
+            return self._failure.with_traceback(None)
+        if self._closing:
+            return errors.Closed(f"writer of pchannel {self.pchannel} (term {self.term}) is closed")
+        return None
+
+    def _dispatch(self) -> None:
+        """Start the next write of what is queued (on the event loop)."""
+        loop = self._loop
+        assert loop is not None
+        if self._settings.fsync == "interval":
+            delay = self._last_sync + self._settings.fsync_interval - loop.time()
+            if delay > 0:
+                # Appends wait for the next periodic sync and share it.
+                self._busy = True
+                loop.call_later(delay, self._dispatch_now)
+                return
+        self._dispatch_now()
+
+    def _dispatch_now(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        batch = self._take_batch()
+        if not batch:
+            self._busy = False
+            self._set_idle()
+            return
+        self._busy = True
+        bodies = batch[0][0] if len(batch) == 1 else [b for data, _, _, _ in batch for b in data]
+        if self._io is None:
+            self._io = _IOThread(f"wal-writer-{self.pchannel}")
+
+        def done(first: int, error: BaseException | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
+                loop.call_soon_threadsafe(self._completed, batch, first, error)
+
+        self._io.submit(lambda: self._write(bodies), done)
+
+    def _completed(self, batch: list[_Pending], first: int, error: BaseException | None) -> None:
+        """Answer the callers of a finished write and start the next (on the event loop)."""
+        loop = self._loop
+        assert loop is not None
+        answered: list[tuple[_Future, Callable[[_Future], None]]] = []
+        if error is not None:
+            failure = (
+                error
+                if isinstance(error, errors.HeadraceError)
+                else errors.Unavailable(f"appending to pchannel {self.pchannel}: {error}")
+            )
+            for _, future, on_done, _ in batch:
+                if not future.done():
+                    future.set_exception(failure)
+                    if on_done is not None:
+                        answered.append((future, on_done))
+        else:
             self._last_sync = loop.time()
             current = self._segment
             self._publish(current.name, current.length, current.next_lsn)
-            self._channel.notify()
             lsn = first
-            for data, future in batch:
+            for data, future, on_done, announced in batch:
                 if not future.done():
-                    future.set_result([LocalMessageID(lsn + i) for i in range(len(data))])
+                    ids = (
+                        announced[1]
+                        if announced is not None and announced[0] == lsn
+                        else segment.lsn_ids(lsn, len(data))
+                    )
+                    future.set_result(ids)
+                    if on_done is not None:
+                        answered.append((future, on_done))
                 lsn += len(data)
+        self._channel.notify()
+        if self._queue:
+            self._dispatch()
+        else:
+            self._busy = False
+            self._set_idle()
+        for future, on_done in answered:
+            try:
+                on_done(future)
+            except Exception as exc:  # a caller's callback must not stop the writer
+                loop.call_exception_handler(
+                    {"message": "append callback failed", "exception": exc, "future": future}
+                )
+
+    def _set_idle(self) -> None:
+        idle, self._idle = self._idle, None
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+
+    async def _wait_idle(self) -> None:
+        """Wait until nothing is queued or in flight."""
+        while self._busy or self._queue:
+            if self._idle is None:
+                self._idle = asyncio.get_running_loop().create_future()
+            if not self._busy:
+                self._loop = asyncio.get_running_loop()
+                self._dispatch()
+                continue
+            await asyncio.shield(self._idle)
 
     def _take_batch(self) -> list[_Pending]:
         """Queued calls for one write: all of them, up to about BATCH_BYTES."""
         size, count = 0, 0
-        for data, _ in self._queue:
+        for data, _, _, _ in self._queue:
             if count and size >= BATCH_BYTES:
                 break
             size += sum(map(len, data))
             count += 1
         batch, self._queue = self._queue[:count], self._queue[count:]
-        if self._queue:
-            self._wake.set()
         return batch
 
     def _check_term(self) -> None:
@@ -251,9 +387,7 @@ class LocalWriter(BackendWriter):
     async def close(self) -> None:
         if self._failure is None and not self._closing:
             self._closing = True
-            if self._task is not None:
-                self._wake.set()
-                await self._task
+            await self._wait_idle()
             self._failure = errors.Closed(
                 f"writer of pchannel {self.pchannel} (term {self.term}) is closed"
             )
@@ -261,9 +395,10 @@ class LocalWriter(BackendWriter):
 
     async def _shutdown(self) -> None:
         self._closing = True
-        if self._task is not None:
-            self._wake.set()
-            await self._task
+        await self._wait_idle()
+        if self._io is not None:
+            self._io.stop()
+            self._io = None
         if self._segment.fd < 0:
             return
         self._unpublish()
@@ -272,3 +407,12 @@ class LocalWriter(BackendWriter):
         self._segment.fd = -1
         self._channel.notify()
         self._on_close(self)
+
+
+def _as_bytes(records: Sequence[bytes]) -> list[bytes]:
+    """``records`` as a list of bytes objects (copied only if they are not bytes)."""
+    data = records if type(records) is list else list(records)
+    for body in data:
+        if type(body) is not bytes:
+            return [bytes(record) for record in records]
+    return data
