@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from headrace import cluster, errors
+from headrace import cluster, errors, runtime
 from headrace.coordinator import coordinator as coord_mod
 from headrace.metastore import factory
 
@@ -190,6 +190,7 @@ async def run_standalone(
 ) -> int:
     """Run until ``stop`` is set; return the process exit code."""
     cfg.validate()
+    runtime.tune_gc()
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     cfg.wal_dir.mkdir(parents=True, exist_ok=True)
     store = await factory.open_metastore(cfg.metastore_url)

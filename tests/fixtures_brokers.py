@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+
 from headrace_testbed import TestbedError
 from headrace_testbed.kafka import KafkaBroker, start_kafka
 from headrace_testbed.pulsar import PulsarStandalone, start_pulsar

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
 from headrace_testbed import TestbedError
 from headrace_testbed.etcd import EtcdServer, start_etcd
 

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
+
 from headrace_testbed import TestbedError
 from headrace_testbed.helm import Helm, ensure_helm
 from headrace_testbed.kube import KubeCluster, start_kube
 from headrace_testbed.kubelet import ProcessRunner
 from headrace_testbed.kubelet_node import KubeletConfig
-from kubernetes import client
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,9 +46,7 @@ def _chunks(total: int, chunk: int) -> list[int]:
     return [min(chunk, total - start) for start in range(0, total, chunk)]
 
 
-async def _run_producers(
-    producers: int, sizes: list[int], send: Any
-) -> tuple[float, list[float]]:
+async def _run_producers(producers: int, sizes: list[int], send: Any) -> tuple[float, list[float]]:
     """Run ``send(n)`` for every chunk size from ``producers`` tasks; elapsed, latencies."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for n in sizes:
@@ -107,10 +105,23 @@ class _Cluster:
         self.coord_task = asyncio.create_task(coordinator.run(self.stop))
         log = (self.root / "node.log").open("ab")
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "headrace.cli", "node", "--node-id", "bench-node",
-            "--metastore", self.url, "--wal", "local", "--wal-dir", str(self.root / "wal"),
-            "--listen", "127.0.0.1:0",
-            stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+            sys.executable,
+            "-m",
+            "headrace.cli",
+            "node",
+            "--node-id",
+            "bench-node",
+            "--metastore",
+            self.url,
+            "--wal",
+            "local",
+            "--wal-dir",
+            str(self.root / "wal"),
+            "--listen",
+            "127.0.0.1:0",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
         )
         log.close()
 

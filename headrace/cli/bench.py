@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -33,6 +34,35 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--dir", default=None)
     b.add_argument("--json", action="store_true")
     b.set_defaults(handler=node)
+
+    b = sub.add_parser(
+        "chaos",
+        help="node processes under kills, pauses and moves; exactly-once checks "
+        "(exit 1 on any loss, duplicate, reorder, stale append or timetick regression)",
+    )
+    b.add_argument("--duration", type=float, required=True, help="seconds of fault injection")
+    b.add_argument("--nodes", type=int, default=3)
+    b.add_argument("--pchannels", type=int, default=8)
+    b.add_argument("--vchannels", type=int, default=8)
+    b.add_argument("--lease-ttl", type=float, default=2.0, help="node session TTL in seconds")
+    b.add_argument("--seed", type=int, default=None, help="fault schedule seed (default: random)")
+    b.add_argument("--wal", default="local", choices=["local", "kafka", "pulsar"])
+    b.add_argument("--kafka-bootstrap", default=None)
+    b.add_argument("--pulsar-url", default=None)
+    b.add_argument("--dir", default=None, help="parent of the run's directory (default: temp)")
+    b.add_argument(
+        "--keep", action="store_true", help="keep the run's directory (node logs, WAL, metastore)"
+    )
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=chaos)
+
+    b = sub.add_parser("handoff", help="unavailability of graceful moves and crash failovers")
+    b.add_argument("--moves", type=int, default=20)
+    b.add_argument("--failovers", type=int, default=5)
+    b.add_argument("--lease-ttl", type=float, default=3.0, help="node session TTL in seconds")
+    b.add_argument("--dir", default=None)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=handoff)
 
 
 def _emit(result: dict[str, Any], as_json: bool) -> None:
@@ -72,5 +102,56 @@ async def node(args: argparse.Namespace) -> int:
     bench_node = importlib.import_module("headrace.bench.node")
     with tempfile.TemporaryDirectory(prefix="headrace-bench-", dir=args.dir) as tmp:
         result = await bench_node.bench_node(messages=args.messages, size=args.size, root=Path(tmp))
+    _emit(result, args.json)
+    return 0
+
+
+def _chaos_backend_settings(args: argparse.Namespace) -> dict[str, Any]:
+    if args.wal == "kafka":
+        if not args.kafka_bootstrap:
+            raise errors.InvalidArgument("bench chaos --wal kafka needs --kafka-bootstrap")
+        return {"bootstrap_servers": args.kafka_bootstrap}
+    if args.wal == "pulsar":
+        if not args.pulsar_url:
+            raise errors.InvalidArgument("bench chaos --wal pulsar needs --pulsar-url")
+        return {"service_url": args.pulsar_url}
+    return {}
+
+
+async def chaos(args: argparse.Namespace) -> int:
+    bench_chaos = importlib.import_module("headrace.bench.chaos")
+    settings = _chaos_backend_settings(args)
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            tmp = tempfile.mkdtemp(prefix="headrace-chaos-", dir=args.dir)
+            print(f"chaos: run directory {tmp}", file=sys.stderr, flush=True)
+        else:
+            tmp = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="headrace-chaos-", dir=args.dir)
+            )
+        result = await bench_chaos.run_chaos(
+            Path(tmp),
+            args.duration,
+            nodes=args.nodes,
+            pchannels=args.pchannels,
+            vchannels=args.vchannels,
+            lease_ttl_s=args.lease_ttl,
+            seed=args.seed,
+            backend=args.wal,
+            backend_settings=settings,
+        )
+    _emit(result, args.json)
+    found = bench_chaos.violations(result)
+    if found:
+        print(f"chaos: invariants violated: {found}", file=sys.stderr, flush=True)
+    return 1 if found else 0
+
+
+async def handoff(args: argparse.Namespace) -> int:
+    bench_handoff = importlib.import_module("headrace.bench.handoff")
+    with tempfile.TemporaryDirectory(prefix="headrace-handoff-", dir=args.dir) as tmp:
+        result = await bench_handoff.bench_handoff(
+            Path(tmp), moves=args.moves, failovers=args.failovers, lease_ttl_s=args.lease_ttl
+        )
     _emit(result, args.json)
     return 0

@@ -103,7 +103,7 @@ class HeadraceClient:
         """The pchannel carrying ``vchannel`` (Unavailable before the config is known)."""
         return self.view.route(vchannel)
 
-    async def wait_ready(self, pchannel: str, timeout: float = 30.0) -> Owner:  # noqa: ASYNC109
+    async def wait_ready(self, pchannel: str, timeout: float = 30.0) -> Owner:
         """Wait until ``pchannel`` is ASSIGNED and its node says it serves it."""
         deadline = time.monotonic() + timeout
         view = self.view

@@ -127,7 +127,7 @@ class Consumer:
                 return entry
             await self._fill()
 
-    async def next(self, timeout: float | None = None) -> LogEntry | None:  # noqa: ASYNC109
+    async def next(self, timeout: float | None = None) -> LogEntry | None:
         """The next message, or None if none arrives within ``timeout`` seconds."""
         try:
             async with asyncio.timeout(timeout):

@@ -58,7 +58,7 @@ class ManagerClient:
         pchannel: str,
         term: int,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109
+        timeout: float | None = None,
     ) -> WALStatus:
         """Open ``pchannel`` on the node under ``term``; FENCED for an old term."""
         try:
@@ -74,7 +74,7 @@ class ManagerClient:
         pchannel: str,
         term: int = 0,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109
+        timeout: float | None = None,
     ) -> None:
         """Drain and close ``pchannel`` on the node (term 0: whatever term it holds)."""
         try:
@@ -87,7 +87,7 @@ class ManagerClient:
     async def list_wals(
         self,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109
+        timeout: float | None = None,
     ) -> NodeWALs:
         try:
             response = await self._stub.ListWALs(

@@ -15,7 +15,7 @@ async def status(
     metastore_url: str,
     cluster: str = DEFAULT_CLUSTER,
     *,
-    timeout: float = 10.0,  # noqa: ASYNC109
+    timeout: float = 10.0,
 ) -> dict[str, object]:
     """A JSON-ready summary: config, nodes, pchannels with owner, term and state."""
     keys = Keys(cluster)

@@ -147,7 +147,7 @@ async def wait_for(
     metastore: Metastore,
     cluster: str,
     predicate: Callable[[ClusterSnapshot], bool],
-    timeout: float,  # noqa: ASYNC109 - the deadline covers many reads and sleeps
+    timeout: float,
     *,
     poll_interval: float = 0.1,
 ) -> ClusterSnapshot:

@@ -1,1 +1,1 @@
-"""Messages: the model (:mod:`.types`), the envelope codec (:mod:`.codec`), message ids (:mod:`.ids`)."""
+"""Messages: the model (:mod:`.types`), the envelope codec (:mod:`.codec`) and ids (:mod:`.ids`)."""

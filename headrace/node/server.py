@@ -23,7 +23,7 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import headrace
-from headrace import errors
+from headrace import errors, runtime
 from headrace.cluster import DEFAULT_CLUSTER, Keys, NodeInfo
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
@@ -253,6 +253,7 @@ async def run_node(config: NodeConfig, stop: asyncio.Event | None = None) -> Non
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+    runtime.tune_gc()
     node = StreamingNode(config)
     await node.start()
     try:

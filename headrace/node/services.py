@@ -9,6 +9,7 @@ Conversion between protos and messages lives in :mod:`headrace.node.convert`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import logging
@@ -17,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from headrace import errors
-from headrace.message.types import Message
+from headrace.message.types import LogEntry, Message
 from headrace.node import convert
 from headrace.node.errors import abort, as_headrace, to_proto
 from headrace.node.walmanager import WALManager
@@ -237,10 +238,11 @@ class ConsumerService(rpc.ConsumerServicer):
         stream_id = next(self._ids)
         stats = self.streams[stream_id] = ConsumeStats(request.pchannel)
         failure: errors.HeadraceError | None = None
+        carry: collections.deque[LogEntry] = collections.deque()
         try:
             yield convert.consume_header(self.manager.node_id, wal.term, request, scanner)
             while True:
-                response = await self._fill(scanner, wal, stats, max_messages, max_bytes)
+                response = await self._fill(scanner, wal, stats, (max_messages, max_bytes), carry)
                 yield response
                 stats.sent += len(response.messages)
         except errors.HeadraceError as exc:
@@ -254,23 +256,30 @@ class ConsumerService(rpc.ConsumerServicer):
             await abort(context, failure)
 
     async def _fill(
-        self, scanner: Scanner, wal: WAL, stats: ConsumeStats, max_messages: int, max_bytes: int
+        self,
+        scanner: Scanner,
+        wal: WAL,
+        stats: ConsumeStats,
+        bounds: tuple[int, int],
+        carry: collections.deque[LogEntry],
     ) -> pb.ConsumeResponse:
-        """Wait for the next entry, then pack what is ready within the bounds."""
-        entry = await scanner.next(self.limits.consume_poll_seconds)
-        while entry is None:
-            if self.manager.held.get(wal.pchannel) is not wal:
+        """Wait for entries, then pack what is ready within the bounds.
+
+        Entries come from the scanner in bulk (at most ``max_messages`` ahead);
+        those that do not fit this response wait in ``carry`` for the next.
+        """
+        max_messages, max_bytes = bounds
+        while not carry:
+            carry.extend(await scanner.next_many(max_messages, self.limits.consume_poll_seconds))
+            if not carry and self.manager.held.get(wal.pchannel) is not wal:
                 raise errors.NotOwner(f"{wal.pchannel} moved away from this node")
-            entry = await scanner.next(self.limits.consume_poll_seconds)
+        stats.pulled += len(carry)
         response = pb.ConsumeResponse()
         out = response.messages
         size = 0
-        while entry is not None:
-            size += convert.add_consumed(out, entry)
-            stats.pulled += 1
-            if len(out) >= max_messages or size >= max_bytes:
-                break
-            entry = await scanner.next(0)
+        while carry and len(out) < max_messages and size < max_bytes:
+            size += convert.add_consumed(out, carry.popleft())
+        stats.pulled -= len(carry)
         stats.max_ahead = max(stats.max_ahead, stats.pulled - stats.sent)
         return response
 

@@ -8,13 +8,13 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from headrace_testbed.etcd import start_etcd
-from headrace_testbed.ports import free_port
 
 from headrace import errors
 from headrace.metastore.etcd_wire import channel_target, parse_endpoints
 from headrace.metastore.factory import MetastoreURL, open_metastore, parse_url
 from headrace.metastore.sqlite import SqliteMetastore
+from headrace_testbed.etcd import start_etcd
+from headrace_testbed.ports import free_port
 
 HANG_GUARD = 15.0
 

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+from kubernetes import client
+
 from headrace_testbed import helm, kube_build
 from headrace_testbed.helm import Helm, helm_version
 from headrace_testbed.kube import KUBE_VERSION
-from kubernetes import client
-
 from tests.fixtures_kube import KubeTestbed
 
 pytestmark = pytest.mark.kube

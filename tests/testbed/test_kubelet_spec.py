@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+
 from headrace_testbed.kube_build import (
     parse_replacements,
     render_go_mod,

@@ -69,9 +69,8 @@ async def local_case(tmp_path: Path) -> BackendCase:
 
 
 async def kafka_case(tmp_path: Path) -> BackendCase:
-    from tests.fixtures_brokers import kafka_bootstrap_address  # noqa: PLC0415
-
     from headrace.wal.kafka.message_id import KafkaMessageID  # noqa: PLC0415
+    from tests.fixtures_brokers import kafka_bootstrap_address  # noqa: PLC0415
 
     def between(low: MessageID, high: MessageID) -> MessageID | None:
         assert isinstance(low, KafkaMessageID) and isinstance(high, KafkaMessageID)
@@ -86,9 +85,8 @@ async def kafka_case(tmp_path: Path) -> BackendCase:
 
 
 async def pulsar_case(tmp_path: Path) -> BackendCase:
-    from tests.fixtures_brokers import pulsar_service_url  # noqa: PLC0415
-
     from headrace.wal.pulsar.message_id import PulsarMessageID  # noqa: PLC0415
+    from tests.fixtures_brokers import pulsar_service_url  # noqa: PLC0415
 
     def next_id(mid: MessageID) -> MessageID:
         assert isinstance(mid, PulsarMessageID)

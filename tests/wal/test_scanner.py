@@ -292,7 +292,7 @@ class CountingBackend(Backend):
             async def next_batch(
                 self,
                 max_records: int = 1024,
-                timeout: float | None = None,  # noqa: ASYNC109
+                timeout: float | None = None,
             ) -> list[Record]:
                 records = await inner.next_batch(max_records, timeout)
                 outer.fetched += len(records)

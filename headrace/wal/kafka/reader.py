@@ -61,7 +61,7 @@ class KafkaReader(BackendReader):
     async def next_batch(
         self,
         max_records: int = 1024,
-        timeout: float | None = None,  # noqa: ASYNC109 (the contract's signature)
+        timeout: float | None = None,
     ) -> list[Record]:
         if self._closed:
             raise errors.Closed(f"kafka reader of {self.pchannel} is closed")

@@ -189,7 +189,7 @@ class MemoryReader(BackendReader):
     async def next_batch(
         self,
         max_records: int = 1024,
-        timeout: float | None = None,  # noqa: ASYNC109
+        timeout: float | None = None,
     ) -> list[Record]:
         if max_records < 1:
             raise errors.InvalidArgument(f"max_records must be at least 1, got {max_records}")

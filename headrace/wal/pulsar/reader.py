@@ -113,7 +113,7 @@ class PulsarReader(BackendReader):
     async def next_batch(
         self,
         max_records: int = 1024,
-        timeout: float | None = None,  # noqa: ASYNC109 (the contract's signature)
+        timeout: float | None = None,
     ) -> list[Record]:
         if self._closed:
             raise errors.Closed(f"pulsar reader of {self.pchannel} is closed")
