@@ -81,6 +81,10 @@ class Assignment(_Record):
     address: str = ""
     target: str = ""
     """For UNASSIGNING: the node the pchannel moves to, if known."""
+    session: int = 0
+    """For ASSIGNED: the session lease of the node process that acknowledged
+    it. A node key carrying another lease is a restarted process that does not
+    serve the pchannel, even if it re-registered before the old key expired."""
     updated_at: float = 0.0
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from headrace import cluster, errors, runtime
 from headrace.coordinator import coordinator as coord_mod
 from headrace.metastore import factory
+from headrace.metastore.contract import Metastore
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ def node_command(cfg: StandaloneConfig, node_id: str) -> list[str]:
         str(cfg.lease_ttl_s),
         "--timetick-interval-ms",
         str(cfg.timetick_interval_ms),
+        "--exit-with-parent",
     ]
 
 
@@ -112,7 +114,6 @@ class NodeProcess:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=log_file,
-                start_new_session=True,
             )
 
     async def stop(self, timeout: float = 15.0) -> None:
@@ -160,25 +161,57 @@ class NodeProcess:
             backoff = min(backoff * 2, 10.0)
 
 
+async def wait_nodes_registered(
+    store: Metastore, keys: cluster.Keys, expected: int, stop: asyncio.Event, timeout: float
+) -> None:
+    """Wait (bounded) until ``expected`` node sessions exist; go on anyway after."""
+    deadline = time.monotonic() + timeout
+    while not stop.is_set() and time.monotonic() < deadline:
+        if len(await store.get_prefix(keys.nodes)) >= expected:
+            return
+        await asyncio.sleep(0.05)
+    log.warning("not every node registered within %.0fs; assigning to those that did", timeout)
+
+
+def serving(records: list[cluster.Assignment], node_leases: dict[str, int]) -> list[str]:
+    """Pchannels ASSIGNED to a node process that is alive now (pure).
+
+    A record acknowledged by an earlier process of the same node id (its
+    ``session`` differs from the node key's lease) does not count: after a
+    restart it is stale until the coordinator reassigns it.
+    """
+    return [
+        r.pchannel
+        for r in records
+        if r.state is cluster.AssignmentState.ASSIGNED
+        and r.session != 0
+        and node_leases.get(r.node) == r.session
+    ]
+
+
 async def wait_all_assigned(
     metastore_url: str, cluster_name: str, expected: int, timeout: float
 ) -> list[cluster.Assignment]:
-    """Wait until ``expected`` pchannels are ASSIGNED; raise Unavailable on timeout."""
+    """Wait until ``expected`` pchannels are served; raise Unavailable on timeout."""
     keys = cluster.Keys(cluster_name)
     deadline = time.monotonic() + timeout
     store = await factory.open_metastore(metastore_url)
     try:
         while True:
             kvs = await store.get_prefix(keys.pchannels)
-            records = [cluster.Assignment.model_validate_json(kv.value) for kv in kvs]
-            assigned = [r for r in records if r.state is cluster.AssignmentState.ASSIGNED]
-            if len(assigned) >= expected:
+            records = [cluster.Assignment.from_json(kv.value) for kv in kvs]
+            leases = {
+                cluster.NodeInfo.from_json(kv.value).node_id: kv.lease
+                for kv in await store.get_prefix(keys.nodes)
+            }
+            served = serving(records, leases)
+            if len(served) >= expected:
                 return records
             if time.monotonic() > deadline:
                 states = ", ".join(f"{r.pchannel}={r.state.value}" for r in records) or "none"
                 raise errors.Unavailable(
-                    f"only {len(assigned)} of {expected} pchannels ASSIGNED after {timeout:.0f}s "
-                    f"({states})"
+                    f"only {len(served)} of {expected} pchannels served after {timeout:.0f}s "
+                    f"({states}); see the node logs in the data directory's logs/"
                 )
             await asyncio.sleep(0.05)
     finally:
@@ -203,9 +236,12 @@ async def run_standalone(
             coordinator_id=f"standalone-{os.getpid()}",
         ),
     )
-    coord_task = asyncio.create_task(coordinator.run(stop), name="coordinator")
     procs = [NodeProcess(cfg, f"node-{i}") for i in range(cfg.nodes)]
     supervisors = [asyncio.create_task(p.supervise(stop), name=p.node_id) for p in procs]
+    # The nodes register first, so the first layout is already balanced
+    # instead of the first node getting everything and the balancer moving it.
+    await wait_nodes_registered(store, cluster.Keys(cfg.cluster), cfg.nodes, stop, 30.0)
+    coord_task = asyncio.create_task(coordinator.run(stop), name="coordinator")
     try:
         ready = asyncio.create_task(
             wait_all_assigned(cfg.metastore_url, cfg.cluster, cfg.pchannels, cfg.ready_timeout_s)

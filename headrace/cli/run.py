@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import tempfile
@@ -40,6 +41,11 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pulsar-url", default=None)
     p.add_argument("--lease-ttl", type=float, default=3.0)
     p.add_argument("--timetick-interval-ms", type=float, default=10.0)
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop (gracefully) when the parent process dies, e.g. a killed standalone",
+    )
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -65,9 +71,19 @@ def wal_settings(args: argparse.Namespace) -> dict[str, object]:
     raise errors.InvalidArgument(f"unknown WAL backend {args.wal!r} (known: local, kafka, pulsar)")
 
 
+async def _stop_when_orphaned(stop: asyncio.Event, parent: int) -> None:
+    while not stop.is_set():
+        if os.getppid() != parent:
+            stop.set()
+            return
+        await asyncio.sleep(0.5)
+
+
 async def node(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     _stop_on_signals(stop)
+    if args.exit_with_parent:
+        watcher = asyncio.create_task(_stop_when_orphaned(stop, os.getppid()))
     config = node_server.NodeConfig(
         node_id=args.node_id,
         listen=args.listen,
@@ -79,6 +95,8 @@ async def node(args: argparse.Namespace) -> int:
         session_ttl=args.lease_ttl,
     )
     await node_server.run_node(config, stop)
+    if args.exit_with_parent:
+        watcher.cancel()
     return 0
 
 

@@ -42,6 +42,8 @@ class LiveNode:
     session_revision: int = 0
     """Create revision of the node's session key: a record this node
     acknowledged before it (the node restarted) is no longer served."""
+    session_lease: int = 0
+    """Lease of the node's session key (0: unknown)."""
 
     @property
     def eligible(self) -> bool:
@@ -198,8 +200,11 @@ def _restarted(view: View, record: Assignment) -> bool:
     restarted and does not serve it (ASSIGNING is fine: the node reacts)."""
     if record.state not in (AssignmentState.ASSIGNED, AssignmentState.UNASSIGNING):
         return False
+    node = view.nodes[record.node]
+    if record.session and node.session_lease and record.session != node.session_lease:
+        return True
     revision = view.record_revisions.get(record.pchannel, 0)
-    return 0 < revision < view.nodes[record.node].session_revision
+    return 0 < revision < node.session_revision
 
 
 def _placements(planner: _Planner) -> dict[str, balancer.Placement]:

@@ -71,6 +71,7 @@ class ClusterSnapshot:
                 frozen=info.frozen or control.frozen or control.draining,
                 draining=control.draining,
                 session_revision=known.get(node_id, self._created(node_id)),
+                session_lease=self.sessions[node_id].lease if node_id in self.sessions else 0,
             )
         return live
 

@@ -14,6 +14,7 @@ import contextlib
 import enum
 import logging
 import time
+from collections.abc import Callable
 from typing import TypeVar
 
 from headrace import errors
@@ -85,7 +86,10 @@ class Reactor:
         address: str,
         *,
         retry_seconds: float = 0.5,
+        session_lease: Callable[[], int] = lambda: 0,
     ) -> None:
+        self.session_lease = session_lease
+        """The lease of the node's current session, stamped on ASSIGNED records."""
         self.metastore = metastore
         self.keys = keys
         self.manager = manager
@@ -276,6 +280,7 @@ class Reactor:
                 "address": self.address
                 if new_state is AssignmentState.ASSIGNED
                 else record.address,
+                "session": self.session_lease() if new_state is AssignmentState.ASSIGNED else 0,
                 "updated_at": time.time(),
             }
         )

@@ -126,7 +126,13 @@ class StreamingNode:
                 self._tso = MetastoreTSO(self._metastore, self.keys.tso)
             self.manager = WALManager(cfg.node_id, self._backend, self._tso, cfg.wal_options)
             await self._serve()
-            self.reactor = Reactor(self.metastore, self.keys, self.manager, self.address)
+            self.reactor = Reactor(
+                self.metastore,
+                self.keys,
+                self.manager,
+                self.address,
+                session_lease=self._session_lease,
+            )
             await self._register()
             self._tasks = [
                 asyncio.create_task(self.reactor.run(), name=f"{cfg.node_id}-reactor"),
@@ -176,6 +182,9 @@ class StreamingNode:
             started_at=time.time(),
             version=headrace.__version__,
         )
+
+    def _session_lease(self) -> int:
+        return self._session.lease if self._session is not None else 0
 
     async def _register(self) -> None:
         self._session = await Session.start(
