@@ -1,0 +1,1 @@
+"""End-to-end scenarios: the operator on a real API server (see README.md)."""
