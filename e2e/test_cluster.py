@@ -52,11 +52,6 @@ pytestmark = [
     pytest.mark.timeout(240),
 ]
 
-LOCAL_WAL_MOVES_LOSE_DATA = (
-    "known bug: with wal.backend local every node pod has its own WAL volume, so a "
-    "pchannel that moves to another node (failover, drain, rebalance) continues in an "
-    "empty WAL there; what it held before stays on the old node's volume, unreadable"
-)
 NAME = "demo"
 PCHANNELS = 16
 LEASE_TTL_S = 3
@@ -247,10 +242,7 @@ async def test_deleted_node_pod_fails_over_and_is_recreated_without_losing_messa
         assert later and later[0].node != victim, f"{pchannel} was not failed over: {later}"
         assert any(r.state is AssignmentState.ASSIGNED for r in later if r.node == later[0].node)
     assert demo.history.taken_away(victim), "a failover shows as records taken away"
-    lost = [p for p in problems if "never delivered" in p]
-    assert [p for p in problems if p not in lost] == []
-    if lost:
-        pytest.xfail(f"{LOCAL_WAL_MOVES_LOSE_DATA}: {'; '.join(lost)}")
+    assert problems == [], "every acknowledged message is delivered after the failover"
 
 
 async def test_scale_up_rebalances_and_scale_down_drains_before_deleting(demo: Demo) -> None:

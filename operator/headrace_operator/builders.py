@@ -4,8 +4,7 @@ Every function here takes the cluster's identity and its parsed spec and returns
 plain dicts ready for server-side apply; nothing here does I/O or imports kopf
 or kubernetes (an import-linter contract keeps it so).
 
-Workload: operator-owned Pods, one per node id (``<cluster>-node-<i>``), each
-with its own PVC (``<cluster>-wal-<i>``) for the local WAL. A StatefulSet with
+Workload: operator-owned Pods, one per node id (``<cluster>-node-<i>``). A StatefulSet with
 ``updateStrategy: OnDelete`` would also let the operator pick the moment a pod
 goes, but its controller still owns pod creation and scale-down: lowering
 ``replicas`` deletes the highest pod at once, before its pchannels are drained,
@@ -14,6 +13,18 @@ the pods directly makes the order "drain the node's pchannels through the
 coordinator, wait until it holds none, then delete the pod" the only path, for
 scale-down and restarts alike, and lets a node that is still draining stay up
 while its replacement ordinal is unaffected.
+
+Local WAL storage: ONE PersistentVolumeClaim per cluster (``<cluster>-wal``,
+``ReadWriteMany``), mounted by every node pod at :data:`WAL_MOUNT`. The local
+backend keeps one directory per pchannel, written by whichever node owns the
+pchannel and fenced by its TERM file and segment chain, so it is safe for
+several processes to share. Pchannels move between nodes (failover, drain,
+rebalance, pin); with a volume per pod the new owner would open an empty WAL
+and acknowledged messages would be lost to consumers. The storage class must
+therefore support ReadWriteMany (NFS, CephFS, EFS, ...). Scale-down leaves
+the shared volume alone; it goes with the cluster only under
+``deleteDataOnDelete``. Kafka and Pulsar keep the WAL in the broker and need
+no volume.
 """
 
 from __future__ import annotations
@@ -74,8 +85,9 @@ def node_name(cluster: str, ordinal: int) -> str:
     return f"{cluster}-node-{ordinal}"
 
 
-def pvc_name(cluster: str, ordinal: int) -> str:
-    return f"{cluster}-wal-{ordinal}"
+def pvc_name(cluster: str) -> str:
+    """The cluster's shared local-WAL volume claim."""
+    return f"{cluster}-wal"
 
 
 def config_map_name(cluster: str) -> str:
@@ -233,18 +245,19 @@ def node_role_binding(ref: ClusterRef) -> dict[str, Any]:
     }
 
 
-def pvc(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:
-    """The WAL volume of one node. Owned by the cluster (so deleted with it)
-    only when ``deleteDataOnDelete`` is set; otherwise it outlives the cluster."""
+def pvc(ref: ClusterRef, spec: StreamingClusterSpec) -> dict[str, Any]:
+    """The local-WAL volume every node pod mounts (``ReadWriteMany``: a
+    pchannel's directory follows the pchannel from node to node). Owned by the
+    cluster (so deleted with it) only when ``deleteDataOnDelete`` is set;
+    otherwise it outlives the cluster."""
     local = spec.wal.local_or_default
     claim: dict[str, Any] = {
-        "accessModes": ["ReadWriteOnce"],
+        "accessModes": ["ReadWriteMany"],
         "resources": {"requests": {"storage": local.size}},
     }
     if local.storage_class_name:
         claim["storageClassName"] = local.storage_class_name
-    meta = _meta(ref, pvc_name(ref.name, ordinal), "wal", owned=spec.delete_data_on_delete)
-    meta["labels"][LABEL_ORDINAL] = str(ordinal)
+    meta = _meta(ref, pvc_name(ref.name), "wal", owned=spec.delete_data_on_delete)
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": claim}
 
 
@@ -300,12 +313,12 @@ def node_args(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> list
 
 
 def _volumes(
-    ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int
+    ref: ClusterRef, spec: StreamingClusterSpec
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     if spec.wal.backend == "local":
-        claim = {"claimName": pvc_name(ref.name, ordinal)}
+        claim = {"claimName": pvc_name(ref.name)}
         volumes.append({"name": "wal", "persistentVolumeClaim": claim})
         mounts.append({"name": "wal", "mountPath": WAL_MOUNT})
     kafka = spec.wal.kafka
@@ -316,7 +329,7 @@ def _volumes(
 
 
 def _container(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:
-    _, mounts = _volumes(ref, spec, ordinal)
+    _, mounts = _volumes(ref, spec)
     probe = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5, "failureThreshold": 3}
     container: dict[str, Any] = {
         "name": "node",
@@ -349,7 +362,7 @@ def template_hash(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> 
 
 
 def _pod_spec(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:
-    volumes, _ = _volumes(ref, spec, ordinal)
+    volumes, _ = _volumes(ref, spec)
     return {
         "hostname": node_name(ref.name, ordinal),
         "subdomain": headless_service_name(ref.name),

@@ -32,7 +32,6 @@ class Reason(enum.StrEnum):
     NODE_DRAIN_CANCELLED = "NodeDrainCancelled"
     NODE_POD_DELETED = "NodePodDeleted"
     NODE_UNFROZEN = "NodeUnfrozen"
-    VOLUME_DELETED = "VolumeDeleted"
     PCHANNEL_MOVED = "PChannelMoved"
     PCHANNEL_MOVE_REQUESTED = "PChannelMoveRequested"
     PCHANNEL_PIN_FAILED = "PChannelPinFailed"

@@ -171,7 +171,8 @@ async def cluster_resync(*, memo: Any, namespace: str | None, name: str, **_: An
 @kopf.on.delete(*CLUSTERS)
 async def cluster_deleted(*, memo: Any, namespace: str | None, name: str, **_: Any) -> None:
     """Stop the cluster's coordinator; owned objects go by garbage collection
-    (WAL volumes only with ``deleteDataOnDelete``, see :func:`.builders.pvc`)."""
+    (the shared WAL volume only with ``deleteDataOnDelete``, see
+    :func:`.builders.pvc`)."""
     runtime: Runtime = memo["runtime"]
     key = f"{namespace or ''}/{name}"
     async with runtime.lock(key):

@@ -92,13 +92,21 @@ class MetastoreSpec(_Model):
 
 
 class LocalWAL(_Model):
-    """Local segmented files on a PersistentVolumeClaim per node."""
+    """Local segmented files on one ReadWriteMany volume that all node pods share."""
 
     storage_class_name: str | None = pydantic.Field(
-        default=None, max_length=253, description="StorageClass of the WAL volumes."
+        default=None,
+        max_length=253,
+        description=(
+            "StorageClass of the shared WAL volume. It must support ReadWriteMany "
+            "(e.g. NFS, CephFS, EFS): pchannels move between nodes, so every node pod "
+            "mounts the same volume. Kafka and Pulsar need no shared volume."
+        ),
     )
     size: str = pydantic.Field(
-        default="10Gi", pattern=_QUANTITY, description="Size of each node's WAL volume."
+        default="10Gi",
+        pattern=_QUANTITY,
+        description="Size of the shared WAL volume (holds the WALs of all pchannels).",
     )
 
 
@@ -180,7 +188,10 @@ class WALSpec(_Model):
 
     backend: Literal["local", "kafka", "pulsar"] = pydantic.Field(
         default="local",
-        description="local (a volume per node), kafka or pulsar. Immutable.",
+        description=(
+            "local (one ReadWriteMany volume shared by all node pods), kafka or pulsar "
+            "(no volume). Immutable."
+        ),
         json_schema_extra=_cel_extra(cel("self == oldSelf", "wal.backend is immutable")),
     )
     local: LocalWAL | None = None
@@ -252,7 +263,7 @@ class StreamingClusterSpec(_Model):
     )
     delete_data_on_delete: bool = pydantic.Field(
         default=False,
-        description="Delete WAL volumes with the cluster (and on scale-down). Default keeps them.",
+        description="Delete the shared local WAL volume with the cluster. Default keeps it.",
     )
 
     @property

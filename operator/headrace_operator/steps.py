@@ -8,9 +8,9 @@ fails records the failure (it shows in ``Degraded``) and the pass goes on with
 the next step; a step may also end the pass early (paused, invalid spec).
 
 Order: pause check, spec, coordinator connection, node RBAC, ConfigMap and
-Services, backend reachability, metastore observation, WAL volumes, node pods
-(create, drain-then-delete, restarts), disruption budget, PChannelAssignments,
-volume clean-up, status.
+Services, backend reachability, metastore observation, the shared local-WAL
+volume, node pods (create, drain-then-delete, restarts), disruption budget,
+PChannelAssignments, status.
 """
 
 from __future__ import annotations
@@ -167,12 +167,12 @@ async def observe_metastore(p: Pass) -> None:
         p.progress.append("waiting for the coordinator to store the cluster config")
 
 
-async def apply_volumes(p: Pass) -> None:
+async def apply_volume(p: Pass) -> None:
+    """The one local-WAL volume all node pods share (see :func:`.builders.pvc`);
+    scaling never touches it."""
     spec = p.need_spec()
-    if spec.wal.backend != "local":
-        return
-    for ordinal in range(spec.nodes):
-        await ensure(p, builders.pvc(p.ref, spec, ordinal))
+    if spec.wal.backend == "local":
+        await ensure(p, builders.pvc(p.ref, spec))
 
 
 async def _list_pods(p: Pass) -> dict[int, PodView]:
@@ -268,22 +268,6 @@ async def apply_disruption_budget(p: Pass) -> None:
         await p.kube.delete(
             "policy/v1", "PodDisruptionBudget", p.ref.namespace, f"{p.ref.name}-nodes"
         )
-
-
-async def cleanup_volumes(p: Pass) -> None:
-    """With ``deleteDataOnDelete``, the volume of a scaled-away node goes once
-    its pod is gone; otherwise volumes are kept for a later scale-up."""
-    spec = p.need_spec()
-    if not spec.delete_data_on_delete:
-        return
-    labels = {builders.LABEL_CLUSTER: p.ref.name, builders.LABEL_COMPONENT: "wal"}
-    for claim in await p.kube.list("v1", "PersistentVolumeClaim", p.ref.namespace, labels):
-        meta = claim["metadata"]
-        ordinal = int(meta.get("labels", {}).get(builders.LABEL_ORDINAL, "-1"))
-        if ordinal < spec.nodes or ordinal in p.pods or meta.get("deletionTimestamp"):
-            continue
-        if await p.kube.delete("v1", "PersistentVolumeClaim", p.ref.namespace, meta["name"]):
-            await p.event(Reason.VOLUME_DELETED, f"deleted WAL volume {meta['name']} (scale-down)")
 
 
 def observation(p: Pass) -> ClusterObservation:
@@ -428,11 +412,10 @@ STEPS: Sequence[tuple[str, Step]] = (
     ("cluster-objects", apply_cluster_objects),
     ("backends", check_backends),
     ("metastore", observe_metastore),
-    ("volumes", apply_volumes),
+    ("volume", apply_volume),
     ("pods", reconcile_pods),
     ("disruption-budget", apply_disruption_budget),
     ("pchannels", sync_pchannels),
-    ("volume-cleanup", cleanup_volumes),
 )
 
 

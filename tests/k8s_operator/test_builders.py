@@ -46,7 +46,7 @@ def test_node_pod_runs_headrace_node_with_its_identity() -> None:
     assert args[args.index("--wal") + 1] == "local"
     assert args[args.index("--wal-dir") + 1] == builders.WAL_MOUNT
     assert pod["spec"]["volumes"] == [
-        {"name": "wal", "persistentVolumeClaim": {"claimName": "demo-wal-2"}}
+        {"name": "wal", "persistentVolumeClaim": {"claimName": "demo-wal"}}
     ]
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert pod["spec"]["automountServiceAccountToken"] is False
@@ -107,19 +107,36 @@ def test_template_hash_follows_pod_and_config_changes() -> None:
 
 
 def test_volume_is_owned_only_when_data_goes_with_the_cluster() -> None:
-    kept = builders.pvc(REF, spec(), 1)
+    kept = builders.pvc(REF, spec())
     assert "ownerReferences" not in kept["metadata"]
     assert kept["spec"]["resources"]["requests"]["storage"] == "10Gi"
     owned = builders.pvc(
         REF,
         spec(
             deleteDataOnDelete=True,
-            wal={"backend": "local", "local": {"size": "5Gi", "storageClassName": "fast"}},
+            wal={"backend": "local", "local": {"size": "5Gi", "storageClassName": "nfs"}},
         ),
-        1,
     )
     assert owned["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-    assert owned["spec"]["storageClassName"] == "fast"
+    assert owned["spec"]["storageClassName"] == "nfs"
+    assert owned["spec"]["resources"]["requests"]["storage"] == "5Gi"
+
+
+def test_every_node_pod_mounts_the_one_shared_wal_volume() -> None:
+    """A pchannel's WAL directory must be readable by whichever node owns it
+    next, so all pods claim the same ReadWriteMany volume."""
+    claim = builders.pvc(REF, spec(nodes=3))
+    assert claim["metadata"]["name"] == "demo-wal"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert builders.LABEL_ORDINAL not in claim["metadata"]["labels"]
+    mounted = set()
+    for ordinal in range(3):
+        pod = builders.node_pod(REF, spec(nodes=3), ordinal)
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "wal"]
+        mounted.add(volume["persistentVolumeClaim"]["claimName"])
+        (mount,) = pod["spec"]["containers"][0]["volumeMounts"]
+        assert mount == {"name": "wal", "mountPath": builders.WAL_MOUNT}
+    assert mounted == {"demo-wal"}
 
 
 def test_disruption_budget_allows_one_node_down() -> None:
@@ -171,8 +188,8 @@ def test_needs_apply_detects_missing_drift_and_dropped_fields() -> None:
     assert not builders.needs_apply(desired, live), "server-added fields are ignored"
     drifted = {**live, "data": {**live["data"], "HEADRACE_LEASE_TTL": "99"}}
     assert builders.needs_apply(desired, drifted)
-    fewer = builders.stamped(builders.pvc(REF, spec(), 0))
-    before = builders.stamped(builders.pvc(REF, spec(deleteDataOnDelete=True), 0))
+    fewer = builders.stamped(builders.pvc(REF, spec()))
+    before = builders.stamped(builders.pvc(REF, spec(deleteDataOnDelete=True)))
     assert builders.needs_apply(fewer, before), "dropping ownerReferences must be applied"
 
 

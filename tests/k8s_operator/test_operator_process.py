@@ -127,4 +127,4 @@ async def test_operator_runs_a_cluster_end_to_end(
 
     await wait(gone, "the cluster and its pods deleted")
     claims = await api.list("v1", "PersistentVolumeClaim", namespace, {})
-    assert sorted(c["metadata"]["name"] for c in claims) == ["demo-wal-0", "demo-wal-1"]
+    assert [c["metadata"]["name"] for c in claims] == ["demo-wal"]

@@ -39,14 +39,18 @@ async def test_creates_every_object_and_becomes_ready(bed: Bed) -> None:
         ("rbac.authorization.k8s.io/v1", "Role", "alpha-node"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding", "alpha-node"),
         ("policy/v1", "PodDisruptionBudget", "alpha-nodes"),
-        ("v1", "PersistentVolumeClaim", "alpha-wal-0"),
-        ("v1", "PersistentVolumeClaim", "alpha-wal-1"),
+        ("v1", "PersistentVolumeClaim", "alpha-wal"),
     ]:
         obj = await bed.kube.get(api_version, kind, ns, name)
         assert obj is not None, f"{kind} {name} missing"
     assert set(await bed.pods("alpha")) == {"alpha-node-0", "alpha-node-1"}
-    claim = await bed.kube.get("v1", "PersistentVolumeClaim", ns, "alpha-wal-0")
-    assert claim is not None and not claim["metadata"].get("ownerReferences")
+    claims = await bed.kube.list("v1", "PersistentVolumeClaim", ns, {})
+    assert [c["metadata"]["name"] for c in claims] == ["alpha-wal"], "one volume, shared"
+    assert claims[0]["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert not claims[0]["metadata"].get("ownerReferences")
+    for pod in (await bed.pods("alpha")).values():
+        volumes = pod["spec"]["volumes"]
+        assert {"name": "wal", "persistentVolumeClaim": {"claimName": "alpha-wal"}} in volumes
     assignments = await bed.kube.list(*PCA, ns, {builders.LABEL_CLUSTER: "alpha"})
     assert sorted(a["spec"]["pchannel"] for a in assignments) == [
         f"pchannel-00{i}" for i in range(4)
@@ -68,7 +72,7 @@ async def test_a_settled_pass_writes_nothing(bed: Bed) -> None:
         ("v1", "ConfigMap", "calm-config"),
         ("v1", "Service", "calm"),
         ("v1", "Pod", "calm-node-0"),
-        ("v1", "PersistentVolumeClaim", "calm-wal-0"),
+        ("v1", "PersistentVolumeClaim", "calm-wal"),
         (models.API_VERSION, "StreamingCluster", "calm"),
     ]
     before = [await bed.kube.get(v, k, bed.namespace, n) for v, k, n in objects]
@@ -104,25 +108,30 @@ async def test_scale_down_drains_the_highest_node_before_deleting_it(bed: Bed) -
     reasons = await bed.event_reasons()
     assert reasons.index("NodeDrainStarted") < reasons.index("NodeDrained")
     assert "NodePodDeleted" in reasons
-    claim = await bed.kube.get("v1", "PersistentVolumeClaim", bed.namespace, "shrink-wal-2")
-    assert claim is not None, "the volume is kept unless deleteDataOnDelete"
+    claims = await bed.kube.list("v1", "PersistentVolumeClaim", bed.namespace, {})
+    assert [c["metadata"]["name"] for c in claims] == ["shrink-wal"]
 
 
-async def test_scale_down_with_delete_data_removes_the_volume(bed: Bed) -> None:
+async def test_scale_down_with_delete_data_keeps_the_shared_volume(bed: Bed) -> None:
+    """The shared volume holds the WALs the remaining nodes serve: scale-down
+    never deletes it, even with deleteDataOnDelete (which only ties it to the
+    cluster's lifetime)."""
     await bed.create_cluster("purge", nodes=2, pchannels=2, deleteDataOnDelete=True)
     await bed.converge("purge", is_ready, what="Ready")
-    claim = await bed.kube.get("v1", "PersistentVolumeClaim", bed.namespace, "purge-wal-1")
+    claim = await bed.kube.get("v1", "PersistentVolumeClaim", bed.namespace, "purge-wal")
     assert claim is not None
     assert claim["metadata"]["ownerReferences"][0]["kind"] == "StreamingCluster"
     await bed.patch_cluster("purge", {"spec": {"nodes": 1}})
 
-    async def volume_gone() -> bool:
-        found = await bed.kube.get("v1", "PersistentVolumeClaim", bed.namespace, "purge-wal-1")
-        return found is None or bool(found["metadata"].get("deletionTimestamp"))
+    async def node_1_gone() -> bool:
+        return set(await bed.pods("purge")) == {"purge-node-0"}
 
-    await bed.until("purge", volume_gone, what="the volume of node 1 deleted")
-    assert set(await bed.pods("purge")) == {"purge-node-0"}
-    assert "VolumeDeleted" in await bed.event_reasons()
+    await bed.until("purge", node_1_gone, what="node 1 drained and deleted")
+    after = await bed.kube.get("v1", "PersistentVolumeClaim", bed.namespace, "purge-wal")
+    assert after is not None and not after["metadata"].get("deletionTimestamp")
+    assert after["metadata"]["uid"] == claim["metadata"]["uid"]
+    reasons = await bed.event_reasons()
+    assert reasons.index("NodeDrainStarted") < reasons.index("NodePodDeleted")
 
 
 async def test_pause_annotation_stops_reconciliation(bed: Bed) -> None:

@@ -37,7 +37,7 @@ The operator's permissions: exactly the requests it makes.
 - its custom resources: watched by kopf, patched for kopf's finalizer and
   annotations, status written by the operator; PChannelAssignments are created
   and deleted by the operator (server-side apply needs create and patch);
-- the objects it builds for each cluster (node pods, their volumes, config,
+- the objects it builds for each cluster (node pods, the shared WAL volume, config,
   services, node ServiceAccount and Role, disruption budget);
 - events it records.
 The Role it creates for the nodes grants only `get` on a ConfigMap, which the
@@ -54,8 +54,11 @@ operator holds itself (RBAC forbids granting more than one holds).
   resources: ["pchannelassignments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["pods", "persistentvolumeclaims"]
+  resources: ["pods"]
   verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["configmaps", "services", "serviceaccounts"]
   verbs: ["get", "create", "patch"]
