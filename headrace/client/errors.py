@@ -20,6 +20,10 @@ METADATA_KEY = "headrace-error"
 
 _RETRYABLE_STATUS = frozenset(
     {
+        # Without Headrace details (a node always sends them), INTERNAL comes
+        # from gRPC's transport, e.g. "Internal error from Core" when the peer
+        # dies mid-stream: the outcome is unknown, and retries are deduplicated.
+        grpc.StatusCode.INTERNAL,
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.CANCELLED,

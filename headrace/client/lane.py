@@ -7,6 +7,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -168,10 +169,28 @@ class Lane:
     # ---------------------------------------------------------- one stream
 
     async def _stream(self, owner: Owner) -> _Stream:
-        """Send over one stream to ``owner`` until it fails; then requeue what is unacknowledged."""
+        """Send over one stream to ``owner`` until it fails or the pchannel moves on;
+        then requeue what is unacknowledged."""
         channel = self.producer.client.channels.get(owner.address)
         call = rpc.producer_stub(channel).Produce()
         stream = _Stream(call, owner)
+        body = asyncio.create_task(self._converse(stream))
+        watcher = asyncio.create_task(self._watch_owner(stream))
+        try:
+            await asyncio.wait((body, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (body, watcher):
+                task.cancel()
+            await asyncio.gather(body, watcher, return_exceptions=True)
+            call.cancel()
+            unresolved = [*stream.retry, *(i for _, items in stream.inflight for i in items)]
+            self.queue.extendleft(reversed(unresolved))
+        error = None if body.cancelled() else body.exception()
+        if error is not None:
+            raise error
+        return stream
+
+    async def _converse(self, stream: _Stream) -> None:
         receiver: asyncio.Task[None] | None = None
         try:
             opened = await self._open(stream)
@@ -181,15 +200,44 @@ class Lane:
                 if not stream.broken:
                     await receiver
         except grpc.RpcError as exc:
-            stream.fail(from_rpc_error(exc, owner.address), broken=True)
+            stream.fail(from_rpc_error(exc, stream.owner.address), broken=True)
+        except asyncio.InvalidStateError:
+            # A write raced the end of the call (the node went away): the
+            # receiver may not have seen the status yet.
+            stream.fail(
+                errors.Unavailable(f"{stream.owner.address} ended the Produce stream"),
+                broken=True,
+            )
         finally:
             if receiver is not None and not receiver.done():
                 receiver.cancel()
                 await asyncio.gather(receiver, return_exceptions=True)
-            call.cancel()
-            unresolved = [*stream.retry, *(i for _, items in stream.inflight for i in items)]
-            self.queue.extendleft(reversed(unresolved))
-        return stream
+
+    async def _watch_owner(self, stream: _Stream) -> None:
+        """Fail ``stream`` once the pchannel has an ASSIGNED owner of a higher term.
+
+        A stalled owner (paused, partitioned) answers nothing, so without this
+        the stream would wait for the messages' deadline although a new owner
+        serves. Resending the unacknowledged messages is safe: the new owner
+        fenced the old term in the backend before serving (a late write of the
+        old owner never becomes readable), and its dedup window holds what the
+        old owner wrote before the fence.
+        """
+        view = self.producer.client.view
+        term = stream.owner.term
+
+        def newer() -> Owner | None:
+            owner = view.owner(self.pchannel)
+            return owner if owner is not None and owner.term > term else None
+
+        owner = await view.wait_for(newer, math.inf, f"a new owner of {self.pchannel}")
+        stream.fail(
+            errors.Unavailable(
+                f"{self.pchannel} moved to {owner.node} at term {owner.term} "
+                f"while the stream to {stream.owner.address} (term {term}) was open"
+            ),
+            broken=True,
+        )
 
     async def _open(self, stream: _Stream) -> bool:
         owner = stream.owner

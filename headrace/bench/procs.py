@@ -1,0 +1,485 @@
+"""A cluster of real node processes for chaos tests and handoff benchmarks.
+
+:class:`ProcCluster` runs the coordinator in this process and every streaming
+node as a child process (``python -m headrace.cli node ...``) on a SQLite
+metastore under ``root``; each node process is a :class:`NodeProc` that the
+caller may kill (SIGKILL), pause (SIGSTOP), resume (SIGCONT) and start again,
+the way a supervisor would; :class:`FaultInjector` does so at seeded random
+times, and also moves pchannels gracefully. The WAL backend is pluggable:
+``local`` (files under ``root/wal``, shared by the node processes), ``kafka``
+or ``pulsar`` with their settings. :func:`read_log` reads a pchannel's whole
+WAL straight from the backend, for audits after the nodes are stopped.
+
+Layout of ``root``::
+
+    meta.db          SQLite metastore
+    wal/             local WAL backend (when ``backend="local"``)
+    logs/<node>.log  output of each node process (appended across restarts)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import random
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from headrace import cluster, errors, standalone
+from headrace.coordinator.control import ClusterAdmin
+from headrace.coordinator.coordinator import Coordinator, CoordinatorConfig
+from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot, wait_for
+from headrace.message import codec
+from headrace.message.types import LogEntry
+from headrace.metastore.contract import Metastore
+from headrace.metastore.factory import open_metastore
+from headrace.wal import registry
+from headrace.wal.contract import Backend, StartPosition
+
+log = logging.getLogger(__name__)
+
+_BACKEND_FLAGS: dict[str, dict[str, str]] = {
+    "local": {"root": "--wal-dir", "fsync": "--fsync"},
+    "kafka": {"bootstrap_servers": "--kafka-bootstrap"},
+    "pulsar": {"service_url": "--pulsar-url"},
+}
+"""Per backend: the node command's flag for each backend setting it accepts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """What to run: node count, pchannels, timings and the WAL backend."""
+
+    root: Path
+    nodes: int = 3
+    pchannels: int = 8
+    lease_ttl_s: float = 2.0
+    """Session TTL of every node (failover detection time)."""
+    backend: str = "local"
+    backend_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Backend settings; for ``local`` the root defaults to ``root/wal``."""
+    cluster: str = cluster.DEFAULT_CLUSTER
+    timetick_interval_ms: float = 10.0
+    pchannel_prefix: str = "pchannel"
+    coordinator_lease_ttl_s: float = 3.0
+    ready_timeout_s: float = 60.0
+
+    def validate(self) -> None:
+        if self.nodes < 1:
+            raise errors.InvalidArgument(f"need at least one node, got {self.nodes}")
+        if self.pchannels < 1:
+            raise errors.InvalidArgument(f"need at least one pchannel, got {self.pchannels}")
+        if self.lease_ttl_s <= 0:
+            raise errors.InvalidArgument(f"lease TTL must be positive, got {self.lease_ttl_s}")
+        if self.backend not in _BACKEND_FLAGS:
+            known = ", ".join(sorted(_BACKEND_FLAGS))
+            raise errors.InvalidArgument(f"unknown WAL backend {self.backend!r} (known: {known})")
+        unknown = sorted(set(self.backend_settings) - set(_BACKEND_FLAGS[self.backend]))
+        if unknown:
+            raise errors.InvalidArgument(
+                f"{self.backend} backend: settings {unknown} cannot be passed to a node process "
+                f"(known: {sorted(_BACKEND_FLAGS[self.backend])})"
+            )
+
+    @property
+    def metastore_url(self) -> str:
+        return f"sqlite:///{(self.root / 'meta.db').resolve()}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def pchannel_names(self) -> list[str]:
+        return cluster.default_pchannels(self.pchannels, self.pchannel_prefix)
+
+    def wal_settings(self) -> dict[str, Any]:
+        """The backend settings, with the local default root filled in."""
+        settings = dict(self.backend_settings)
+        if self.backend == "local":
+            settings.setdefault("root", str((self.root / "wal").resolve()))
+        return settings
+
+
+def backend_args(backend: str, settings: Mapping[str, Any]) -> list[str]:
+    """The node command's WAL flags for ``backend`` and ``settings`` (pure)."""
+    flags = _BACKEND_FLAGS.get(backend)
+    if flags is None:
+        raise errors.InvalidArgument(f"unknown WAL backend {backend!r}")
+    args = ["--wal", backend]
+    for key in sorted(settings):
+        if key not in flags:
+            raise errors.InvalidArgument(f"{backend} backend: unknown setting {key!r}")
+        args += [flags[key], str(settings[key])]
+    return args
+
+
+def node_command(spec: ClusterSpec, node_id: str) -> list[str]:
+    """The command line of one node process (pure)."""
+    return [
+        sys.executable,
+        "-m",
+        "headrace.cli",
+        "node",
+        "--node-id",
+        node_id,
+        "--metastore",
+        spec.metastore_url,
+        "--cluster",
+        spec.cluster,
+        "--listen",
+        "127.0.0.1:0",
+        *backend_args(spec.backend, spec.wal_settings()),
+        "--lease-ttl",
+        str(spec.lease_ttl_s),
+        "--timetick-interval-ms",
+        str(spec.timetick_interval_ms),
+    ]
+
+
+class NodeProc:
+    """One node process that can be killed, paused, resumed and started again."""
+
+    def __init__(self, spec: ClusterSpec, node_id: str) -> None:
+        self.spec = spec
+        self.node_id = node_id
+        self.proc: asyncio.subprocess.Process | None = None
+        self.paused = False
+        self.starts = 0
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    @property
+    def healthy(self) -> bool:
+        """Running and not paused."""
+        return self.running and not self.paused
+
+    async def start(self) -> None:
+        if self.running:
+            raise errors.InvalidArgument(f"node {self.node_id} is already running")
+        self.spec.log_dir.mkdir(parents=True, exist_ok=True)
+        with (self.spec.log_dir / f"{self.node_id}.log").open("ab") as log_file:
+            self.proc = await asyncio.create_subprocess_exec(
+                *node_command(self.spec, self.node_id),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+            )
+        self.paused = False
+        self.starts += 1
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            raise errors.InvalidArgument(f"node {self.node_id} is not running")
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(sig)
+
+    async def kill(self) -> None:
+        """SIGKILL and reap: a crash."""
+        self._signal(signal.SIGKILL)
+        assert self.proc is not None
+        await self.proc.wait()
+        self.paused = False
+
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+        self.paused = False
+
+    async def terminate(self, timeout: float = 20.0) -> None:
+        """Graceful stop (SIGTERM), SIGKILL after ``timeout``; no-op if not running."""
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        if self.paused:
+            self.resume()
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            log.warning("node %s ignored SIGTERM for %.0fs; killing it", self.node_id, timeout)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
+class ProcCluster:
+    """Coordinator in this process, nodes as child processes."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        spec.validate()
+        self.spec = spec
+        self.keys = cluster.Keys(spec.cluster)
+        self.nodes = {f"node-{i}": NodeProc(spec, f"node-{i}") for i in range(spec.nodes)}
+        self._stop = asyncio.Event()
+        self._store: Metastore | None = None
+        self._coordinator: asyncio.Task[None] | None = None
+
+    @property
+    def metastore(self) -> Metastore:
+        if self._store is None:
+            raise errors.Closed("the cluster is not started")
+        return self._store
+
+    @property
+    def admin(self) -> ClusterAdmin:
+        return ClusterAdmin(self.metastore, self.spec.cluster)
+
+    async def __aenter__(self) -> ProcCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start the coordinator and every node; return once every pchannel is ASSIGNED."""
+        spec = self.spec
+        spec.root.mkdir(parents=True, exist_ok=True)
+        self._store = await open_metastore(spec.metastore_url)
+        coordinator = Coordinator(
+            self._store,
+            spec.cluster,
+            CoordinatorConfig(
+                pchannels=spec.pchannel_names,
+                wal_backend=spec.backend,
+                lease_ttl_s=spec.coordinator_lease_ttl_s,
+                coordinator_id="bench-coordinator",
+            ),
+        )
+        self._coordinator = asyncio.create_task(coordinator.run(self._stop), name="coordinator")
+        await asyncio.gather(*(node.start() for node in self.nodes.values()))
+        await self.wait_registered(spec.ready_timeout_s)
+        await self.wait_assigned(spec.ready_timeout_s)
+
+    async def wait_registered(self, timeout: float) -> None:
+        """Wait until every node process has a session; Unavailable after ``timeout``."""
+        wanted = set(self.nodes)
+        await wait_for(
+            self.metastore, self.spec.cluster, lambda snap: wanted <= set(snap.nodes), timeout
+        )
+
+    async def wait_assigned(self, timeout: float) -> None:
+        """Wait until every pchannel is ASSIGNED; Unavailable after ``timeout``."""
+        ready = asyncio.ensure_future(
+            standalone.wait_all_assigned(
+                self.spec.metastore_url, self.spec.cluster, self.spec.pchannels, timeout
+            )
+        )
+        assert self._coordinator is not None
+        done, _ = await asyncio.wait(
+            {ready, self._coordinator}, return_when=asyncio.FIRST_COMPLETED
+        )
+        if ready not in done:
+            ready.cancel()
+            await asyncio.gather(ready, return_exceptions=True)
+            self._coordinator.result()
+            raise errors.HeadraceError("the coordinator stopped unexpectedly")
+        ready.result()
+
+    async def snapshot(self) -> ClusterSnapshot:
+        return await read_snapshot(self.metastore, self.keys)
+
+    async def stop_nodes(self) -> None:
+        await asyncio.gather(*(node.terminate() for node in self.nodes.values()))
+
+    async def close(self) -> None:
+        self._stop.set()
+        await self.stop_nodes()
+        if self._coordinator is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._coordinator, 10)
+            self._coordinator = None
+        if self._store is not None:
+            store, self._store = self._store, None
+            await store.close()
+
+    def open_backend(self) -> Backend:
+        """A backend instance of this cluster's WAL, for reading it directly."""
+        return registry.create(self.spec.backend, **self.spec.wal_settings())
+
+
+async def read_log(
+    backend: Backend, pchannel: str, *, idle_timeout: float = 10.0
+) -> list[LogEntry]:
+    """Every record of ``pchannel`` up to its current last one, decoded, in log order.
+
+    Unavailable if the backend stops delivering for ``idle_timeout`` seconds
+    before the last record was read.
+    """
+    last = await backend.last_record(pchannel)
+    if last is None:
+        return []
+    registry.load_id_classes()
+    entries: list[LogEntry] = []
+    reader = await backend.open_reader(pchannel, StartPosition.earliest())
+    try:
+        idle_since = time.monotonic()
+        while not entries or entries[-1].id < last.id:
+            batch = await reader.next_batch(1024, timeout=0.5)
+            if not batch:
+                if time.monotonic() - idle_since > idle_timeout:
+                    raise errors.Unavailable(
+                        f"{pchannel}: the backend delivered nothing for {idle_timeout:g}s "
+                        f"before the last record {last.id}"
+                    )
+                continue
+            idle_since = time.monotonic()
+            entries.extend(LogEntry(r.id, codec.decode(r.data)) for r in batch)
+    finally:
+        await reader.close()
+    return entries
+
+
+FAULT_KINDS = ("kill", "stop", "move")
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultTimings:
+    gap_s: tuple[float, float] = (1.0, 3.0)
+    """Time between two faults."""
+    restart_delay_s: tuple[float, float] = (0.3, 1.5)
+    pause_extra_s: tuple[float, float] = (0.5, 2.0)
+    """A pause lasts the lease TTL plus this."""
+    move_timeout_s: float = 15.0
+
+
+class FaultInjector:
+    """Kills, pauses and moves at seeded random times; counts and logs what it did.
+
+    A kill (SIGKILL, then a new process after a moment) or a pause (SIGSTOP
+    for longer than the lease TTL, then SIGCONT) only hits a node while
+    another one is healthy; faults may overlap. A move counts once the
+    pchannel has landed on the target under a higher term.
+    """
+
+    def __init__(self, procs: ProcCluster, rng: random.Random, timings: FaultTimings) -> None:
+        self.procs = procs
+        self.rng = rng
+        self.timings = timings
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.moves_requested = 0
+        self.skipped = 0
+        self.events: list[tuple[float, str]] = []
+        """(time.monotonic(), what happened), in order."""
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _healthy(self) -> list[NodeProc]:
+        return [node for node in self.procs.nodes.values() if node.healthy]
+
+    def _uniform(self, bounds: tuple[float, float]) -> float:
+        return self.rng.uniform(*bounds)
+
+    def _note(self, what: str) -> None:
+        log.info("fault: %s", what)
+        self.events.append((time.monotonic(), what))
+
+    async def run(self, duration_s: float) -> None:
+        """Inject faults for ``duration_s``; the first three are one of each kind."""
+        deadline = time.monotonic() + duration_s
+        kinds = list(FAULT_KINDS)
+        self.rng.shuffle(kinds)
+        while True:
+            await asyncio.sleep(self._uniform(self.timings.gap_s))
+            if time.monotonic() >= deadline:
+                return
+            self._launch(kinds.pop(0) if kinds else self.rng.choice(FAULT_KINDS))
+
+    def _launch(self, kind: str) -> None:
+        healthy = self._healthy()
+        if kind != "move" and len(healthy) < 2:
+            kind = "move"
+        if kind == "kill":
+            coro = self._kill(self.rng.choice(healthy), self._uniform(self.timings.restart_delay_s))
+        elif kind == "stop":
+            pause = self.procs.spec.lease_ttl_s + self._uniform(self.timings.pause_extra_s)
+            coro = self._pause(self.rng.choice(healthy), pause)
+        else:
+            coro = self._move(self.rng.random(), self.rng.random())
+        task = asyncio.create_task(coro, name=f"fault-{kind}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _kill(self, node: NodeProc, restart_after: float) -> None:
+        await node.kill()
+        self.counts["kill"] += 1
+        self._note(f"SIGKILL {node.node_id}")
+        await asyncio.sleep(restart_after)
+        await node.start()
+        self._note(f"restarted {node.node_id}")
+
+    async def _pause(self, node: NodeProc, seconds: float) -> None:
+        node.pause()
+        self.counts["stop"] += 1
+        self._note(f"SIGSTOP {node.node_id} for {seconds:.1f}s")
+        await asyncio.sleep(seconds)
+        if node.running:
+            node.resume()
+            self._note(f"SIGCONT {node.node_id}")
+
+    async def _move(self, pick_pchannel: float, pick_target: float) -> None:
+        snapshot = await self.procs.snapshot()
+        assigned = sorted(
+            (name, record)
+            for name, record in snapshot.assignments.items()
+            if record.state is cluster.AssignmentState.ASSIGNED
+        )
+        healthy = {node.node_id for node in self._healthy()}
+        if not assigned:
+            self.skipped += 1
+            return
+        pchannel, record = assigned[int(pick_pchannel * len(assigned))]
+        targets = sorted(n for n in snapshot.nodes if n in healthy and n != record.node)
+        if not targets:
+            self.skipped += 1
+            return
+        target = targets[int(pick_target * len(targets))]
+        try:
+            await self.procs.admin.request_move(pchannel, target)
+        except errors.InvalidArgument as exc:
+            log.info("fault: move refused: %s", exc)
+            self.skipped += 1
+            return
+        self.moves_requested += 1
+        self._note(f"move {pchannel} {record.node}->{target} (term {record.term})")
+
+        def landed(snap: ClusterSnapshot) -> bool:
+            now = snap.assignments.get(pchannel)
+            return now is not None and now.term > record.term and now.node == target
+
+        with contextlib.suppress(errors.Unavailable):
+            await wait_for(
+                self.procs.metastore, self.procs.spec.cluster, landed, self.timings.move_timeout_s
+            )
+            self.counts["move"] += 1
+            self._note(f"moved {pchannel} to {target}")
+
+    async def settle(self) -> None:
+        """Let running faults finish: paused nodes resume, killed ones start again."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        for node in self.procs.nodes.values():
+            if node.paused:
+                node.resume()
+            if not node.running:
+                await node.start()
+
+    def around(self, start: float, end: float, *, origin: float, before: float = 5.0) -> list[str]:
+        """The events from ``before`` seconds before ``start`` to ``end``, as
+        ``"+<seconds since origin>s <what>"``."""
+        return [
+            f"+{at - origin:.1f}s {what}" for at, what in self.events if start - before <= at <= end
+        ]
