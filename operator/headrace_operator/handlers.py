@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 
 from headrace import errors
-from headrace_operator import models
+from headrace_operator import builders, models
 from headrace_operator.builders import ClusterRef
 from headrace_operator.coordinator_runner import CoordinatorRunners, RunnerConfig
 from headrace_operator.events import KubeEventSink
@@ -166,6 +166,20 @@ async def cluster_changed(*, memo: Any, namespace: str | None, name: str, **_: A
 @kopf.timer(*CLUSTERS, interval=RESYNC_S, initial_delay=1.0)
 async def cluster_resync(*, memo: Any, namespace: str | None, name: str, **_: Any) -> None:
     await reconcile(memo, namespace or "", name)
+
+
+@kopf.on.event(
+    "",
+    "v1",
+    "pods",
+    labels={builders.LABEL_COMPONENT: "streaming-node", builders.LABEL_CLUSTER: kopf.PRESENT},
+)
+async def node_pod_event(
+    *, memo: Any, namespace: str | None, labels: kopf.Labels, **_: Any
+) -> None:
+    """A node pod changed (started, became Ready, died): reconcile its cluster now
+    instead of at the next timer pass, so status and restarts follow at once."""
+    await reconcile(memo, namespace or "", str(labels[builders.LABEL_CLUSTER]))
 
 
 @kopf.on.delete(*CLUSTERS)

@@ -96,7 +96,7 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
         assert "*" not in verbs and group != "*" and resource != "*"
         assert resource not in ("secrets", "nodes", "clusterroles", "customresourcedefinitions")
         assert not {"escalate", "bind", "impersonate", "deletecollection"} & verbs
-    assert granted[("", "pods")] == {"get", "list", "create", "patch", "delete"}
+    assert granted[("", "pods")] == {"get", "list", "watch", "create", "patch", "delete"}
     assert granted[("", "persistentvolumeclaims")] == {"get", "create", "patch"}, (
         "the shared WAL volume is only ensured, never listed or deleted by the operator"
     )
