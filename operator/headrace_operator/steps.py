@@ -319,6 +319,8 @@ async def write_status(p: Pass) -> dict[str, Any]:
     """Rebuild the status from this pass's observations; patch if changed."""
     previous = p.body.get("status") or {}
     status = cluster_status(observation(p), previous, p.now)
+    if p.paused:
+        status = paused_status(previous, status)
     if status != previous:
         patch = {"status": status}
         await p.kube.patch_merge(
@@ -331,6 +333,14 @@ async def write_status(p: Pass) -> dict[str, Any]:
         )
     await _transition_events(p, previous, status)
     return status
+
+
+def paused_status(previous: Mapping[str, Any], fresh: Mapping[str, Any]) -> dict[str, Any]:
+    """While paused a pass observes nothing, so the last observed status stays;
+    only the ReconciliationPaused condition comes from this pass (pure)."""
+    paused = [c for c in fresh.get("conditions", []) if c.get("type") == "ReconciliationPaused"]
+    kept = [c for c in previous.get("conditions", []) if c.get("type") != "ReconciliationPaused"]
+    return {**previous, "conditions": kept + paused}
 
 
 def _assignment_status(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -136,7 +136,7 @@ async def test_scale_down_with_delete_data_keeps_the_shared_volume(bed: Bed) -> 
 
 async def test_pause_annotation_stops_reconciliation(bed: Bed) -> None:
     await bed.create_cluster("still", nodes=1, pchannels=2)
-    await bed.converge("still", is_ready, what="Ready")
+    before = await bed.converge("still", is_ready, what="Ready")
     annotations = {models.PAUSED_ANNOTATION: "true"}
     await bed.patch_cluster(
         "still", {"metadata": {"annotations": annotations}, "spec": {"nodes": 2}}
@@ -148,6 +148,9 @@ async def test_pause_annotation_stops_reconciliation(bed: Bed) -> None:
     assert condition(body, "ReconciliationPaused")["reason"] == "PausedByAnnotation"
     assert set(await bed.pods("still")) == {"still-node-0"}, "paused: no new pod"
     assert body["status"]["observedGeneration"] < body["metadata"]["generation"]
+    # The last observed status stays while paused (pods still serve).
+    assert summary(body) == summary(before)
+    assert condition(body, "Ready") == condition(before, "Ready")
     assert "ReconciliationPaused" in await bed.event_reasons()
     unpaused = {"metadata": {"annotations": {models.PAUSED_ANNOTATION: None}}}
     await bed.patch_cluster("still", unpaused)
