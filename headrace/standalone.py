@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from headrace import cluster, errors, runtime
@@ -67,8 +68,16 @@ class StandaloneConfig:
             raise errors.InvalidArgument("--lease-ttl must be positive")
 
 
-def node_command(cfg: StandaloneConfig, node_id: str) -> list[str]:
-    """The command line of one node process (pure, for tests and docs)."""
+def node_argv(
+    node_id: str,
+    metastore_url: str,
+    cluster_name: str,
+    wal_args: Sequence[str],
+    *,
+    lease_ttl_s: float,
+    timetick_interval_ms: float,
+) -> list[str]:
+    """The command line of a node process on loopback with WAL flags ``wal_args`` (pure)."""
     return [
         sys.executable,
         "-m",
@@ -77,23 +86,31 @@ def node_command(cfg: StandaloneConfig, node_id: str) -> list[str]:
         "--node-id",
         node_id,
         "--metastore",
-        cfg.metastore_url,
+        metastore_url,
         "--cluster",
-        cfg.cluster,
+        cluster_name,
         "--listen",
         "127.0.0.1:0",
-        "--wal",
-        "local",
-        "--wal-dir",
-        str(cfg.wal_dir.resolve()),
-        "--fsync",
-        cfg.fsync,
+        *wal_args,
         "--lease-ttl",
-        str(cfg.lease_ttl_s),
+        str(lease_ttl_s),
         "--timetick-interval-ms",
-        str(cfg.timetick_interval_ms),
-        "--exit-with-parent",
+        str(timetick_interval_ms),
     ]
+
+
+def node_command(cfg: StandaloneConfig, node_id: str) -> list[str]:
+    """The command line of one of the standalone's node processes (pure)."""
+    wal = ["--wal", "local", "--wal-dir", str(cfg.wal_dir.resolve()), "--fsync", cfg.fsync]
+    argv = node_argv(
+        node_id,
+        cfg.metastore_url,
+        cfg.cluster,
+        wal,
+        lease_ttl_s=cfg.lease_ttl_s,
+        timetick_interval_ms=cfg.timetick_interval_ms,
+    )
+    return [*argv, "--exit-with-parent"]
 
 
 class NodeProcess:

@@ -26,7 +26,6 @@ import dataclasses
 import logging
 import random
 import signal
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -123,25 +122,14 @@ def backend_args(backend: str, settings: Mapping[str, Any]) -> list[str]:
 
 def node_command(spec: ClusterSpec, node_id: str) -> list[str]:
     """The command line of one node process (pure)."""
-    return [
-        sys.executable,
-        "-m",
-        "headrace.cli",
-        "node",
-        "--node-id",
+    return standalone.node_argv(
         node_id,
-        "--metastore",
         spec.metastore_url,
-        "--cluster",
         spec.cluster,
-        "--listen",
-        "127.0.0.1:0",
-        *backend_args(spec.backend, spec.wal_settings()),
-        "--lease-ttl",
-        str(spec.lease_ttl_s),
-        "--timetick-interval-ms",
-        str(spec.timetick_interval_ms),
-    ]
+        backend_args(spec.backend, spec.wal_settings()),
+        lease_ttl_s=spec.lease_ttl_s,
+        timetick_interval_ms=spec.timetick_interval_ms,
+    )
 
 
 class NodeProc:
