@@ -18,23 +18,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from headrace_testbed import TestbedError
-from headrace_testbed.cache import bin_dir
+from headrace_testbed import TestbedError, gobuild
+from headrace_testbed.cache import bin_dir, file_lock
 from headrace_testbed.ports import LOOPBACK, free_ports
 
 SOURCE_DIR = Path(__file__).resolve().parents[1] / "testbed" / "etcd"
@@ -42,45 +38,18 @@ BUILD_TIMEOUT_S = 1800.0
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 _START_ATTEMPTS = 3
-_REQUIRE = re.compile(r"^\s*(?:require\s+)?go\.etcd\.io/etcd/server/v3\s+(v\S+)", re.MULTILINE)
 
 
 def etcd_version(source_dir: Path = SOURCE_DIR) -> str:
     """The etcd server version the wrapper module requires, e.g. ``v3.6.16``."""
-    try:
-        text = (source_dir / "go.mod").read_text()
-    except OSError as exc:
-        raise TestbedError(f"cannot read {source_dir / 'go.mod'}: {exc}") from exc
-    match = _REQUIRE.search(text)
-    if match is None:
-        raise TestbedError(f"{source_dir / 'go.mod'} does not require go.etcd.io/etcd/server/v3")
-    return match.group(1)
-
-
-def _go_binary() -> str:
-    found = shutil.which("go") or (
-        "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
-    )
-    if found is None:
-        raise TestbedError(
-            "Go is not installed (no `go` on PATH): it is needed once to build the etcd "
-            "test server; install Go >= 1.24, or deselect the real-etcd tests with -m 'not etcd'"
-        )
-    return found
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return gobuild.required_version(source_dir, "go.etcd.io/etcd/server/v3")
 
 
 def _build(target: Path, source_dir: Path) -> None:
-    go = _go_binary()
+    go = gobuild.go_binary(
+        "it is needed once to build the etcd test server; install Go >= 1.24, "
+        "or deselect the real-etcd tests with -m 'not etcd'"
+    )
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     env = dict(os.environ, GOFLAGS="-mod=mod", CGO_ENABLED="0")
     command = [go, "build", "-trimpath", "-o", str(partial), "."]
@@ -118,7 +87,7 @@ def ensure_etcd(source_dir: Path = SOURCE_DIR) -> Path:
     target = bin_dir() / f"etcd-{etcd_version(source_dir)}"
     if os.access(target, os.X_OK):
         return target
-    with _file_lock(target.with_name(f"{target.name}.lock")):
+    with file_lock(target.with_name(f"{target.name}.lock")):
         if not os.access(target, os.X_OK):
             _build(target, source_dir)
     return target

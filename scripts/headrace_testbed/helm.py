@@ -15,32 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-from headrace_testbed import TestbedError
-from headrace_testbed.cache import bin_dir
-from headrace_testbed.etcd import _file_lock
+from headrace_testbed import TestbedError, gobuild
+from headrace_testbed.cache import bin_dir, file_lock
 from headrace_testbed.kube_build import run_go
 
 SOURCE_DIR = Path(__file__).resolve().parents[1] / "testbed" / "helm"
 BUILD_TIMEOUT_S = 3600.0
 RUN_TIMEOUT_S = 300.0
-_REQUIRE = re.compile(r"^\s*(?:require\s+)?helm\.sh/helm/v3\s+(v\S+)", re.MULTILINE)
 
 
 def helm_version(source_dir: Path = SOURCE_DIR) -> str:
     """The Helm release the wrapper module requires, e.g. ``v3.22.0``."""
-    try:
-        text = (source_dir / "go.mod").read_text()
-    except OSError as exc:
-        raise TestbedError(f"cannot read {source_dir / 'go.mod'}: {exc}") from exc
-    match = _REQUIRE.search(text)
-    if match is None:
-        raise TestbedError(f"{source_dir / 'go.mod'} does not require helm.sh/helm/v3")
-    return match.group(1)
+    return gobuild.required_version(source_dir, "helm.sh/helm/v3")
 
 
 def _build(target: Path, source_dir: Path, version: str) -> None:
@@ -79,7 +69,7 @@ def ensure_helm(source_dir: Path = SOURCE_DIR) -> Path:
     version = helm_version(source_dir)
     target = bin_dir() / f"helm-{version}"
     if not os.access(target, os.X_OK):
-        with _file_lock(target.with_name(f"{target.name}.lock")):
+        with file_lock(target.with_name(f"{target.name}.lock")):
             if not os.access(target, os.X_OK):
                 _build(target, source_dir, version)
     return target

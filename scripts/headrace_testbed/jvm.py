@@ -10,20 +10,18 @@ repositories that this machine cannot reach.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
 from headrace_testbed import TestbedError
-from headrace_testbed.cache import cache_dir
+from headrace_testbed.cache import cache_dir, file_lock
 
 TESTBED_DIR = Path(__file__).resolve().parents[1] / "testbed"
 DOWNLOAD_TIMEOUT_S = 1800.0
@@ -50,17 +48,6 @@ def require_tool(name: str, purpose: str) -> str:
             "install a JDK >= 17 and Maven (Debian: apt-get install openjdk-17-jdk-headless maven)"
         )
     return found
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def ensure_maven_libs(name: str, version: str, version_property: str) -> Path:

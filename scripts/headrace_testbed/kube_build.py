@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from headrace_testbed import TestbedError
-from headrace_testbed.cache import bin_dir
-from headrace_testbed.etcd import _file_lock
+from headrace_testbed import TestbedError, gobuild
+from headrace_testbed.cache import bin_dir, file_lock
 
 KUBE_VERSION = "v1.34.4"
 SOURCE_DIR = Path(__file__).resolve().parents[1] / "testbed" / "kube"
@@ -36,7 +34,6 @@ _STAGING = re.compile(
 )
 _GO_DIRECTIVE = re.compile(r"^go\s+(\S+)\s*$", re.MULTILINE)
 _REPLACE_LINE = re.compile(r"^\s*(?:replace\s+)?(\S+)\s+=>\s+(\S+)(?:\s+(\S+))?\s*$")
-_REQUIRE = re.compile(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", re.MULTILINE)
 
 
 def staging_version(kube_version: str) -> str:
@@ -105,32 +102,17 @@ def parse_replacements(go_mod: str) -> dict[str, str]:
 
 
 def required_kube_version(source_dir: Path = SOURCE_DIR) -> str:
-    try:
-        text = (source_dir / "go.mod").read_text()
-    except OSError as exc:
-        raise TestbedError(f"cannot read {source_dir / 'go.mod'}: {exc}") from exc
-    match = _REQUIRE.search(text)
-    if match is None:
-        raise TestbedError(f"{source_dir / 'go.mod'} does not require k8s.io/kubernetes")
-    return match.group(1)
-
-
-def go_binary() -> str:
-    found = shutil.which("go") or (
-        "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
-    )
-    if found is None:
-        raise TestbedError(
-            "Go is not installed (no `go` on PATH): Go >= 1.24 (>= 1.26 for Helm) is needed "
-            "once to build the Kubernetes test bed; or deselect those tests with -m 'not kube'"
-        )
-    return found
+    return gobuild.required_version(source_dir, "k8s.io/kubernetes")
 
 
 def run_go(args: list[str], cwd: Path, timeout: float) -> str:
     """Run ``go ARGS`` in ``cwd`` (module mode); its stdout, or TestbedError with the output."""
     env = dict(os.environ, GOFLAGS="-mod=mod")
-    command = [go_binary(), *args]
+    go = gobuild.go_binary(
+        "Go >= 1.24 (>= 1.26 for Helm) is needed once to build the Kubernetes test bed; "
+        "or deselect those tests with -m 'not kube'"
+    )
+    command = [go, *args]
     try:
         result = subprocess.run(
             command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
@@ -216,7 +198,7 @@ def ensure_kube_binaries(source_dir: Path = SOURCE_DIR) -> dict[str, Path]:
     for name in BINARIES:
         target = bin_dir() / f"{name}-{version}"
         if not os.access(target, os.X_OK):
-            with _file_lock(target.with_name(f"{target.name}.lock")):
+            with file_lock(target.with_name(f"{target.name}.lock")):
                 if not os.access(target, os.X_OK):
                     _build(name, target, source_dir, version)
         paths[name] = target
