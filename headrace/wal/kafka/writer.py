@@ -26,14 +26,13 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.wal.contract import BackendWriter
+from headrace.wal.groupcommit import GroupCommit
 from headrace.wal.kafka import client
 from headrace.wal.kafka.fencing import Headers, Kind, Stamp, fence_check
 from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.kafka.settings import KafkaSettings
 
 _MAX_REACQUIRE = 3
-_GROUP_MAX_RECORDS = 10_000
-_GROUP_MAX_BYTES = 16 * 1024 * 1024
 
 
 class _LostEpoch(Exception):
@@ -65,9 +64,7 @@ class KafkaWriter(BackendWriter):
         self._data_header = Stamp(Kind.DATA, term, self._nonce).header()
         self._producer: Producer | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, f"kafka-writer-{pchannel}")
-        self._pending: list[tuple[list[bytes], asyncio.Future[list[MessageID]]]] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self._fenced: errors.Fenced | None = None
+        self._group = GroupCommit(self._commit_ids, self._executor)
         self._closed = False
 
     # ---- opening ---------------------------------------------------------------------
@@ -121,59 +118,15 @@ class KafkaWriter(BackendWriter):
     async def append(self, records: Sequence[bytes]) -> list[MessageID]:
         if self._closed:
             raise errors.Closed(f"kafka writer of {self.pchannel} (term {self.term}) is closed")
-        if self._fenced is not None:
-            raise self._fenced
-        batch = [bytes(r) for r in records]
-        if not batch:
-            return []
-        future: asyncio.Future[list[MessageID]] = asyncio.get_running_loop().create_future()
-        self._pending.append((batch, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_loop())
-        return await future
+        return await self._group.submit([bytes(r) for r in records])
 
-    def _take_group(self) -> list[tuple[list[bytes], asyncio.Future[list[MessageID]]]]:
-        group: list[tuple[list[bytes], asyncio.Future[list[MessageID]]]] = []
-        count = size = 0
-        while self._pending:
-            batch = self._pending[0][0]
-            if group and (
-                count + len(batch) > _GROUP_MAX_RECORDS
-                or size + sum(map(len, batch)) > _GROUP_MAX_BYTES
-            ):
-                break
-            group.append(self._pending.pop(0))
-            count += len(batch)
-            size += sum(map(len, batch))
-        return group
-
-    async def _flush_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._pending:
-            group = self._take_group()
-            flat = [record for batch, _ in group for record in batch]
-            try:
-                offsets = await loop.run_in_executor(self._executor, self._commit, flat)
-            except errors.HeadraceError as exc:
-                if isinstance(exc, errors.Fenced):
-                    self._fenced = exc
-                for _, future in group:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            index = 0
-            for batch, future in group:
-                ids: list[MessageID] = [
-                    KafkaMessageID(o) for o in offsets[index : index + len(batch)]
-                ]
-                index += len(batch)
-                if not future.done():
-                    future.set_result(ids)
+    def _commit_ids(self, batch: list[bytes]) -> list[KafkaMessageID]:
+        return [KafkaMessageID(offset) for offset in self._commit(batch)]
 
     def _commit(self, batch: list[bytes]) -> list[int]:
         """One transaction with ``batch``; reacquires the epoch if a lower term took it."""
-        if self._fenced is not None:
-            raise self._fenced
+        if self._group.fenced is not None:
+            raise self._group.fenced
         for _ in range(_MAX_REACQUIRE):
             if self._producer is None:
                 self._acquire(True)
@@ -239,8 +192,7 @@ class KafkaWriter(BackendWriter):
         if self._closed:
             return
         self._closed = True
-        if self._flusher is not None:
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._group.drain()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._release)
         self._executor.shutdown(wait=False)

@@ -26,15 +26,13 @@ import pulsar
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.wal.contract import BackendWriter
+from headrace.wal.groupcommit import GroupCommit
 from headrace.wal.pulsar import client
 from headrace.wal.pulsar.fencing import Kind, Stamp, fence_check
 from headrace.wal.pulsar.message_id import PulsarMessageID
 from headrace.wal.pulsar.settings import PulsarSettings
 
 _MAX_REACQUIRE = 3
-_GROUP_MAX_RECORDS = 10_000
-_GROUP_MAX_BYTES = 16 * 1024 * 1024
-_Pending = tuple[list[bytes], "asyncio.Future[list[MessageID]]"]
 
 
 class _LostTopic(Exception):
@@ -84,9 +82,7 @@ class PulsarWriter(BackendWriter):
         self._data_props = Stamp(Kind.DATA, term, self._nonce).properties()
         self._producer: Any = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, f"pulsar-writer-{pchannel}")
-        self._pending: list[_Pending] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self._fenced: errors.Fenced | None = None
+        self._group = GroupCommit(self._write, self._executor)
         self._closed = False
 
     # ---- opening ---------------------------------------------------------------------
@@ -148,56 +144,12 @@ class PulsarWriter(BackendWriter):
     async def append(self, records: Sequence[bytes]) -> list[MessageID]:
         if self._closed:
             raise errors.Closed(f"pulsar writer of {self.pchannel} (term {self.term}) is closed")
-        if self._fenced is not None:
-            raise self._fenced
-        batch = [bytes(r) for r in records]
-        if not batch:
-            return []
-        future: asyncio.Future[list[MessageID]] = asyncio.get_running_loop().create_future()
-        self._pending.append((batch, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_loop())
-        return await future
-
-    def _take_group(self) -> list[_Pending]:
-        group: list[_Pending] = []
-        count = size = 0
-        while self._pending:
-            batch = self._pending[0][0]
-            batch_size = sum(map(len, batch))
-            if group and (
-                count + len(batch) > _GROUP_MAX_RECORDS or size + batch_size > _GROUP_MAX_BYTES
-            ):
-                break
-            group.append(self._pending.pop(0))
-            count += len(batch)
-            size += batch_size
-        return group
-
-    async def _flush_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._pending:
-            group = self._take_group()
-            flat = [record for batch, _ in group for record in batch]
-            try:
-                ids = await loop.run_in_executor(self._executor, self._write, flat)
-            except errors.HeadraceError as exc:
-                if isinstance(exc, errors.Fenced):
-                    self._fenced = exc
-                for _, future in group:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            index = 0
-            for batch, future in group:
-                if not future.done():
-                    future.set_result(list(ids[index : index + len(batch)]))
-                index += len(batch)
+        return await self._group.submit([bytes(r) for r in records])
 
     def _write(self, batch: list[bytes]) -> list[PulsarMessageID]:
         """Send ``batch``; on losing the topic to a lower term, take it back and resend."""
-        if self._fenced is not None:
-            raise self._fenced
+        if self._group.fenced is not None:
+            raise self._group.fenced
         written: list[PulsarMessageID] = []
         for _ in range(_MAX_REACQUIRE):
             if self._producer is None:
@@ -261,8 +213,7 @@ class PulsarWriter(BackendWriter):
         if self._closed:
             return
         self._closed = True
-        if self._flusher is not None:
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._group.drain()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._drop_producer)
         self._executor.shutdown(wait=False)
