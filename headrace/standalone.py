@@ -207,32 +207,28 @@ def serving(records: list[cluster.Assignment], node_leases: dict[str, int]) -> l
 
 
 async def wait_all_assigned(
-    metastore_url: str, cluster_name: str, expected: int, timeout: float
+    store: Metastore, cluster_name: str, expected: int, timeout: float
 ) -> list[cluster.Assignment]:
     """Wait until ``expected`` pchannels are served; raise Unavailable on timeout."""
     keys = cluster.Keys(cluster_name)
     deadline = time.monotonic() + timeout
-    store = await factory.open_metastore(metastore_url)
-    try:
-        while True:
-            kvs = await store.get_prefix(keys.pchannels)
-            records = [cluster.Assignment.from_json(kv.value) for kv in kvs]
-            leases = {
-                cluster.NodeInfo.from_json(kv.value).node_id: kv.lease
-                for kv in await store.get_prefix(keys.nodes)
-            }
-            served = serving(records, leases)
-            if len(served) >= expected:
-                return records
-            if time.monotonic() > deadline:
-                states = ", ".join(f"{r.pchannel}={r.state.value}" for r in records) or "none"
-                raise errors.Unavailable(
-                    f"only {len(served)} of {expected} pchannels served after {timeout:.0f}s "
-                    f"({states}); see the node logs in the data directory's logs/"
-                )
-            await asyncio.sleep(0.05)
-    finally:
-        await store.close()
+    while True:
+        kvs = await store.get_prefix(keys.pchannels)
+        records = [cluster.Assignment.from_json(kv.value) for kv in kvs]
+        leases = {
+            cluster.NodeInfo.from_json(kv.value).node_id: kv.lease
+            for kv in await store.get_prefix(keys.nodes)
+        }
+        served = serving(records, leases)
+        if len(served) >= expected:
+            return records
+        if time.monotonic() > deadline:
+            states = ", ".join(f"{r.pchannel}={r.state.value}" for r in records) or "none"
+            raise errors.Unavailable(
+                f"only {len(served)} of {expected} pchannels served after {timeout:.0f}s "
+                f"({states}); see the node logs in the data directory's logs/"
+            )
+        await asyncio.sleep(0.05)
 
 
 async def run_standalone(
@@ -261,7 +257,7 @@ async def run_standalone(
     coord_task = asyncio.create_task(coordinator.run(stop), name="coordinator")
     try:
         ready = asyncio.create_task(
-            wait_all_assigned(cfg.metastore_url, cfg.cluster, cfg.pchannels, cfg.ready_timeout_s)
+            wait_all_assigned(store, cfg.cluster, cfg.pchannels, cfg.ready_timeout_s)
         )
         stop_wait = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait(

@@ -265,7 +265,7 @@ class ProcCluster:
         """Wait until every pchannel is ASSIGNED; Unavailable after ``timeout``."""
         ready = asyncio.ensure_future(
             standalone.wait_all_assigned(
-                self.spec.metastore_url, self.spec.cluster, self.spec.pchannels, timeout
+                self.metastore, self.spec.cluster, self.spec.pchannels, timeout
             )
         )
         assert self._coordinator is not None
