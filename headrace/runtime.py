@@ -8,6 +8,14 @@ allocations, and every few of those collections also walk older objects,
 which costs a large share of scan and append time. :func:`tune_gc` keeps the
 collector on (reference cycles are still reclaimed) but runs it far less often
 and moves everything alive at start-up out of its reach.
+
+The WAL writers do their blocking writes and syncs in threads of their own.
+Such a thread needs the GIL for a moment before and after each system call;
+while the event loop is busy (a node serving many streams), CPython makes a
+waiting thread wait up to the *switch interval* (5 ms by default) before the
+running thread yields, so every write could stall for several intervals.
+:func:`tune_switch_interval` shortens the interval; :func:`tune_process` does
+both tunings, as servers and benchmarks call it.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import sys
 from collections.abc import Iterator
 
 from headrace import errors
@@ -23,6 +32,8 @@ GEN0_THRESHOLD = 50_000
 """Allocations (minus deallocations) of tracked objects between young collections."""
 GEN1_THRESHOLD = 20
 GEN2_THRESHOLD = 20
+SWITCH_INTERVAL_S = 0.0005
+"""How long a thread waiting for the GIL waits before the running one must yield."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,3 +100,29 @@ def gc_tuning(
             gc.unfreeze()
         if not enabled:
             gc.disable()
+
+
+def tune_switch_interval(seconds: float = SWITCH_INTERVAL_S) -> float:
+    """Set the interpreter's thread switch interval; the previous one."""
+    if not 0 < seconds <= 1:
+        raise errors.InvalidArgument(f"switch interval must be in (0, 1] seconds, got {seconds!r}")
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    return previous
+
+
+def tune_process() -> GCSettings:
+    """The tuning servers run with: :func:`tune_gc` and :func:`tune_switch_interval`."""
+    tune_switch_interval()
+    return tune_gc()
+
+
+@contextlib.contextmanager
+def process_tuning() -> Iterator[GCSettings]:
+    """:func:`tune_process` for a block; the previous settings come back after."""
+    previous = tune_switch_interval()
+    try:
+        with gc_tuning() as settings:
+            yield settings
+    finally:
+        sys.setswitchinterval(previous)

@@ -4,6 +4,7 @@ gives the previous settings back."""
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -48,3 +49,20 @@ def test_a_tuned_block_restores_the_collector(restore_gc: object) -> None:
     assert gc.get_threshold() == (700, 10, 10)
     assert gc.get_freeze_count() == 0
     assert not runtime.gc_tuned()
+
+
+def test_switch_interval_is_shortened_and_a_tuned_block_gives_it_back(
+    restore_gc: object,
+) -> None:
+    before = sys.getswitchinterval()
+    with runtime.process_tuning() as settings:
+        assert sys.getswitchinterval() == pytest.approx(runtime.SWITCH_INTERVAL_S)
+        assert settings.thresholds[0] == runtime.GEN0_THRESHOLD
+    assert sys.getswitchinterval() == pytest.approx(before)
+    with pytest.raises(errors.InvalidArgument):
+        runtime.tune_switch_interval(0)
+    previous = runtime.tune_switch_interval(0.002)
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        sys.setswitchinterval(previous)

@@ -215,7 +215,7 @@ async def bench_node(
 ) -> dict[str, Any]:
     if messages < chunk or size < 8:
         raise errors.InvalidArgument(f"need messages >= {chunk} and size >= 8")
-    runtime.tune_gc()
+    runtime.tune_process()
     payload = bytes(size)
     base_rate = await baseline(root / "baseline", messages, payload, chunk, producers)
     node_cluster = _Cluster(root)

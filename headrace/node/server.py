@@ -262,7 +262,7 @@ async def run_node(config: NodeConfig, stop: asyncio.Event | None = None) -> Non
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    runtime.tune_gc()
+    runtime.tune_process()
     node = StreamingNode(config)
     await node.start()
     try:

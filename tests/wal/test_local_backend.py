@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import json
 import os
 import random
@@ -22,6 +23,7 @@ from headrace.wal.contract import BackendWriter, StartPosition
 from headrace.wal.local import LocalBackend, LocalMessageID, files, segment
 from headrace.wal.local.dump import iter_dump
 from headrace.wal.local.segment import FRAME, HEADER_SIZE
+from headrace.wal.local.writer import WriterSettings
 
 from .conformance import read_all, read_n
 
@@ -468,3 +470,25 @@ async def test_pchannel_names_must_be_safe(tmp_path: Path, name: str) -> None:
         await backend.open_reader(name, StartPosition.earliest())
     assert not (tmp_path / "up").exists() and os.listdir(tmp_path) == []
     await backend.close()
+
+
+@pytest.mark.skipif(not files.SYNC_WRITES, reason="the platform has no O_DSYNC")
+def test_batch_fsync_opens_segments_with_synchronous_writes(tmp_path: Path) -> None:
+    """With fsync every batch, a write is durable when pwrite returns (O_DSYNC),
+    so the writer thread makes one system call per batch; interval fsync keeps
+    plain descriptors and syncs on its timer."""
+    assert WriterSettings("batch", 0.0, 1 << 20).sync_writes
+    assert not WriterSettings("interval", 0.01, 1 << 20).sync_writes
+    name = segment.SegmentName(1, 1, 0)
+    fd = files.create_segment(str(tmp_path), segment.SegmentHeader(name, None, 0), sync_writes=True)
+    try:
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) & files.SYNC_WRITES
+    finally:
+        os.close(fd)
+    plain = files.create_segment(
+        str(tmp_path), segment.SegmentHeader(name._replace(seq=1), None, 0)
+    )
+    try:
+        assert not fcntl.fcntl(plain, fcntl.F_GETFL) & files.SYNC_WRITES
+    finally:
+        os.close(plain)

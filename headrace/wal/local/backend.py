@@ -198,7 +198,11 @@ class LocalBackend(Backend):
         name = SegmentName(base, term, max(taken, default=-1) + 1)
         while True:
             try:
-                fd = files.create_segment(channel.directory, SegmentHeader(name, prev, prev_len))
+                fd = files.create_segment(
+                    channel.directory,
+                    SegmentHeader(name, prev, prev_len),
+                    sync_writes=self._writer_settings.sync_writes,
+                )
                 break
             except FileExistsError:
                 name = name._replace(seq=name.seq + 1)

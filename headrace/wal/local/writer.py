@@ -35,6 +35,11 @@ class WriterSettings:
     fsync_interval: float
     segment_bytes: int
 
+    @property
+    def sync_writes(self) -> bool:
+        """Segments are opened so that each write is durable when it returns."""
+        return self.fsync == "batch" and files.SYNC_WRITES != 0
+
 
 @dataclasses.dataclass(slots=True)
 class OpenSegment:
@@ -211,6 +216,9 @@ class LocalWriter(BackendWriter):
             return
         self._busy = True
         bodies = batch[0][0] if len(batch) == 1 else [b for data, _, _, _ in batch for b in data]
+        # Framed here, so the I/O thread holds the GIL only around its system
+        # calls. Only one write is in flight: the next LSN is settled.
+        frames = segment.encode_frames(self._segment.next_lsn, bodies)
         if self._io is None:
             self._io = _IOThread(f"wal-writer-{self.pchannel}")
 
@@ -218,7 +226,7 @@ class LocalWriter(BackendWriter):
             with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
                 loop.call_soon_threadsafe(self._completed, batch, first, error)
 
-        self._io.submit(lambda: self._write(bodies), done)
+        self._io.submit(lambda: self._write(frames, len(bodies)), done)
 
     def _completed(self, batch: list[_Pending], first: int, error: BaseException | None) -> None:
         """Answer the callers of a finished write and start the next (on the event loop)."""
@@ -310,24 +318,24 @@ class LocalWriter(BackendWriter):
         self._unpublish()
         raise failure
 
-    def _write(self, bodies: list[bytes]) -> int:
-        """Write, sync and check the term; the first LSN (blocking)."""
+    def _write(self, frames: bytes, count: int) -> int:
+        """Write ``count`` framed records, sync, check the term; the first LSN (blocking)."""
         if self._failure is not None:
             raise self._failure.with_traceback(None)
         current = self._segment
         if current.length >= self._settings.segment_bytes:
             current = self._roll()
-        frames = segment.encode_frames(current.next_lsn, bodies)
         path = os.path.join(self._channel.directory, current.name.filename)
         try:
             files.write_all(current.fd, frames, current.length)
-            files.sync_data(current.fd)
+            if not self._settings.sync_writes:
+                files.sync_data(current.fd)
         except OSError as exc:
             self._cut_back(current, path, exc)
         self._check_term()
         first = current.next_lsn
         current.length += len(frames)
-        current.next_lsn += len(bodies)
+        current.next_lsn += count
         return first
 
     def _cut_back(self, current: OpenSegment, path: str, exc: OSError) -> None:
@@ -356,7 +364,11 @@ class LocalWriter(BackendWriter):
         self._publish(name, segment.HEADER_SIZE, old.next_lsn)
         while True:
             try:
-                fd = files.create_segment(directory, SegmentHeader(name, old.name, old.length))
+                fd = files.create_segment(
+                    directory,
+                    SegmentHeader(name, old.name, old.length),
+                    sync_writes=self._settings.sync_writes,
+                )
                 break
             except FileExistsError:
                 name = name._replace(seq=name.seq + 1)
