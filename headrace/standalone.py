@@ -6,6 +6,10 @@ One foreground process owns a data directory::
     DIR/wal/         local WAL backend root (one sub-directory per pchannel)
     DIR/logs/        one log file per node process
 
+With ``wal="kafka"`` or ``"pulsar"`` the WALs live in that broker instead, and
+the node processes get the broker flags ``wal_args`` (built and checked by the
+CLI; secrets only as file paths or inherited environment variables).
+
 It runs the coordinator in-process and supervises N streaming-node processes
 (restarting a node that dies, with backoff). It prints one line
 ``headrace standalone ready metastore=<url> ...`` once every pchannel is
@@ -34,6 +38,8 @@ from headrace.metastore.contract import Metastore
 
 log = logging.getLogger(__name__)
 
+WAL_BACKENDS = ("local", "kafka", "pulsar")
+
 
 @dataclasses.dataclass(frozen=True)
 class StandaloneConfig:
@@ -46,6 +52,10 @@ class StandaloneConfig:
     timetick_interval_ms: float = 10.0
     ready_timeout_s: float = 60.0
     restart_nodes: bool = True
+    wal: str = "local"
+    """WAL backend: ``local`` (files under ``wal_dir``), ``kafka`` or ``pulsar``."""
+    wal_args: tuple[str, ...] = ()
+    """Broker flags of the node command (``--kafka-bootstrap ...``) for kafka/pulsar."""
 
     @property
     def metastore_url(self) -> str:
@@ -66,6 +76,14 @@ class StandaloneConfig:
             raise errors.InvalidArgument(f"--pchannels must be at least 1, got {self.pchannels}")
         if self.lease_ttl_s <= 0:
             raise errors.InvalidArgument("--lease-ttl must be positive")
+        if self.wal not in WAL_BACKENDS:
+            raise errors.InvalidArgument(
+                f"unknown WAL backend {self.wal!r} (known: {', '.join(WAL_BACKENDS)})"
+            )
+        if self.wal == "local" and self.wal_args:
+            raise errors.InvalidArgument(
+                f"broker flags {list(self.wal_args)} need --wal kafka or pulsar"
+            )
 
 
 def node_argv(
@@ -101,7 +119,10 @@ def node_argv(
 
 def node_command(cfg: StandaloneConfig, node_id: str) -> list[str]:
     """The command line of one of the standalone's node processes (pure)."""
-    wal = ["--wal", "local", "--wal-dir", str(cfg.wal_dir.resolve()), "--fsync", cfg.fsync]
+    if cfg.wal == "local":
+        wal = ["--wal", "local", "--wal-dir", str(cfg.wal_dir.resolve()), "--fsync", cfg.fsync]
+    else:
+        wal = ["--wal", cfg.wal, *cfg.wal_args]
     argv = node_argv(
         node_id,
         cfg.metastore_url,
@@ -236,15 +257,17 @@ async def run_standalone(
 ) -> int:
     """Run until ``stop`` is set; return the process exit code."""
     cfg.validate()
-    runtime.tune_gc()
+    runtime.tune_process()
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    cfg.wal_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.wal == "local":
+        cfg.wal_dir.mkdir(parents=True, exist_ok=True)
     store = await factory.open_metastore(cfg.metastore_url)
     coordinator = coord_mod.Coordinator(
         store,
         cfg.cluster,
         coord_mod.CoordinatorConfig(
             pchannels=cluster.default_pchannels(cfg.pchannels),
+            wal_backend=cfg.wal,
             lease_ttl_s=cfg.lease_ttl_s,
             coordinator_id=f"standalone-{os.getpid()}",
         ),

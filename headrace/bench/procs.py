@@ -46,10 +46,51 @@ log = logging.getLogger(__name__)
 
 _BACKEND_FLAGS: dict[str, dict[str, str]] = {
     "local": {"root": "--wal-dir", "fsync": "--fsync"},
-    "kafka": {"bootstrap_servers": "--kafka-bootstrap"},
-    "pulsar": {"service_url": "--pulsar-url"},
+    "kafka": {
+        "bootstrap_servers": "--kafka-bootstrap",
+        "replication_factor": "--kafka-replication-factor",
+        "min_insync_replicas": "--kafka-min-insync-replicas",
+        "operation_timeout_s": "--wal-operation-timeout",
+        "kafka": "--kafka-config",
+    },
+    "pulsar": {
+        "service_url": "--pulsar-url",
+        "tenant": "--pulsar-tenant",
+        "namespace": "--pulsar-namespace",
+        "operation_timeout_s": "--wal-operation-timeout",
+        "pulsar": "--pulsar-config",
+    },
 }
-"""Per backend: the node command's flag for each backend setting it accepts."""
+"""Per backend: the node command's flag for each backend setting it accepts.
+
+A mapping setting (the ``kafka`` / ``pulsar`` client configuration) becomes one
+``KEY=VALUE`` flag per entry. Secrets never go on a command line: node
+processes take them from files or from the environment they inherit
+(``HEADRACE_KAFKA_SASL_PASSWORD``, ``HEADRACE_PULSAR_TOKEN``, ...).
+"""
+_SECRET_WORDS = ("password", "secret", "token")
+
+
+def _flag_value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _refuse_secret(backend: str, key: str) -> None:
+    if any(word in key.lower() for word in _SECRET_WORDS):
+        raise errors.InvalidArgument(
+            f"{backend} backend: {key} is a secret and is not put on a node's command line; "
+            "give the node processes a file flag or the environment variable instead"
+        )
+
+
+def _pair_args(backend: str, flag: str, config: Any) -> list[str]:
+    if not isinstance(config, Mapping):
+        raise errors.InvalidArgument(f"{backend} backend: {flag} settings must be a mapping")
+    args: list[str] = []
+    for key in sorted(config):
+        _refuse_secret(backend, str(key))
+        args += [flag, f"{key}={_flag_value(config[key])}"]
+    return args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +147,14 @@ class ClusterSpec:
             settings.setdefault("root", str((self.root / "wal").resolve()))
         return settings
 
+    def node_backend_settings(self) -> dict[str, Any]:
+        """The settings a node process builds from its flags: for a broker, its
+        ``--cluster`` names the topics."""
+        settings = self.wal_settings()
+        if self.backend != "local":
+            settings["cluster"] = self.cluster
+        return settings
+
 
 def backend_args(backend: str, settings: Mapping[str, Any]) -> list[str]:
     """The node command's WAL flags for ``backend`` and ``settings`` (pure)."""
@@ -114,9 +163,16 @@ def backend_args(backend: str, settings: Mapping[str, Any]) -> list[str]:
         raise errors.InvalidArgument(f"unknown WAL backend {backend!r}")
     args = ["--wal", backend]
     for key in sorted(settings):
+        _refuse_secret(backend, key)
         if key not in flags:
-            raise errors.InvalidArgument(f"{backend} backend: unknown setting {key!r}")
-        args += [flags[key], str(settings[key])]
+            raise errors.InvalidArgument(
+                f"{backend} backend: setting {key!r} cannot be passed to a node process "
+                f"(known: {sorted(flags)})"
+            )
+        if key == backend:
+            args += _pair_args(backend, flags[key], settings[key])
+        else:
+            args += [flags[key], _flag_value(settings[key])]
     return args
 
 
@@ -298,7 +354,7 @@ class ProcCluster:
 
     def open_backend(self) -> Backend:
         """A backend instance of this cluster's WAL, for reading it directly."""
-        return registry.create(self.spec.backend, **self.spec.wal_settings())
+        return registry.create(self.spec.backend, **self.spec.node_backend_settings())
 
 
 async def read_log(

@@ -10,13 +10,18 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from headrace import errors
 from headrace import standalone as standalone_mod
+from headrace.cli import walflags
 from headrace.client import api as client_api
 from headrace.node import server as node_server
 from headrace.wal.framework import WALOptions
+
+WAL_BACKENDS = ("local", "kafka", "pulsar")
 
 
 def add_standalone_args(p: argparse.ArgumentParser) -> None:
@@ -27,6 +32,13 @@ def add_standalone_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-ttl", type=float, default=3.0, help="node session TTL in seconds")
     p.add_argument("--fsync", choices=["batch", "interval"], default="batch")
     p.add_argument("--timetick-interval-ms", type=float, default=10.0)
+    p.add_argument(
+        "--wal",
+        choices=WAL_BACKENDS,
+        default="local",
+        help="WAL backend (default local: files under --data-dir)",
+    )
+    walflags.add_broker_args(p)
 
 
 def add_node_args(p: argparse.ArgumentParser) -> None:
@@ -34,11 +46,9 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metastore", required=True, help="sqlite:///path or etcd://host:port")
     p.add_argument("--cluster", default="default")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port (port 0: any free port)")
-    p.add_argument("--wal", default="local", help="WAL backend: local, kafka, pulsar")
+    p.add_argument("--wal", choices=WAL_BACKENDS, default="local", help="WAL backend")
     p.add_argument("--wal-dir", default=None, help="local backend: root directory")
     p.add_argument("--fsync", choices=["batch", "interval"], default="batch")
-    p.add_argument("--kafka-bootstrap", default=None)
-    p.add_argument("--pulsar-url", default=None)
     p.add_argument("--lease-ttl", type=float, default=3.0)
     p.add_argument("--timetick-interval-ms", type=float, default=10.0)
     p.add_argument(
@@ -46,6 +56,7 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="stop (gracefully) when the parent process dies, e.g. a killed standalone",
     )
+    walflags.add_broker_args(p)
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -54,20 +65,20 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-def wal_settings(args: argparse.Namespace) -> dict[str, object]:
-    """Backend settings from node arguments, with clear errors for missing ones."""
+def wal_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Backend settings from node arguments (and, for secrets, files or ``env``).
+
+    InvalidArgument names what is missing or wrong; see :mod:`headrace.cli.walflags`.
+    """
     if args.wal == "local":
+        walflags.check_backend(args, "local")
         if not args.wal_dir:
             raise errors.InvalidArgument("--wal local needs --wal-dir DIR")
         return {"root": str(Path(args.wal_dir).resolve()), "fsync": args.fsync}
-    if args.wal == "kafka":
-        if not args.kafka_bootstrap:
-            raise errors.InvalidArgument("--wal kafka needs --kafka-bootstrap HOST:PORT")
-        return {"bootstrap_servers": args.kafka_bootstrap}
-    if args.wal == "pulsar":
-        if not args.pulsar_url:
-            raise errors.InvalidArgument("--wal pulsar needs --pulsar-url pulsar://HOST:PORT")
-        return {"service_url": args.pulsar_url}
+    if args.wal in walflags.BROKERS:
+        if args.wal_dir:
+            raise errors.InvalidArgument(f"--wal-dir is for --wal local, not --wal {args.wal}")
+        return walflags.broker_settings(args, env)
     raise errors.InvalidArgument(f"unknown WAL backend {args.wal!r} (known: local, kafka, pulsar)")
 
 
@@ -107,7 +118,15 @@ async def standalone(args: argparse.Namespace) -> int:
     return await standalone_mod_run(cfg, stop)
 
 
-def standalone_config(args: argparse.Namespace) -> standalone_mod.StandaloneConfig:
+def standalone_config(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> standalone_mod.StandaloneConfig:
+    """The standalone's configuration; broker flags are checked here, before any
+    node starts, and handed on to the node processes as flags (files, never secrets)."""
+    if args.wal == "local":
+        walflags.check_backend(args, "local")
+    else:
+        walflags.broker_settings(args, env)
     return standalone_mod.StandaloneConfig(
         data_dir=Path(args.data_dir),
         nodes=args.nodes,
@@ -116,6 +135,8 @@ def standalone_config(args: argparse.Namespace) -> standalone_mod.StandaloneConf
         lease_ttl_s=args.lease_ttl,
         fsync=args.fsync,
         timetick_interval_ms=args.timetick_interval_ms,
+        wal=args.wal,
+        wal_args=tuple(walflags.forward_flags(args)),
     )
 
 

@@ -4,7 +4,9 @@ The coordinator writes records; the node follows them (see
 :mod:`headrace.cluster`). :func:`decide` is the pure rule; :class:`Reactor`
 lists and watches the cluster's keys, keeps the node's :class:`Directory`
 current and carries the decisions out, one pchannel at a time, always acting
-on the newest record it has seen.
+on the newest record it has seen. A step that fails with a retryable error
+(a WAL whose broker is down, a metastore hiccup) is retried with exponential
+backoff (:func:`retry_delay`) until it succeeds or a newer record replaces it.
 """
 
 from __future__ import annotations
@@ -52,13 +54,29 @@ class Action(enum.Enum):
     """Drain and close the WAL (if held), then CAS UNASSIGNING -> UNASSIGNED."""
     CLOSE = "close"
     """Close the held WAL at once: somebody else has (or will have) the pchannel."""
+    REOPEN = "reopen"
+    """Open the WAL again under the record's term: it failed while served (its
+    broker went away) or reopening it failed; the record stays ASSIGNED."""
 
 
-def decide(record: Assignment | None, node_id: str, held_term: int | None) -> Action:
-    """What a node holding ``held_term`` (None: nothing) does about ``record``."""
+def decide(
+    record: Assignment | None, node_id: str, held_term: int | None, *, broken: bool = False
+) -> Action:
+    """What a node holding ``held_term`` (None: nothing) does about ``record``.
+
+    ``broken``: this process served the pchannel under ``record.term`` and lost
+    it to a backend failure (the WAL is UNAVAILABLE, or reopening it failed).
+    """
     if record is None:
         return Action.NONE if held_term is None else Action.CLOSE
     mine = record.node == node_id
+    if (
+        broken
+        and mine
+        and record.state is AssignmentState.ASSIGNED
+        and held_term in (None, record.term)
+    ):
+        return Action.REOPEN
     if mine and record.state is AssignmentState.ASSIGNING:
         if held_term is not None and held_term > record.term:
             return Action.NONE
@@ -75,6 +93,12 @@ def decide(record: Assignment | None, node_id: str, held_term: int | None) -> Ac
     return Action.CLOSE if record.term >= held_term else Action.NONE
 
 
+def retry_delay(attempt: int, base: float, cap: float) -> float:
+    """Seconds to wait before retry number ``attempt`` (1, 2, ...): ``base``
+    doubling each time, at most ``cap`` (pure)."""
+    return min(cap, base * 2.0 ** min(max(attempt, 1) - 1, 30))
+
+
 class Reactor:
     """Follows the cluster's records for one node."""
 
@@ -86,6 +110,7 @@ class Reactor:
         address: str,
         *,
         retry_seconds: float = 0.5,
+        max_retry_seconds: float = 10.0,
         session_lease: Callable[[], int] = lambda: 0,
     ) -> None:
         self.session_lease = session_lease
@@ -96,6 +121,14 @@ class Reactor:
         self.node_id = manager.node_id
         self.address = address
         self.retry_seconds = retry_seconds
+        """Wait before re-listing after a failed watch, and before a first retry."""
+        self.max_retry_seconds = max(max_retry_seconds, retry_seconds)
+        self._attempts: dict[str, int] = {}
+        """Failed attempts in a row per pchannel (reset by a success)."""
+        self._records: dict[str, KeyValue] = {}
+        """The newest record of each pchannel."""
+        self.heal_seconds = max(retry_seconds, 0.1)
+        """How often held WALs are checked for a backend failure to recover from."""
         self._pending: dict[str, tuple[KeyValue | None, int]] = {}
         self._generation: dict[str, int] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
@@ -107,6 +140,7 @@ class Reactor:
 
     async def run(self) -> None:
         """List and watch until :meth:`stop` (or cancelled); survive metastore outages."""
+        healer = asyncio.create_task(self._heal(), name=f"{self.node_id}-heal")
         try:
             while not self._stopping.is_set():
                 try:
@@ -119,7 +153,7 @@ class Reactor:
                     async with asyncio.timeout(self.retry_seconds):
                         await self._stopping.wait()
         finally:
-            tasks = [*self._workers.values(), *self._retries]
+            tasks = [healer, *self._workers.values(), *self._retries]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -204,7 +238,9 @@ class Reactor:
         assignments = self.manager.directory.assignments
         if kv is None:
             assignments.pop(pchannel, None)
+            self._records.pop(pchannel, None)
         else:
+            self._records[pchannel] = kv
             try:
                 record = parse_record(Assignment, kv.value)
             except errors.CorruptData as exc:
@@ -214,6 +250,25 @@ class Reactor:
         self._submit(pchannel, kv)
 
     # -------------------------------------------------------------- reacting
+
+    async def _heal(self) -> None:
+        """Reopen held WALs that a backend failure made UNAVAILABLE (a broker
+        outage): their records still say this node serves them. A failed
+        reopen is retried with backoff like any other step."""
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.heal_seconds):
+                    await self._stopping.wait()
+            for pchannel in self.manager.failed_held():
+                worker = self._workers.get(pchannel)
+                kv = self._records.get(pchannel)
+                if kv is not None and (worker is None or worker.done()):
+                    log.warning(
+                        "node %s: the WAL of %s failed while served; reopening it",
+                        self.node_id,
+                        pchannel,
+                    )
+                    self._submit(pchannel, kv)
 
     def _submit(self, pchannel: str, kv: KeyValue | None) -> None:
         generation = self._generation.get(pchannel, 0) + 1
@@ -232,16 +287,29 @@ class Reactor:
                 await self._react(pchannel, kv)
             except errors.HeadraceError as exc:
                 if not exc.retryable:
+                    self._attempts.pop(pchannel, None)
                     log.error("node %s: cannot act on %s: %s", self.node_id, pchannel, exc)
                     continue
+                attempt = self._attempts.get(pchannel, 0) + 1
+                self._attempts[pchannel] = attempt
+                delay = retry_delay(attempt, self.retry_seconds, self.max_retry_seconds)
                 log.warning(
-                    "node %s: acting on %s failed, will retry: %s", self.node_id, pchannel, exc
+                    "node %s: acting on %s failed (attempt %d), will retry in %.1f s: %s",
+                    self.node_id,
+                    pchannel,
+                    attempt,
+                    delay,
+                    exc,
                 )
-                self._retry_later(pchannel, kv, generation)
+                self._retry_later(pchannel, kv, generation, delay)
+            else:
+                self._attempts.pop(pchannel, None)
 
-    def _retry_later(self, pchannel: str, kv: KeyValue | None, generation: int) -> None:
+    def _retry_later(
+        self, pchannel: str, kv: KeyValue | None, generation: int, delay: float
+    ) -> None:
         async def retry() -> None:
-            await asyncio.sleep(self.retry_seconds)
+            await asyncio.sleep(delay)
             if self._generation.get(pchannel) == generation:
                 self._submit(pchannel, kv)
 
@@ -251,13 +319,20 @@ class Reactor:
 
     async def _react(self, pchannel: str, kv: KeyValue | None) -> None:
         record = None if kv is None else parse_record(Assignment, kv.value)
-        action = decide(record, self.node_id, self.manager.held_term(pchannel))
+        broken = record is not None and self.manager.broken(pchannel, record.term)
+        action = decide(record, self.node_id, self.manager.held_term(pchannel), broken=broken)
+        if action not in (Action.OPEN, Action.REOPEN):
+            self.manager.forget_failure(pchannel)
         if action is Action.NONE:
             return
         if action is Action.CLOSE:
             await self.manager.close(pchannel, drain=False)
             return
         assert kv is not None and record is not None
+        if action is Action.REOPEN:
+            with contextlib.suppress(errors.Fenced):  # a newer term took it: its record follows
+                await self.manager.open(pchannel, record.term)
+            return
         if action is Action.OPEN:
             try:
                 await self.manager.open(pchannel, record.term)

@@ -21,10 +21,10 @@ from headrace import errors
 from headrace.message.types import LogEntry, Message
 from headrace.node import convert
 from headrace.node.errors import abort, as_headrace, to_proto
-from headrace.node.walmanager import WALManager
+from headrace.node.walmanager import OpenFailure, WALManager
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
-from headrace.wal.api import AppendResult
+from headrace.wal.api import AppendResult, WALState
 from headrace.wal.framework import WAL
 from headrace.wal.scanner import Scanner
 
@@ -334,7 +334,21 @@ class ManagerService(rpc.ManagerServicer):
         request: pb.ListWALsRequest,
         context: Context[pb.ListWALsRequest, pb.ListWALsResponse],
     ) -> pb.ListWALsResponse:
-        held = sorted(self.manager.held.items())
+        held = self.manager.held
+        infos = {name: convert.wal_info(wal) for name, wal in held.items()}
+        for name, failure in self.manager.failures.items():
+            if name not in held:
+                infos[name] = failed_wal_info(failure)
         return pb.ListWALsResponse(
-            node_id=self.manager.node_id, wals=[convert.wal_info(wal) for _, wal in held]
+            node_id=self.manager.node_id, wals=[infos[name] for name in sorted(infos)]
         )
+
+
+def failed_wal_info(failure: OpenFailure) -> pb.WALInfo:
+    """A WAL this node should serve but could not open: UNAVAILABLE, with the error."""
+    return pb.WALInfo(
+        pchannel=failure.pchannel,
+        term=failure.term,
+        state=WALState.UNAVAILABLE.value,
+        stats=failure.stats(),
+    )

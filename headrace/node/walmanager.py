@@ -4,6 +4,13 @@ All opening and closing of a pchannel's WAL goes through :class:`WALManager`,
 serialised per pchannel. Request handlers look a WAL up with :meth:`get`, which
 answers NOT_OWNER with the owner this node knows from the metastore when the
 pchannel is not served here.
+
+A WAL that cannot be opened (its broker is down, say) is not served, and the
+node keeps running: the last failure is kept in :attr:`WALManager.failures`
+(the Manager service lists it as ``UNAVAILABLE`` with the error), :meth:`get`
+answers UNAVAILABLE (retryable) while the pchannel is assigned here, and the
+assignment reactor retries the open with backoff. Every open is bounded by
+:func:`open_bound` so an unreachable broker cannot hang it.
 """
 
 from __future__ import annotations
@@ -11,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping
+from typing import Any
 
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig
@@ -22,6 +31,54 @@ from headrace.wal.contract import Backend
 from headrace.wal.framework import WAL, WALOptions
 
 log = logging.getLogger(__name__)
+
+OPEN_BOUND_FACTOR = 4
+"""An open makes a handful of sequential broker calls, each bounded by the
+backend's ``operation_timeout_s``; the whole open gets this many of them."""
+
+
+def open_bound(description: Mapping[str, Any]) -> float | None:
+    """Seconds an open of a backend described by ``description`` may take (pure).
+
+    None (no bound) for a backend that states no operation timeout.
+    """
+    timeout = description.get("operation_timeout_s")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        return None
+    return float(timeout) * OPEN_BOUND_FACTOR
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpenFailure:
+    """The last failed open of a pchannel's WAL on this node."""
+
+    pchannel: str
+    term: int
+    error: errors.HeadraceError
+    attempts: int
+    """Failed opens in a row at this term."""
+    since: float
+    """time.time() of the first of them."""
+    last: float
+    """time.time() of the latest."""
+
+    def stats(self) -> dict[str, str]:
+        return {
+            "error": str(self.error),
+            "retryable": str(self.error.retryable).lower(),
+            "attempts": str(self.attempts),
+            "failing_since": f"{self.since:.3f}",
+            "last_attempt": f"{self.last:.3f}",
+        }
+
+
+def next_failure(
+    previous: OpenFailure | None, pchannel: str, term: int, error: errors.HeadraceError, now: float
+) -> OpenFailure:
+    """The failure record after one more failed open (pure)."""
+    if previous is None or previous.term != term:
+        return OpenFailure(pchannel, term, error, 1, now, now)
+    return dataclasses.replace(previous, error=error, attempts=previous.attempts + 1, last=now)
 
 
 @dataclasses.dataclass(slots=True)
@@ -68,13 +125,20 @@ class WALManager:
         backend: Backend,
         tso: TimestampAllocator,
         options: WALOptions,
+        *,
+        open_timeout_s: float | None = None,
     ) -> None:
         self.node_id = node_id
         self.backend = backend
         self.tso = tso
         self.options = options
+        self.open_timeout_s = (
+            open_timeout_s if open_timeout_s is not None else open_bound(backend.describe())
+        )
+        """Bound of one open (None: unbounded)."""
         self.directory = Directory()
         self._held: dict[str, WAL] = {}
+        self._failures: dict[str, OpenFailure] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._accepting = True
 
@@ -89,12 +153,61 @@ class WALManager:
         wal = self._held.get(pchannel)
         return None if wal is None else wal.term
 
-    def get(self, pchannel: str) -> WAL:
-        """The serving WAL of ``pchannel``; NotOwner (with hint) if there is none."""
+    @property
+    def failures(self) -> Mapping[str, OpenFailure]:
+        """The last failed open of each pchannel not served since."""
+        return self._failures
+
+    def broken(self, pchannel: str, term: int) -> bool:
+        """Whether this node lost ``pchannel`` at ``term`` to a backend failure:
+        its held WAL turned UNAVAILABLE, or opening it failed (nothing held)."""
         wal = self._held.get(pchannel)
-        if wal is None or wal.state is not WALState.SERVING or not self._accepting:
-            raise self.not_owner(pchannel)
-        return wal
+        if wal is not None:
+            return wal.term == term and wal.state is WALState.UNAVAILABLE
+        failure = self._failures.get(pchannel)
+        return failure is not None and failure.term == term
+
+    def failed_held(self) -> list[str]:
+        """The held WALs a backend failure made UNAVAILABLE (none once shutting down)."""
+        if not self._accepting:
+            return []
+        return [name for name, wal in self._held.items() if wal.state is WALState.UNAVAILABLE]
+
+    def forget_failure(self, pchannel: str) -> None:
+        """The pchannel is no longer to be opened here: stop reporting its failure."""
+        self._failures.pop(pchannel, None)
+
+    def get(self, pchannel: str) -> WAL:
+        """The serving WAL of ``pchannel``.
+
+        Unavailable (retryable) while it is assigned here but cannot be
+        opened, or failed in its backend and is being reopened; else NotOwner
+        (with hint) if it is not served here.
+        """
+        wal = self._held.get(pchannel)
+        if wal is not None and wal.state is WALState.SERVING and self._accepting:
+            return wal
+        if wal is not None and wal.state is WALState.UNAVAILABLE and self._accepting:
+            raise errors.Unavailable(
+                f"the WAL of {pchannel} on node {self.node_id} (term {wal.term}) failed in its "
+                "backend; the node reopens it"
+            )
+        failure = self._failures.get(pchannel)
+        if wal is None and failure is not None and self._accepting and self._assigned_here(failure):
+            raise errors.Unavailable(
+                f"node {self.node_id} cannot open the WAL of {pchannel} (term {failure.term}, "
+                f"{failure.attempts} failed attempts, retrying): {failure.error.message}"
+            )
+        raise self.not_owner(pchannel)
+
+    def _assigned_here(self, failure: OpenFailure) -> bool:
+        record = self.directory.assignments.get(failure.pchannel)
+        return (
+            record is not None
+            and record.node == self.node_id
+            and record.state in (AssignmentState.ASSIGNING, AssignmentState.ASSIGNED)
+            and record.term == failure.term
+        )
 
     def not_owner(self, pchannel: str) -> NotOwnerAt:
         return not_owner_hint(pchannel, self.node_id, self.directory)
@@ -123,10 +236,51 @@ class WALManager:
                 if held.term == term and held.state is WALState.SERVING:
                     return held
                 await self._close_held(pchannel, held, drain=False)
-            wal = await WAL.open(self.backend, pchannel, term, tso=self.tso, options=self.options)
+            try:
+                wal = await self._open_bounded(pchannel, term)
+            except errors.Fenced:
+                self._failures.pop(pchannel, None)
+                raise
+            except errors.HeadraceError as exc:
+                failure = next_failure(
+                    self._failures.get(pchannel), pchannel, term, exc, time.time()
+                )
+                self._failures[pchannel] = failure
+                log.warning(
+                    "node %s cannot open %s at term %d (attempt %d): %s",
+                    self.node_id,
+                    pchannel,
+                    term,
+                    failure.attempts,
+                    exc,
+                )
+                raise
+            self._failures.pop(pchannel, None)
             self._held[pchannel] = wal
             log.info("node %s serves %s at term %d", self.node_id, pchannel, term)
             return wal
+
+    async def _open_bounded(self, pchannel: str, term: int) -> WAL:
+        """WAL.open within :attr:`open_timeout_s`; every failure a Headrace error."""
+        bound = self.open_timeout_s
+        try:
+            async with asyncio.timeout(bound):
+                return await WAL.open(
+                    self.backend, pchannel, term, tso=self.tso, options=self.options
+                )
+        except TimeoutError:
+            raise errors.Unavailable(
+                f"opening the WAL of {pchannel} at term {term} did not finish within {bound:g} s "
+                f"({_where(self.backend)})"
+            ) from None
+        except errors.HeadraceError:
+            raise
+        except Exception as exc:  # an untranslated library error must not stop the node
+            log.exception("opening %s at term %d failed unexpectedly", pchannel, term)
+            raise errors.Unavailable(
+                f"opening the WAL of {pchannel} at term {term} failed ({_where(self.backend)}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
 
     async def close(self, pchannel: str, *, drain: bool, below_term: int | None = None) -> bool:
         """Stop serving ``pchannel``; with ``drain``, finish in-flight appends first.
@@ -136,6 +290,9 @@ class WALManager:
         """
         async with self._lock(pchannel):
             held = self._held.get(pchannel)
+            failure = self._failures.get(pchannel)
+            if failure is not None and (below_term is None or failure.term < below_term):
+                del self._failures[pchannel]
             if held is None or (below_term is not None and held.term >= below_term):
                 return False
             await self._close_held(pchannel, held, drain=drain)
@@ -163,3 +320,10 @@ class WALManager:
         """Refuse new work, then drain and close every WAL."""
         self._accepting = False
         await self.close_all(drain=True)
+
+
+def _where(backend: Backend) -> str:
+    """The backend and its address, for error messages."""
+    description = backend.describe()
+    address = description.get("bootstrap_servers") or description.get("service_url")
+    return f"{backend.name} backend at {address}" if address else f"{backend.name} backend"

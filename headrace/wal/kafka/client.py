@@ -37,6 +37,15 @@ _DENIED_CODES = frozenset(
         KafkaError.GROUP_AUTHORIZATION_FAILED,
     }
 )
+_UNREACHABLE_CODES = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._RESOLVE,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
 _INVALID_CODES = frozenset(
     {KafkaError._INVALID_ARG, KafkaError.INVALID_CONFIG, KafkaError.TOPIC_EXCEPTION}
 )
@@ -66,6 +75,8 @@ def translate(err: KafkaError, what: str, settings: KafkaSettings) -> errors.Hea
         return errors.Truncated(text)
     if code in _DENIED_CODES:
         return errors.Unavailable(text, retryable=False)
+    if code in _UNREACHABLE_CODES:
+        return errors.Unavailable(f"{text} (is the broker running and reachable?)")
     return errors.Unavailable(text)
 
 

@@ -132,6 +132,7 @@ class KafkaSettings:
             "min_insync_replicas": self.min_insync_replicas,
             "timestamp_type": self.timestamp_type,
             "retention_ms": self.retention_ms,
+            "operation_timeout_s": self.operation_timeout_s,
             "client": shown,
         }
 

@@ -53,6 +53,11 @@ def translate(exc: BaseException, what: str, settings: PulsarSettings) -> Except
         return errors.Unavailable(text, retryable=False)
     if isinstance(exc, pulsar.TopicTerminated):
         return errors.HeadraceError(text)
+    if isinstance(exc, pulsar.Timeout | pulsar.ConnectError | pulsar.NotConnected):
+        return errors.Unavailable(
+            f"{text} (no answer within {settings.operation_timeout_s:g} s: "
+            "is the broker running and reachable?)"
+        )
     return errors.Unavailable(text)
 
 

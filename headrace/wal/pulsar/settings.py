@@ -7,7 +7,8 @@ Keyword settings (``registry.create("pulsar", ...)``):
   (``"default"``) and ``topic_prefix`` (``"headrace.<cluster>."``): pchannel
   ``p`` is ``persistent://<tenant>/<namespace>/<topic_prefix><p>``; its
   truncation marks live in ``...<topic_prefix>__truncation.<p>``.
-* ``operation_timeout_s`` (30.0): bound of every blocking client call.
+* ``operation_timeout_s`` (30.0): bound of every blocking client call, and of
+  connecting to a broker (at most 10 s; ``pulsar.connection_timeout_ms`` overrides).
 * ``send_timeout_ms`` (30000): a send not acknowledged by then fails.
 * ``auth_token``: a JWT for token authentication (not shown by ``describe``).
 * ``pulsar`` (a dict) and any ``pulsar.<name>`` keyword: further keyword
@@ -66,7 +67,18 @@ class PulsarSettings:
         return f"persistent://{self.tenant}/{self.namespace}/{local}"
 
     def client_kwargs(self) -> dict[str, Any]:
-        return {**self.client, "operation_timeout_seconds": max(1, round(self.operation_timeout_s))}
+        """Keyword arguments of ``pulsar.Client``.
+
+        Connecting to a broker is bounded by ``operation_timeout_s`` too (unless
+        ``connection_timeout_ms`` is set), so an unreachable broker fails an
+        open within that bound rather than the client's own 10 s.
+        """
+        connect_ms = min(10_000, max(100, round(self.operation_timeout_s * 1000)))
+        return {
+            "connection_timeout_ms": connect_ms,
+            **self.client,
+            "operation_timeout_seconds": max(1, round(self.operation_timeout_s)),
+        }
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -75,6 +87,7 @@ class PulsarSettings:
             "tenant": self.tenant,
             "namespace": self.namespace,
             "topic_prefix": self.topic_prefix,
+            "operation_timeout_s": self.operation_timeout_s,
             "auth": "token"
             if self.auth_token
             else ("custom" if "authentication" in self.client else "none"),
