@@ -307,8 +307,25 @@ def node_args(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> list
         args += ["--wal-dir", WAL_MOUNT]
     elif spec.wal.backend == "kafka":
         args += ["--kafka-bootstrap", "$(HEADRACE_KAFKA_BOOTSTRAP)"]
+        args += _kafka_tls_args(spec)
     else:
         args += ["--pulsar-url", "$(HEADRACE_PULSAR_URL)"]
+    return args
+
+
+def _kafka_tls_args(spec: StreamingClusterSpec) -> list[str]:
+    """Flags naming the files of the mounted Kafka TLS secret (none without TLS)."""
+    tls = spec.wal.kafka.tls if spec.wal.kafka is not None else None
+    if tls is None:
+        return []
+    args = ["--kafka-ssl-ca", f"{KAFKA_TLS_MOUNT}/ca.crt"]
+    if tls.client_auth:
+        args += [
+            "--kafka-ssl-cert",
+            f"{KAFKA_TLS_MOUNT}/tls.crt",
+            "--kafka-ssl-key",
+            f"{KAFKA_TLS_MOUNT}/tls.key",
+        ]
     return args
 
 

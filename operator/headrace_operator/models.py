@@ -127,6 +127,10 @@ class KafkaTLS(_Model):
         pattern=_NAME,
         description="Secret with 'ca.crt' (and 'tls.crt'/'tls.key' for mutual TLS).",
     )
+    client_auth: bool = pydantic.Field(
+        default=False,
+        description="Present the secret's 'tls.crt'/'tls.key' to the brokers (mutual TLS).",
+    )
 
 
 class KafkaWAL(_Model):

@@ -80,6 +80,16 @@ def test_kafka_backend_wiring() -> None:
     assert {"HEADRACE_KAFKA_SASL_USERNAME", "HEADRACE_KAFKA_SASL_PASSWORD"} <= env_names(pod)
     assert {"name": "kafka-tls", "secret": {"secretName": "kafka-ca"}} in pod["spec"]["volumes"]
     assert all(v["name"] != "wal" for v in pod["spec"]["volumes"])
+    # The mounted secret's files are named to the node; the client pair only for mutual TLS.
+    assert args[args.index("--kafka-ssl-ca") + 1] == f"{builders.KAFKA_TLS_MOUNT}/ca.crt"
+    assert "--kafka-ssl-cert" not in args and "--kafka-ssl-key" not in args
+    wal["kafka"]["tls"] = {"secretName": "kafka-ca", "clientAuth": True}
+    args = builders.node_pod(REF, spec(wal=wal), 0)["spec"]["containers"][0]["args"]
+    assert args[args.index("--kafka-ssl-cert") + 1] == f"{builders.KAFKA_TLS_MOUNT}/tls.crt"
+    assert args[args.index("--kafka-ssl-key") + 1] == f"{builders.KAFKA_TLS_MOUNT}/tls.key"
+    del wal["kafka"]["tls"]
+    args = builders.node_pod(REF, spec(wal=wal), 0)["spec"]["containers"][0]["args"]
+    assert "--kafka-ssl-ca" not in args
 
 
 def test_pulsar_backend_wiring() -> None:
