@@ -24,7 +24,9 @@ pchannel's WAL is read from the backend directly. The result counts:
 * ``stale_term_appends``: records of the full WAL read whose term is lower
   than that of a FENCE before them (including fences of a lower term);
 * ``timetick_regressions``: records whose timetick is not above the previous
-  record's (timeticks strictly increase in log order);
+  record's (timeticks strictly increase in log order); ``rewritten_records``
+  tells how many of them repeat an earlier record exactly (a resend that the
+  backend stored twice);
 * ``max_unavailable_ms``: the longest time a producer had messages
   outstanding without any acknowledgement.
 """
@@ -36,6 +38,7 @@ import collections
 import dataclasses
 import logging
 import random
+import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -71,6 +74,16 @@ class ChaosTimings:
     faults: FaultTimings = dataclasses.field(default_factory=FaultTimings)
     send_deadline_s: float = 30.0
     catchup_timeout_s: float = 90.0
+
+
+def pchannel_prefix(backend: str) -> str:
+    """Prefix of a run's pchannel names: fresh per run on a broker backend.
+
+    The metastore is new on every run but a broker keeps its topics, and a
+    topic written by an earlier run holds that run's terms, which fence the
+    new run's writers. Local WALs live under the run's own directory.
+    """
+    return "chaos" if backend == "local" else f"chaos-{secrets.token_hex(4)}"
 
 
 def violations(result: Mapping[str, Any]) -> dict[str, int]:
@@ -127,6 +140,24 @@ def audit_log(entries: Sequence[LogEntry]) -> dict[str, int]:
             regressions += 1
         last_tick = max(last_tick, msg.timetick)
     return {"stale_term_appends": stale, "timetick_regressions": regressions}
+
+
+def count_rewritten(entries: Iterable[LogEntry]) -> int:
+    """How many records of a log equal an earlier record of it (pure).
+
+    Every append gets a new timetick, so such a record was written twice: a
+    client resent what the broker had already stored. Telling these apart from
+    real regressions says where to look when ``timetick_regressions`` is not 0.
+    """
+    seen: set[tuple[MessageType, str, int, int, bytes]] = set()
+    rewritten = 0
+    for entry in entries:
+        msg = entry.message
+        key = (msg.type, msg.vchannel, msg.term, msg.timetick, msg.payload)
+        if key in seen:
+            rewritten += 1
+        seen.add(key)
+    return rewritten
 
 
 def seqs_in_log(entries: Iterable[LogEntry], vchannels: Iterable[str]) -> dict[str, list[int]]:
@@ -276,6 +307,7 @@ async def _audit_wal(procs: ProcCluster, vchannels: Sequence[str]) -> dict[str, 
         for pchannel in procs.spec.pchannel_names:
             entries = await read_log(backend, pchannel)
             totals.update(audit_log(entries))
+            totals["rewritten_records"] += count_rewritten(entries)
             totals["wal_records"] += len(entries)
             for vchannel, seqs in seqs_in_log(entries, vchannels).items():
                 in_log[vchannel].extend(seqs)
@@ -310,7 +342,7 @@ async def run_chaos(
         lease_ttl_s=lease_ttl_s,
         backend=backend,
         backend_settings=dict(backend_settings or {}),
-        pchannel_prefix="chaos",
+        pchannel_prefix=pchannel_prefix(backend),
     )
     names = [f"chaos-v{i}" for i in range(vchannels)]
     started = time.monotonic()
@@ -357,6 +389,7 @@ async def run_chaos(
         "consumed_unacked": delivery["consumed_unacked"],
         "acked_missing_from_wal": sum(len(set(acked[v]) - set(in_log.get(v, ()))) for v in names),
         "duplicates_in_wal": sum(len(seqs) - len(set(seqs)) for seqs in in_log.values()),
+        "rewritten_records": audit["counts"].get("rewritten_records", 0),
         "wal_records": audit["counts"].get("wal_records", 0),
         "caught_up": outcome["caught_up"],
         "consumer_errors": [f"{v}: {logs[v].error}" for v in names if logs[v].error],
@@ -369,6 +402,7 @@ async def run_chaos(
         "vchannels": vchannels,
         "lease_ttl_s": lease_ttl_s,
         "backend": backend,
+        "pchannel_prefix": spec.pchannel_prefix,
         "rate_per_vchannel": timings.rate,
         "elapsed_s": round(time.monotonic() - started, 1),
     }

@@ -1,0 +1,90 @@
+"""Short chaos runs on the broker backends: node processes on Kafka and on Pulsar.
+
+The same workload and checks as the local run of ``test_chaos_short``: kills,
+pauses and moves while producers and consumers run, then exactly-once order
+of every acknowledged message and a clean WAL (no stale term after a fence, no
+timetick regression). Each run gets pchannel names of its own, so its topics
+are new even on a broker that earlier runs wrote to.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headrace.bench import chaos
+from headrace.message.types import LogEntry, Message, MessageType
+from headrace.wal.local.message_id import LocalMessageID
+
+_FAULT_SECONDS = 22.0
+
+
+def _assert_clean(result: dict[str, Any]) -> None:
+    summary = json.dumps({k: v for k, v in result.items() if k != "node_starts"})
+    assert result["acked"] > 0, summary
+    assert chaos.violations(result) == {}, summary
+    assert result["caught_up"] and not result["consumer_errors"], summary
+    assert result["foreign_deliveries"] == 0, summary
+    assert result["acked_missing_from_wal"] == 0 and result["duplicates_in_wal"] == 0, summary
+    assert result["wal_records"] >= result["acked"], summary
+    faults = result["faults"]
+    assert faults["kill"] >= 1 and faults["stop"] >= 1 and faults["move"] >= 1, summary
+
+
+def test_broker_runs_get_pchannel_names_of_their_own() -> None:
+    assert chaos.pchannel_prefix("local") == "chaos"
+    first, second = chaos.pchannel_prefix("kafka"), chaos.pchannel_prefix("kafka")
+    assert first.startswith("chaos-") and second.startswith("chaos-") and first != second
+    assert chaos.pchannel_prefix("pulsar") != chaos.pchannel_prefix("pulsar")
+
+
+def _insert(lsn: int, tick: int, payload: bytes, term: int = 1) -> LogEntry:
+    return LogEntry(
+        LocalMessageID(lsn), Message(MessageType.INSERT, "v", payload, timetick=tick, term=term)
+    )
+
+
+def test_records_stored_twice_are_told_apart_from_other_regressions() -> None:
+    # A resend of records 2 and 3 after their acknowledgements were lost.
+    resent = [_insert(1, 10, b"v:1"), _insert(2, 11, b"v:2"), _insert(3, 12, b"v:3")]
+    resent += [_insert(4, 11, b"v:2"), _insert(5, 12, b"v:3"), _insert(6, 13, b"v:4")]
+    assert chaos.audit_log(resent)["timetick_regressions"] == 2
+    assert chaos.count_rewritten(resent) == 2
+    # Same payload, new timetick: a second append, not a rewrite.
+    appended_again = [_insert(1, 10, b"v:1"), _insert(2, 11, b"v:1")]
+    assert chaos.count_rewritten(appended_again) == 0
+    # A regression with a record never seen before is not a rewrite either.
+    regressed = [_insert(1, 10, b"v:1"), _insert(2, 9, b"v:2"), _insert(3, 9, b"v:2", term=2)]
+    assert chaos.audit_log(regressed)["timetick_regressions"] == 2
+    assert chaos.count_rewritten(regressed) == 0
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_short_chaos_on_kafka(tmp_path: Path, kafka_bootstrap: str) -> None:
+    result = await chaos.run_chaos(
+        tmp_path,
+        _FAULT_SECONDS,
+        seed=20261122,
+        backend="kafka",
+        backend_settings={"bootstrap_servers": kafka_bootstrap},
+    )
+    _assert_clean(result)
+
+
+@pytest.mark.pulsar
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_short_chaos_on_pulsar(tmp_path: Path, pulsar_url: str) -> None:
+    result = await chaos.run_chaos(
+        tmp_path,
+        _FAULT_SECONDS,
+        seed=20261122,
+        backend="pulsar",
+        backend_settings={"service_url": pulsar_url},
+    )
+    _assert_clean(result)
