@@ -80,7 +80,30 @@ def _encoded_size(msg: Message) -> int:
 def _properties_size(props: Mapping[str, str]) -> int:
     if not props:
         return 0
-    return 2 + sum(6 + len(k.encode()) + len(v.encode()) for k, v in props.items())
+    size = 2 + 6 * len(props)
+    for key, value in props.items():
+        # ASCII text (the usual case) is as long encoded as it is.
+        size += len(key) if key.isascii() else len(key.encode())
+        size += len(value) if value.isascii() else len(value.encode())
+    return size
+
+
+_KEY_PREFIXES: dict[str, bytes] = {}
+"""Encoded length-and-key of property keys seen (producers repeat a few keys)."""
+_KEY_PREFIXES_MAX = 1024
+
+
+def _key_prefix(key: str) -> bytes:
+    prefix = _KEY_PREFIXES.get(key)
+    if prefix is None:
+        kb = key.encode()
+        if len(kb) > 0xFFFF:
+            raise errors.InvalidArgument(f"property key longer than 65535 bytes: {key[:40]!r}...")
+        prefix = _U16.pack(len(kb)) + kb
+        if len(_KEY_PREFIXES) >= _KEY_PREFIXES_MAX:
+            _KEY_PREFIXES.clear()
+        _KEY_PREFIXES[key] = prefix
+    return prefix
 
 
 def _encode_properties(props: Mapping[str, str]) -> bytes:
@@ -89,11 +112,10 @@ def _encode_properties(props: Mapping[str, str]) -> bytes:
     if len(props) > 0xFFFF:
         raise errors.InvalidArgument(f"too many properties: {len(props)} (at most 65535)")
     parts = [_U16.pack(len(props))]
+    pack_len = _U32.pack
     for key, value in props.items():
-        kb, vb = key.encode(), value.encode()
-        if len(kb) > 0xFFFF:
-            raise errors.InvalidArgument(f"property key longer than 65535 bytes: {key[:40]!r}...")
-        parts += [_U16.pack(len(kb)), kb, _U32.pack(len(vb)), vb]
+        vb = value.encode()
+        parts += [_key_prefix(key), pack_len(len(vb)), vb]
     return b"".join(parts)
 
 
@@ -124,14 +146,14 @@ def _encode(msg: Message, max_size: int) -> bytes:
     size = HEADER_SIZE + vlen + len(payload) + 4
     if txn_id:
         size += 8
+    props = b""
     if properties:
-        size += _properties_size(properties)
+        if size + 2 + 6 * len(properties) > max_size:  # too large even without the text
+            raise _too_large(size + _properties_size(properties), len(payload), max_size)
+        props = _encode_properties(properties)
+        size += len(props)
     if size > max_size:
-        raise errors.MessageTooLarge(
-            f"message of {size} bytes (payload {len(payload)}) exceeds the "
-            f"maximum of {max_size} bytes; nothing was written"
-        )
-    props = _encode_properties(properties) if properties else b""
+        raise _too_large(size, len(payload), max_size)
     # IntEnum type codes pack as they are.
     prefix = _HEADER.pack(
         MAGIC,
@@ -149,6 +171,13 @@ def _encode(msg: Message, max_size: int) -> bytes:
     # One copy of the payload: the CRC runs over the prefix, then the payload.
     crc = zlib.crc32(payload, zlib.crc32(prefix))
     return b"".join((prefix, payload, _CRC.pack(crc)))
+
+
+def _too_large(size: int, payload: int, max_size: int) -> errors.MessageTooLarge:
+    return errors.MessageTooLarge(
+        f"message of {size} bytes (payload {payload}) exceeds the "
+        f"maximum of {max_size} bytes; nothing was written"
+    )
 
 
 def _check_header(data: bytes | memoryview) -> tuple[int, int, int, int, int, int, int]:
