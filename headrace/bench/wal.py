@@ -13,6 +13,18 @@ The scan reads the written log back through a backend scanner (no
 write-ahead buffer) on a freshly opened backend, in batches
 (``Scanner.next_many``), as the node's consume path does.
 
+On Kafka and Pulsar (``backend="kafka"``/``"pulsar"``) the baseline is the
+broker's raw client producer instead, on the same broker, with the same
+messages and batches and the writer's own producer settings, in the same
+run, alternating with the WAL round by round (see
+:mod:`headrace.bench.broker`). ``producers`` batches are in flight on both
+sides: the WAL runs that many producers (with the product's default
+``WALOptions``, so queued batches share a backend append), the baseline keeps
+that many batches outstanding on its one producer. The two-producer figures
+(``*_2p``) then have their own two-in-flight baseline, and the per-batch
+latencies of both sides are reported (``baseline_p99_ms``,
+``p99_overhead_ms``).
+
 The process runs with the product's collector tuning
 (:func:`headrace.runtime.tune_gc`, ``gc_tuned``), as the node and the
 standalone server do. To show where time goes, the same run also measures
@@ -35,6 +47,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headrace import errors, runtime
+from headrace.bench import broker
 from headrace.message import codec
 from headrace.message.types import Message, MessageType
 from headrace.tso import LocalTSO
@@ -61,6 +74,7 @@ class _Round:
     raw_pchannel: str
     batch: int
     producers: int
+    options: WALOptions
 
     def create(self) -> Backend:
         if self.backend == "local":
@@ -134,10 +148,7 @@ async def _backend_append(rnd: _Round, backend: Backend, msgs: list[Message]) ->
 async def _wal_append(
     rnd: _Round, backend: Backend, msgs: list[Message], producers: int, pchannel: str
 ) -> tuple[float, list[float]]:
-    # One backend append (and fsync) per batch, as in the baseline; a sync
-    # tick may ride along with a batch.
-    options = WALOptions(max_batch_messages=rnd.batch + 1)
-    wal = await WAL.open(backend, pchannel, 1, tso=LocalTSO(), options=options)
+    wal = await WAL.open(backend, pchannel, 1, tso=LocalTSO(), options=rnd.options)
     batches = [msgs[i : i + rnd.batch] for i in range(0, len(msgs), rnd.batch)]
     latencies: list[float] = []
 
@@ -253,6 +264,14 @@ async def bench_wal(
     The per-round figures come alongside. ``p50_ms``/``p99_ms`` are the
     per-batch ``append_many`` latencies of the fastest WAL round.
     ``loadavg`` is the machine's load average before and after the run.
+
+    On Kafka and Pulsar the baseline is the raw client producer
+    (:mod:`headrace.bench.broker`) with ``producers`` batches in flight;
+    ``baseline_p50_ms``/``baseline_p99_ms`` are its per-batch latencies in its
+    fastest round, ``p99_overhead_ms`` is ``p99_ms - baseline_p99_ms`` (each
+    round's own difference is among the round's figures), and
+    ``baseline_msgs_per_s_2p`` is the best two-in-flight baseline that
+    ``ratio_2p`` is measured against.
     """
     if min(messages, batch, producers, rounds) < 1 or size < 0:
         raise errors.InvalidArgument(
@@ -274,6 +293,49 @@ class _Setup:
     settings: Mapping[str, Any]
 
 
+def _ms(seconds: float) -> float:
+    return seconds * 1000
+
+
+def _wal_options(setup: _Setup) -> WALOptions:
+    if setup.backend in broker.BROKERS:
+        # The product's defaults: batches queued meanwhile share a backend
+        # append (the raw producer, too, sends what is in flight together).
+        return WALOptions()
+    # One backend append (and fsync) per batch, as in the file baseline; a
+    # sync tick may ride along with a batch.
+    return WALOptions(max_batch_messages=setup.batch + 1)
+
+
+async def _raw(
+    setup: _Setup, pchannel: str, msgs: list[Message], inflight: int
+) -> tuple[float, list[float]]:
+    run = broker.RawRun(setup.backend, setup.settings, pchannel, setup.batch, inflight)
+    return await broker.raw_producer(run, _encoded(msgs))
+
+
+async def _measure_round(
+    setup: _Setup, rnd: _Round, msgs: list[Message], base_path: str
+) -> tuple[dict[str, float], list[float], list[float]]:
+    """One round: figures, the WAL's and the baseline's per-batch latencies."""
+    if setup.backend not in broker.BROKERS:
+        baseline = baseline_rate(base_path, msgs, setup.batch)
+        figures, latencies = await _one_round(rnd, msgs)
+        figures["baseline"] = baseline
+        return figures, latencies, []
+    baseline, base_latencies = await _raw(setup, f"{rnd.pchannel}-base", msgs, setup.producers)
+    figures, latencies = await _one_round(rnd, msgs)
+    figures["baseline"] = baseline
+    if "msgs_per_s_2p" in figures:
+        figures["baseline_2p"], _ = await _raw(
+            setup, f"{rnd.pchannel}-base-2p", msgs, _EXTRA_PRODUCERS
+        )
+    figures["p99_ms"] = _ms(_percentile(latencies, 0.99))
+    figures["baseline_p99_ms"] = _ms(_percentile(base_latencies, 0.99))
+    figures["p99_overhead_ms"] = figures["p99_ms"] - figures["baseline_p99_ms"]
+    return figures, latencies, base_latencies
+
+
 async def _bench(
     setup: _Setup, root: str | os.PathLike[str] | None, gc_settings: runtime.GCSettings
 ) -> dict[str, Any]:
@@ -283,6 +345,7 @@ async def _bench(
     token = secrets.token_hex(4)
     per_round: list[dict[str, float]] = []
     best_latencies: list[float] = []
+    best_base_latencies: list[float] = []
     try:
         os.makedirs(workdir, exist_ok=True)
         msgs = _messages(setup.messages, setup.size)
@@ -296,23 +359,26 @@ async def _bench(
                 raw_pchannel=f"bench-{token}-{r}-raw",
                 batch=setup.batch,
                 producers=setup.producers,
+                options=_wal_options(setup),
             )
             try:
-                baseline = baseline_rate(base_path, msgs, setup.batch)
-                figures, latencies = await _one_round(rnd, msgs)
+                figures, latencies, base_latencies = await _measure_round(
+                    setup, rnd, msgs, base_path
+                )
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(base_path)
                 shutil.rmtree(rnd.root, ignore_errors=True)
             if not per_round or figures["msgs_per_s"] > max(x["msgs_per_s"] for x in per_round):
                 best_latencies = latencies
-            figures["baseline"] = baseline
+            if not per_round or figures["baseline"] > max(x["baseline"] for x in per_round):
+                best_base_latencies = base_latencies
             figures["decode"] = decode_rate(msgs)
             per_round.append(figures)
     finally:
         if own_root:
             shutil.rmtree(workdir, ignore_errors=True)
-    described = {
+    described: dict[str, Any] = {
         "backend": setup.backend,
         "messages": setup.messages,
         "size": setup.size,
@@ -322,7 +388,28 @@ async def _bench(
         "gc_thresholds": list(gc_settings.thresholds),
         "loadavg": [round(x, 2) for x in (*load_before, *os.getloadavg())],
     }
-    return _summary(described, per_round, best_latencies)
+    if setup.backend in broker.BROKERS:
+        described["baseline"] = broker.describe(setup.backend, setup.batch, setup.producers)
+    summary = _summary(described, per_round, best_latencies)
+    if best_base_latencies:
+        summary.update(_broker_summary(per_round, best_base_latencies, summary["p99_ms"]))
+    return summary
+
+
+def _broker_summary(
+    per_round: list[dict[str, float]], base_latencies: list[float], summary_p99: float
+) -> dict[str, Any]:
+    """The raw producer's latencies (fastest baseline round), and the WAL's
+    p99 overhead over them (each round's own difference is in ``rounds``)."""
+    base_p99 = round(_ms(_percentile(base_latencies, 0.99)), 3)
+    extra: dict[str, Any] = {
+        "baseline_p50_ms": round(_ms(statistics.median(base_latencies)), 3),
+        "baseline_p99_ms": base_p99,
+        "p99_overhead_ms": round(summary_p99 - base_p99, 3),
+    }
+    if all("baseline_2p" in x for x in per_round):
+        extra["baseline_msgs_per_s_2p"] = round(max(x["baseline_2p"] for x in per_round), 1)
+    return extra
 
 
 def _summary(
@@ -336,7 +423,9 @@ def _summary(
     for x in per_round:
         x["ratio"] = x["msgs_per_s"] / x["baseline"] if x["baseline"] else 0.0
         if "msgs_per_s_2p" in x:
-            x["ratio_2p"] = x["msgs_per_s_2p"] / x["baseline"] if x["baseline"] else 0.0
+            # Brokers measure a two-in-flight baseline of their own.
+            base = x.get("baseline_2p", x["baseline"])
+            x["ratio_2p"] = x["msgs_per_s_2p"] / base if base else 0.0
     extra: dict[str, float] = {}
     if all("ratio_2p" in x for x in per_round):
         extra["msgs_per_s_2p"] = round(best("msgs_per_s_2p"), 1)
@@ -354,7 +443,10 @@ def _summary(
         "backend_scan_records_per_s": round(best("scan_backend"), 1),
         "decode_msgs_per_s": round(best("decode"), 1),
         "rounds": [
-            {k: round(v, 3 if k.startswith("ratio") else 1) for k, v in x.items()}
+            {
+                k: round(v, 3 if k.startswith("ratio") or k.endswith("_ms") else 1)
+                for k, v in x.items()
+            }
             for x in per_round
         ],
     }

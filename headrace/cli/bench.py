@@ -17,14 +17,26 @@ from headrace import errors
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="bench", required=True)
 
-    b = sub.add_parser("wal", help="framework WAL append/scan vs a plain fsync loop")
+    b = sub.add_parser(
+        "wal",
+        help="framework WAL append/scan vs a plain fsync loop (local) or the broker's raw "
+        "client producer (kafka, pulsar)",
+    )
     b.add_argument("--backend", default="local", choices=["local", "kafka", "pulsar"])
     b.add_argument("--messages", type=int, default=64 * 1000)
     b.add_argument("--size", type=int, default=1024)
     b.add_argument("--batch", type=int, default=64)
+    b.add_argument(
+        "--producers",
+        type=int,
+        default=1,
+        help="producers appending at once; with a broker, also the batches the raw "
+        "producer keeps in flight (default 1)",
+    )
+    b.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     b.add_argument("--dir", default=None, help="directory for the local WAL (default: temp)")
-    b.add_argument("--kafka-bootstrap", default=None)
-    b.add_argument("--pulsar-url", default=None)
+    b.add_argument("--kafka-bootstrap", default=None, help="host:port of a Kafka broker")
+    b.add_argument("--pulsar-url", default=None, help="pulsar://host:port of a Pulsar broker")
     b.add_argument("--json", action="store_true")
     b.set_defaults(handler=wal)
 
@@ -76,15 +88,8 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
 
 async def wal(args: argparse.Namespace) -> int:
     bench_wal = importlib.import_module("headrace.bench.wal")
-    settings: dict[str, Any] = {}
-    if args.backend == "kafka":
-        if not args.kafka_bootstrap:
-            raise errors.InvalidArgument("bench wal --backend kafka needs --kafka-bootstrap")
-        settings["bootstrap_servers"] = args.kafka_bootstrap
-    elif args.backend == "pulsar":
-        if not args.pulsar_url:
-            raise errors.InvalidArgument("bench wal --backend pulsar needs --pulsar-url")
-        settings["service_url"] = args.pulsar_url
+    bench_broker = importlib.import_module("headrace.bench.broker")
+    settings = bench_broker.backend_settings(args.backend, args.kafka_bootstrap, args.pulsar_url)
     with tempfile.TemporaryDirectory(prefix="headrace-bench-", dir=args.dir) as tmp:
         result = await bench_wal.bench_wal(
             backend=args.backend,
@@ -92,6 +97,8 @@ async def wal(args: argparse.Namespace) -> int:
             size=args.size,
             batch=args.batch,
             root=Path(tmp),
+            producers=args.producers,
+            rounds=args.rounds,
             settings=settings,
         )
     _emit(result, args.json)

@@ -11,7 +11,12 @@ term (a stale opener that then gave up) takes it back and retries, so the
 highest term always wins.
 
 Appends that arrive while a transaction is in flight are committed together in
-the next one (group commit); each call's records stay consecutive.
+the next one (group commit, :mod:`headrace.wal.groupcommit`); each call's
+records stay consecutive. A call that finds the writer idle starts its
+transaction at once in the writer's thread (``start_append``), and the next
+queued group starts the moment a commit returns. librdkafka allows one open
+transaction per producer, so transactions never overlap: what arrives during a
+commit waits for it and then goes in one larger transaction.
 """
 
 from __future__ import annotations
@@ -19,20 +24,26 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.wal.contract import BackendWriter
-from headrace.wal.groupcommit import GroupCommit
+from headrace.wal.groupcommit import Future, GroupCommit, failed
 from headrace.wal.kafka import client
 from headrace.wal.kafka.fencing import Headers, Kind, Stamp, fence_check
 from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.kafka.settings import KafkaSettings
 
 _MAX_REACQUIRE = 3
+
+
+def producer_config(settings: KafkaSettings, topic: str) -> dict[str, Any]:
+    """The transactional producer's librdkafka configuration for ``topic``."""
+    return client.client_config_with_logger(settings.producer_config(topic))
 
 
 class _LostEpoch(Exception):
@@ -64,7 +75,7 @@ class KafkaWriter(BackendWriter):
         self._data_header = Stamp(Kind.DATA, term, self._nonce).header()
         self._producer: Producer | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, f"kafka-writer-{pchannel}")
-        self._group = GroupCommit(self._commit_ids, self._executor)
+        self._group = GroupCommit(self._commit_ids, self._executor, what=f"kafka append to {topic}")
         self._closed = False
 
     # ---- opening ---------------------------------------------------------------------
@@ -89,9 +100,7 @@ class KafkaWriter(BackendWriter):
         """Take the producer epoch and write the fence record (blocking)."""
         for _ in range(_MAX_REACQUIRE):
             self._check(reacquire=reacquire)
-            producer = Producer(
-                client.client_config_with_logger(self._settings.producer_config(self._topic))
-            )
+            producer = Producer(producer_config(self._settings, self._topic))
             try:
                 producer.init_transactions(self._settings.operation_timeout_s)
             except KafkaException as exc:
@@ -116,9 +125,16 @@ class KafkaWriter(BackendWriter):
     # ---- appending -------------------------------------------------------------------
 
     async def append(self, records: Sequence[bytes]) -> list[MessageID]:
+        return await self.start_append(records)
+
+    def start_append(
+        self, records: Sequence[bytes], on_done: Callable[[Future], None] | None = None
+    ) -> Future:
+        """:meth:`append`, whose transaction starts now if none is in flight."""
         if self._closed:
-            raise errors.Closed(f"kafka writer of {self.pchannel} (term {self.term}) is closed")
-        return await self._group.submit([bytes(r) for r in records])
+            closed = f"kafka writer of {self.pchannel} (term {self.term}) is closed"
+            return failed(errors.Closed(closed), on_done)
+        return self._group.start([bytes(r) for r in records], on_done)
 
     def _commit_ids(self, batch: list[bytes]) -> list[KafkaMessageID]:
         return [KafkaMessageID(offset) for offset in self._commit(batch)]

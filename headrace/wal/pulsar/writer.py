@@ -9,7 +9,9 @@ writes a fence record carrying its term. A writer that loses the topic to a
 was not acknowledged, so the highest term always wins.
 
 Appends arriving while a group is in flight go out together in the next group
-(sent pipelined with ``send_async``); each call's records stay in order.
+(sent pipelined with ``send_async``; :mod:`headrace.wal.groupcommit`); each
+call's records stay in order. A call that finds the writer idle starts sending
+at once in the writer's thread (``start_append``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import concurrent.futures
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pulsar
@@ -26,13 +28,23 @@ import pulsar
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.wal.contract import BackendWriter
-from headrace.wal.groupcommit import GroupCommit
+from headrace.wal.groupcommit import Future, GroupCommit, failed
 from headrace.wal.pulsar import client
 from headrace.wal.pulsar.fencing import Kind, Stamp, fence_check
 from headrace.wal.pulsar.message_id import PulsarMessageID
 from headrace.wal.pulsar.settings import PulsarSettings
 
 _MAX_REACQUIRE = 3
+
+
+def producer_options(settings: PulsarSettings) -> dict[str, Any]:
+    """Keyword arguments of ``create_producer`` besides the access mode: no batching."""
+    return {
+        "batching_enabled": False,
+        "block_if_queue_full": True,
+        "max_pending_messages": 2000,
+        "send_timeout_millis": settings.send_timeout_ms,
+    }
 
 
 class _LostTopic(Exception):
@@ -82,7 +94,9 @@ class PulsarWriter(BackendWriter):
         self._data_props = Stamp(Kind.DATA, term, self._nonce).properties()
         self._producer: Any = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, f"pulsar-writer-{pchannel}")
-        self._group = GroupCommit(self._write, self._executor)
+        self._group = GroupCommit(
+            self._write, self._executor, what=f"pulsar append to {self._topic}"
+        )
         self._closed = False
 
     # ---- opening ---------------------------------------------------------------------
@@ -117,10 +131,7 @@ class PulsarWriter(BackendWriter):
                 self._producer = self._client.create_producer(
                     self._topic,
                     access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing,
-                    batching_enabled=False,
-                    block_if_queue_full=True,
-                    max_pending_messages=2000,
-                    send_timeout_millis=self._settings.send_timeout_ms,
+                    **producer_options(self._settings),
                 )
             except pulsar.PulsarException as exc:
                 raise client.translate(exc, f"taking {self._topic}", self._settings) from None
@@ -142,9 +153,16 @@ class PulsarWriter(BackendWriter):
     # ---- appending -------------------------------------------------------------------
 
     async def append(self, records: Sequence[bytes]) -> list[MessageID]:
+        return await self.start_append(records)
+
+    def start_append(
+        self, records: Sequence[bytes], on_done: Callable[[Future], None] | None = None
+    ) -> Future:
+        """:meth:`append`, whose sends start now if no group is in flight."""
         if self._closed:
-            raise errors.Closed(f"pulsar writer of {self.pchannel} (term {self.term}) is closed")
-        return await self._group.submit([bytes(r) for r in records])
+            closed = f"pulsar writer of {self.pchannel} (term {self.term}) is closed"
+            return failed(errors.Closed(closed), on_done)
+        return self._group.start([bytes(r) for r in records], on_done)
 
     def _write(self, batch: list[bytes]) -> list[PulsarMessageID]:
         """Send ``batch``; on losing the topic to a lower term, take it back and resend."""

@@ -1,0 +1,264 @@
+"""Baselines of the WAL benchmark on Kafka and Pulsar: the raw client producer.
+
+The baseline is what the broker's own client does with the same bytes on the
+same broker: the same encoded 1 KiB messages, in batches of the same size, by
+one producer with the WAL writer's own settings, minus what only the WAL needs.
+
+* Kafka: a ``confluent_kafka.Producer`` with the writer's configuration
+  (:func:`headrace.wal.kafka.writer.producer_config`: idempotent,
+  ``acks=all``, the same ``linger.ms`` and size limits) but no
+  ``transactional.id``: plain idempotent produce, no transactions, no
+  record headers.
+* Pulsar: a producer with the writer's options
+  (:func:`headrace.wal.pulsar.writer.producer_options`: batching disabled, the
+  same queue and send timeout) in the default access mode, without message
+  properties.
+
+Pipelining is the same on both sides: ``inflight`` batches are outstanding at
+any time. The WAL side runs ``inflight`` producers, each calling
+``append_many`` with one batch and waiting for it (the WAL may merge what is
+queued into one backend append, as the product does); the baseline keeps
+``inflight`` batches in flight on its one producer and starts the next batch
+as soon as one is fully acknowledged. A batch's latency is the time from its
+first send to its last acknowledgement. The Kafka producer waits with
+``flush()``, which sends at once regardless of ``linger.ms`` (as the writer's
+commit does) and returns when everything in flight is acknowledged: its
+batches go out in groups of up to ``inflight``, as the WAL's queued batches
+share a transaction. (Waiting with ``poll()`` instead would add up to
+``linger.ms`` to every round trip and make the baseline slower with two
+batches in flight than with one.)
+
+Every blocking call runs in a worker thread, off the event loop. The
+baseline's topics are fresh (``<pchannel>`` names from the benchmark) and are
+left on the broker, like the WAL's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from headrace import errors
+from headrace.wal.kafka.settings import KafkaSettings
+from headrace.wal.kafka.settings import parse_settings as parse_kafka
+from headrace.wal.pulsar.settings import PulsarSettings
+from headrace.wal.pulsar.settings import parse_settings as parse_pulsar
+
+_WARMUP = b"headrace-bench-warmup"
+_RAW_ONLY_KEYS = ("transactional.id", "transaction.timeout.ms")
+Acked = Callable[[str | None], None]
+"""Called once per acknowledged record, with the failure's text if it failed."""
+Outcome = tuple[float, list[float]]
+"""Messages per second, and each batch's latency in seconds."""
+BROKERS = ("kafka", "pulsar")
+
+
+def backend_settings(
+    backend: str, kafka_bootstrap: str | None, pulsar_url: str | None
+) -> dict[str, Any]:
+    """Backend settings of a benchmark's command line; InvalidArgument if one is missing."""
+    if backend == "kafka":
+        if not kafka_bootstrap:
+            raise errors.InvalidArgument("bench wal --backend kafka needs --kafka-bootstrap")
+        return {"bootstrap_servers": kafka_bootstrap}
+    if backend == "pulsar":
+        if not pulsar_url:
+            raise errors.InvalidArgument("bench wal --backend pulsar needs --pulsar-url")
+        return {"service_url": pulsar_url}
+    return {}
+
+
+class Window:
+    """Batches in flight, at most ``depth``; each batch's latency (thread-safe)."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.latencies: list[float] = []
+        self.failure: str | None = None
+        self._outstanding = 0
+        self._cond = threading.Condition()
+
+    @property
+    def outstanding(self) -> int:
+        with self._cond:
+            return self._outstanding
+
+    def open(self, count: int) -> Acked:
+        """A batch of ``count`` records starts now; call the result once per acknowledgement."""
+        started = time.perf_counter()
+        left = count
+        with self._cond:
+            self._outstanding += 1
+
+        def acked(failure: str | None) -> None:
+            nonlocal left
+            with self._cond:
+                if failure is not None and self.failure is None:
+                    self.failure = failure
+                left -= 1
+                if left == 0:
+                    self.latencies.append(time.perf_counter() - started)
+                    self._outstanding -= 1
+                    self._cond.notify_all()
+
+        return acked
+
+    def wait(self, limit: int, timeout: float) -> bool:
+        """Wait until at most ``limit`` batches are outstanding; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._outstanding <= limit, timeout)
+
+
+def _rate(count: int, elapsed: float) -> float:
+    return count / elapsed if elapsed > 0 else 0.0
+
+
+def _outcome(window: Window, count: int, elapsed: float, what: str) -> Outcome:
+    if window.failure is not None:
+        raise errors.Unavailable(f"{what}: a send failed: {window.failure}")
+    return _rate(count, elapsed), window.latencies
+
+
+def _batches(records: list[bytes], batch: int) -> list[list[bytes]]:
+    return [records[i : i + batch] for i in range(0, len(records), batch)]
+
+
+def kafka_producer_config(settings: KafkaSettings, topic: str) -> dict[str, Any]:
+    """The writer's producer configuration without its transactional keys."""
+    from headrace.wal.kafka.writer import producer_config  # noqa: PLC0415
+
+    config = producer_config(settings, topic)
+    return {k: v for k, v in config.items() if k not in _RAW_ONLY_KEYS}
+
+
+def _kafka_loop(
+    settings: KafkaSettings, topic: str, records: list[bytes], batch: int, depth: int
+) -> Outcome:
+    """The raw producer loop (blocking)."""
+    from confluent_kafka import KafkaError, KafkaException, Message, Producer  # noqa: PLC0415
+
+    from headrace.wal.kafka import client  # noqa: PLC0415
+
+    timeout = settings.operation_timeout_s
+    what = f"kafka baseline producer on {topic}"
+    try:
+        producer = Producer(kafka_producer_config(settings, topic))
+        producer.produce(topic, _WARMUP, partition=0)
+        if producer.flush(timeout) != 0:
+            raise errors.Unavailable(f"{what}: the warm-up record was not acknowledged")
+        window = Window(depth)
+
+        def settle(limit: int) -> None:
+            deadline = time.monotonic() + timeout
+            while window.outstanding > limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise errors.Unavailable(f"{what}: no acknowledgement within {timeout} s")
+                producer.flush(left)
+
+        start = time.perf_counter()
+        for chunk in _batches(records, batch):
+            settle(depth - 1)
+            acked = window.open(len(chunk))
+
+            def delivered(err: KafkaError | None, _msg: Message, acked: Acked = acked) -> None:
+                acked(None if err is None else err.str())
+
+            for data in chunk:
+                while True:
+                    try:
+                        producer.produce(topic, data, partition=0, on_delivery=delivered)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+        settle(0)
+        elapsed = time.perf_counter() - start
+    except KafkaException as exc:
+        raise client.translate_exception(exc, what, settings) from None
+    return _outcome(window, len(records), elapsed, what)
+
+
+def _pulsar_loop(
+    settings: PulsarSettings, topic: str, records: list[bytes], batch: int, depth: int
+) -> Outcome:
+    """The raw producer loop (blocking)."""
+    import pulsar  # noqa: PLC0415
+
+    from headrace.wal.pulsar import client  # noqa: PLC0415
+    from headrace.wal.pulsar.writer import producer_options  # noqa: PLC0415
+
+    timeout = settings.operation_timeout_s + settings.send_timeout_ms / 1000
+    what = f"pulsar baseline producer on {topic}"
+    pulsar_client = client.new_client(settings)
+    try:
+        producer = pulsar_client.create_producer(topic, **producer_options(settings))
+        producer.send(_WARMUP)
+        window = Window(depth)
+        ok = pulsar.Result.Ok
+        start = time.perf_counter()
+        for chunk in _batches(records, batch):
+            if not window.wait(depth - 1, timeout):
+                raise errors.Unavailable(f"{what}: no acknowledgement within {timeout} s")
+            acked = window.open(len(chunk))
+
+            def sent(result: Any, _mid: Any, acked: Acked = acked) -> None:
+                acked(None if result == ok else str(result))
+
+            for data in chunk:
+                producer.send_async(data, sent)
+        if not window.wait(0, timeout):
+            raise errors.Unavailable(f"{what}: no acknowledgement within {timeout} s")
+        elapsed = time.perf_counter() - start
+        producer.close()
+    except pulsar.PulsarException as exc:
+        raise client.translate(exc, what, settings) from None
+    finally:
+        pulsar_client.close()
+    return _outcome(window, len(records), elapsed, what)
+
+
+@dataclasses.dataclass(frozen=True)
+class RawRun:
+    """One baseline run: the backend's keyword settings and a fresh pchannel name."""
+
+    backend: str
+    settings: Mapping[str, Any]
+    pchannel: str
+    batch: int
+    inflight: int
+
+
+def _run(run: RawRun, records: list[bytes]) -> Outcome:
+    if run.backend == "kafka":
+        from headrace.wal.kafka import client  # noqa: PLC0415
+
+        kafka = parse_kafka(run.settings)
+        topic = kafka.topic(run.pchannel)
+        client.ensure_topic(client.new_admin(kafka), kafka, topic)
+        return _kafka_loop(kafka, topic, records, run.batch, run.inflight)
+    if run.backend == "pulsar":
+        pulsar = parse_pulsar(run.settings)
+        topic = pulsar.topic(run.pchannel)
+        return _pulsar_loop(pulsar, topic, records, run.batch, run.inflight)
+    raise errors.InvalidArgument(f"no raw producer baseline for backend {run.backend!r}")
+
+
+async def raw_producer(run: RawRun, records: list[bytes]) -> Outcome:
+    """Messages per second of the raw client producer, and each batch's latency (s)."""
+    if min(run.batch, run.inflight) < 1:
+        raise errors.InvalidArgument("batch and inflight must be positive")
+    return await asyncio.to_thread(_run, run, records)
+
+
+def describe(backend: str, batch: int, inflight: int) -> str:
+    """One line naming the baseline, for the benchmark's output."""
+    client = (
+        "confluent_kafka.Producer (the writer's configuration without transactions)"
+        if backend == "kafka"
+        else "pulsar producer (the writer's options, batching disabled)"
+    )
+    return f"{client}; {inflight} batch(es) of {batch} in flight"
