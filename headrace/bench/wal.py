@@ -26,7 +26,7 @@ latencies of both sides are reported (``baseline_p99_ms``,
 ``p99_overhead_ms``).
 
 The process runs with the product's collector tuning
-(:func:`headrace.runtime.tune_gc`, ``gc_tuned``), as the node and the
+(:func:`headrace.runtime.tune_process`, ``gc_tuned``), as the node and the
 standalone server do. To show where time goes, the same run also measures
 the backend writer alone (the same pre-encoded batches), the backend reader
 alone, and ``codec.decode`` alone.
@@ -278,7 +278,7 @@ async def bench_wal(
             "messages, batch, producers and rounds must be positive, size non-negative"
         )
     setup = _Setup(backend, messages, size, batch, producers, rounds, dict(settings or {}))
-    with runtime.gc_tuning() as gc_settings:
+    with runtime.process_tuning() as gc_settings:
         return await _bench(setup, root, gc_settings)
 
 

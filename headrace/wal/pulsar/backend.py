@@ -56,7 +56,7 @@ class PulsarBackend(Backend):
         if isinstance(term, bool) or not isinstance(term, int) or not 0 <= term < 1 << 63:
             raise errors.InvalidArgument(f"term must be a non-negative integer, got {term!r}")
         await self._prepare(pchannel)
-        writer = PulsarWriter(self.settings, self._client, pchannel, term)
+        writer = PulsarWriter(self.settings, pchannel, term)
         await writer.open()
         self._clients.add(writer)
         return writer

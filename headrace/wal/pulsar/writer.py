@@ -12,6 +12,13 @@ Appends arriving while a group is in flight go out together in the next group
 (sent pipelined with ``send_async``; :mod:`headrace.wal.groupcommit`); each
 call's records stay in order. A call that finds the writer idle starts sending
 at once in the writer's thread (``start_append``).
+
+Each writer has a client (so a TCP connection) of its own. When a producer is
+fenced while its sends are on the wire, the broker closes that producer's
+whole connection; the client then resends the unacknowledged messages of every
+other producer on it, and the broker (without deduplication) stores again
+those it had already persisted. A connection per writer keeps one pchannel's
+handoff from duplicating records of the others.
 """
 
 from __future__ import annotations
@@ -78,17 +85,11 @@ class _Sends:
 
 
 class PulsarWriter(BackendWriter):
-    def __init__(
-        self,
-        settings: PulsarSettings,
-        pulsar_client: pulsar.Client,
-        pchannel: str,
-        term: int,
-    ) -> None:
+    def __init__(self, settings: PulsarSettings, pchannel: str, term: int) -> None:
         self.pchannel = pchannel
         self.term = term
         self._settings = settings
-        self._client = pulsar_client
+        self._client = client.new_client(settings)
         self._topic = settings.topic(pchannel)
         self._nonce = secrets.randbits(63)
         self._data_props = Stamp(Kind.DATA, term, self._nonce).properties()
@@ -233,5 +234,12 @@ class PulsarWriter(BackendWriter):
         self._closed = True
         await self._group.drain()
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._drop_producer)
+        await loop.run_in_executor(self._executor, self._release)
         self._executor.shutdown(wait=False)
+
+    def _release(self) -> None:
+        self._drop_producer()
+        try:
+            self._client.close()
+        except pulsar.PulsarException as exc:
+            client.LOG.debug("closing the client of %s: %s", self._topic, exc)
