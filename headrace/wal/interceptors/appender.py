@@ -325,8 +325,15 @@ class Appender:
         if error is None:
             ready = self._ready
             if ready is not None and not self._extending:
-                self._ready = None
-                self._launch(ready)
+                if ready.count * 2 < self._cfg.max_batch_messages:
+                    # Less than half full (a lone sync tick, say): launched after
+                    # one loop turn, so the producers this append releases can
+                    # queue their next messages into it instead of waiting for
+                    # an append of its own.
+                    asyncio.get_running_loop().call_soon(self._launch_ready, ready)
+                else:
+                    self._ready = None
+                    self._launch(ready)
             ids = future.result()
             early = batch.early
             if early is not None and early.ids is ids:
@@ -353,6 +360,12 @@ class Appender:
             settle_failed(requests, self.failure)
         resolve(requests)
         self._wake()
+
+    def _launch_ready(self, ready: Batch) -> None:
+        """Start the waiting batch unless it was started or extended meanwhile."""
+        if self._ready is ready and not (self._extending or self._busy() or self.failure):
+            self._ready = None
+            self._launch(ready)
 
     async def _recover(self) -> None:
         try:
