@@ -234,3 +234,34 @@ async def test_a_failed_local_append_takes_back_results_settled_ahead(
     assert [payloads[r.id] for r in kept] == [m.payload for m in data("kept", 3)]
     assert not any(p.startswith(b"lost") for p in payloads.values())
     await backend.close()
+
+
+async def test_a_sync_tick_waiting_behind_an_append_rides_with_the_next_batch() -> None:
+    """A tick planned while an append is in flight does not get an append (and
+    an fsync) of its own: the producer released by that append adds its next
+    batch to the tick's before it starts."""
+    backend = TracingBackend()
+    options = WALOptions(timetick_interval_ms=5, max_batch_messages=64)
+    wal = await WAL.open(backend, "p", 1, tso=LocalTSO(), options=options)
+    writer = backend.writer
+    assert writer is not None
+    writer.gate.clear()
+    writer.batches.clear()
+
+    async def producer() -> None:
+        results(await wal.append_many(data("a", 8)))
+        results(await wal.append_many(data("b", 8)))
+
+    task = asyncio.create_task(producer())
+    async with asyncio.timeout(WAIT):
+        await asyncio.sleep(0.05)  # several tick intervals pass while "a" is held
+        assert writer.active == 1
+        writer.gate.set()
+        await task
+    kinds = [[m.type for m in batch] for batch in writer.batches]
+    with_b = next(
+        i for i, batch in enumerate(writer.batches) if b"b-0" in {m.payload for m in batch}
+    )
+    assert MessageType.TIME_TICK in kinds[with_b], kinds
+    assert kinds[with_b - 1].count(MessageType.INSERT) == 8, "a went first, on its own"
+    await wal.close()

@@ -322,15 +322,16 @@ class Appender:
             if future.cancelled()
             else future.exception()
         )
+        deferred: Batch | None = None
         if error is None:
             ready = self._ready
             if ready is not None and not self._extending:
                 if ready.count * 2 < self._cfg.max_batch_messages:
-                    # Less than half full (a lone sync tick, say): launched after
-                    # one loop turn, so the producers this append releases can
-                    # queue their next messages into it instead of waiting for
-                    # an append of its own.
-                    asyncio.get_running_loop().call_soon(self._launch_ready, ready)
+                    # Less than half full (a lone sync tick, say): started once
+                    # the producers this append releases had their turn, so
+                    # their next messages ride in it instead of waiting for an
+                    # append of their own.
+                    deferred = ready
                 else:
                     self._ready = None
                     self._launch(ready)
@@ -360,6 +361,9 @@ class Appender:
             settle_failed(requests, self.failure)
         resolve(requests)
         self._wake()
+        if deferred is not None:
+            # Scheduled after the callers' wake-ups and the planning loop's.
+            asyncio.get_running_loop().call_soon(self._launch_ready, deferred)
 
     def _launch_ready(self, ready: Batch) -> None:
         """Start the waiting batch unless it was started or extended meanwhile."""
