@@ -9,29 +9,16 @@ are new even on a broker that earlier runs wrote to.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from headrace.bench import chaos
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.wal.local.message_id import LocalMessageID
+from tests.chaos.checks import assert_clean
 
 _FAULT_SECONDS = 22.0
-
-
-def _assert_clean(result: dict[str, Any]) -> None:
-    summary = json.dumps({k: v for k, v in result.items() if k != "node_starts"})
-    assert result["acked"] > 0, summary
-    assert chaos.violations(result) == {}, summary
-    assert result["caught_up"] and not result["consumer_errors"], summary
-    assert result["foreign_deliveries"] == 0, summary
-    assert result["acked_missing_from_wal"] == 0 and result["duplicates_in_wal"] == 0, summary
-    assert result["wal_records"] >= result["acked"], summary
-    faults = result["faults"]
-    assert faults["kill"] >= 1 and faults["stop"] >= 1 and faults["move"] >= 1, summary
 
 
 def test_broker_runs_get_pchannel_names_of_their_own() -> None:
@@ -73,7 +60,7 @@ async def test_short_chaos_on_kafka(tmp_path: Path, kafka_bootstrap: str) -> Non
         backend="kafka",
         backend_settings={"bootstrap_servers": kafka_bootstrap},
     )
-    _assert_clean(result)
+    assert_clean(result)
 
 
 @pytest.mark.pulsar
@@ -87,4 +74,4 @@ async def test_short_chaos_on_pulsar(tmp_path: Path, pulsar_url: str) -> None:
         backend="pulsar",
         backend_settings={"service_url": pulsar_url},
     )
-    _assert_clean(result)
+    assert_clean(result)
