@@ -18,9 +18,10 @@ from headrace.message.types import Message, MessageType
 from headrace.tso import LocalTSO
 from headrace.wal import registry
 from headrace.wal.api import AppendResult
-from headrace.wal.contract import Backend, BackendReader, BackendWriter, Record, StartPosition
+from headrace.wal.contract import BackendWriter, StartPosition
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.local import files
+from tests.wal.delegating import DelegatingBackend
 
 WAIT = 10.0
 
@@ -54,31 +55,14 @@ class TracingWriter(BackendWriter):
         await self.inner.close()
 
 
-class TracingBackend(Backend):
-    name = "memory"
-
+class TracingBackend(DelegatingBackend):
     def __init__(self) -> None:
-        self.inner = registry.create("memory")
+        super().__init__()
         self.writer: TracingWriter | None = None
 
     async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
         self.writer = TracingWriter(await self.inner.open_writer(pchannel, term))
         return self.writer
-
-    async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:
-        return await self.inner.open_reader(pchannel, start)
-
-    async def last_record(self, pchannel: str) -> Record | None:
-        return await self.inner.last_record(pchannel)
-
-    async def truncate(self, pchannel: str, before: MessageID) -> None:
-        await self.inner.truncate(pchannel, before)
-
-    async def earliest(self, pchannel: str) -> MessageID | None:
-        return await self.inner.earliest(pchannel)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 def data(tag: str, n: int) -> list[Message]:

@@ -18,8 +18,9 @@ from headrace.message.types import LogEntry, Message, MessageType
 from headrace.tso import LocalTSO, TimestampAllocator
 from headrace.wal import registry
 from headrace.wal.api import AppendResult, ReadOptions, WALState
-from headrace.wal.contract import Backend, BackendReader, BackendWriter, Record, StartPosition
+from headrace.wal.contract import Backend, BackendWriter, StartPosition
 from headrace.wal.framework import WAL, WALOptions
+from tests.wal.delegating import DelegatingBackend
 
 QUIET = WALOptions(timetick_interval_ms=3_600_000)
 """No sync ticks during a test (the first comes after an hour)."""
@@ -82,34 +83,17 @@ class HookedWriter(BackendWriter):
         await self.inner.close()
 
 
-class HookedBackend(Backend):
+class HookedBackend(DelegatingBackend):
     """The memory backend with hookable writers."""
 
-    name = "memory"
-
     def __init__(self) -> None:
-        self.inner = registry.create("memory")
+        super().__init__()
         self.writers: list[HookedWriter] = []
 
     async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
         writer = HookedWriter(await self.inner.open_writer(pchannel, term))
         self.writers.append(writer)
         return writer
-
-    async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:
-        return await self.inner.open_reader(pchannel, start)
-
-    async def last_record(self, pchannel: str) -> Record | None:
-        return await self.inner.last_record(pchannel)
-
-    async def truncate(self, pchannel: str, before: MessageID) -> None:
-        await self.inner.truncate(pchannel, before)
-
-    async def earliest(self, pchannel: str) -> MessageID | None:
-        return await self.inner.earliest(pchannel)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 @pytest.fixture(params=["memory", "local"])

@@ -15,12 +15,13 @@ from headrace.message.types import LogEntry, Message, MessageType
 from headrace.tso import LocalTSO
 from headrace.wal import registry
 from headrace.wal.api import AppendResult
-from headrace.wal.contract import Backend, BackendReader, BackendWriter, Record, StartPosition
+from headrace.wal.contract import Backend, BackendWriter, StartPosition
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.interceptors.chain import AppendContext, Handler, build_chain
 from headrace.wal.interceptors.dedup import DedupWindow, producer_key
 from headrace.wal.interceptors.lock import RWLock, lock_plan
 from headrace.wal.memory import MemoryMessageID as MID
+from tests.wal.delegating import DelegatingBackend
 
 QUIET = WALOptions(timetick_interval_ms=3_600_000)
 
@@ -151,31 +152,14 @@ class GateWriter(BackendWriter):
         await self.inner.close()
 
 
-class GateBackend(Backend):
-    name = "memory"
-
+class GateBackend(DelegatingBackend):
     def __init__(self) -> None:
-        self.inner = registry.create("memory")
+        super().__init__()
         self.writer: GateWriter | None = None
 
     async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
         self.writer = GateWriter(await self.inner.open_writer(pchannel, term))
         return self.writer
-
-    async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:
-        return await self.inner.open_reader(pchannel, start)
-
-    async def last_record(self, pchannel: str) -> Record | None:
-        return await self.inner.last_record(pchannel)
-
-    async def truncate(self, pchannel: str, before: MessageID) -> None:
-        await self.inner.truncate(pchannel, before)
-
-    async def earliest(self, pchannel: str) -> MessageID | None:
-        return await self.inner.earliest(pchannel)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 async def test_ddl_waits_for_in_flight_appends_on_its_vchannel_only() -> None:

@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from headrace import errors
 from headrace.message import codec
-from headrace.message.ids import MessageID
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.tso import LocalTSO
 from headrace.wal import registry
 from headrace.wal.api import AppendResult, DeliverPolicy, ReadOptions
-from headrace.wal.contract import Backend, BackendReader, BackendWriter, Record, StartPosition
+from headrace.wal.contract import Backend, BackendReader, Record, StartPosition
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.scanner import Scanner, open_backend_scanner
+from tests.wal.delegating import DelegatingBackend
 
 QUIET = WALOptions(timetick_interval_ms=3_600_000)
 DATA = [MessageType.INSERT, MessageType.DELETE]
@@ -272,17 +272,12 @@ async def test_reading_a_truncated_position_names_the_earliest_id(backend: Backe
     await wal.close()
 
 
-class CountingBackend(Backend):
+class CountingBackend(DelegatingBackend):
     """Memory backend that records how many records readers fetched."""
 
-    name = "memory"
-
     def __init__(self, inner: Backend) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.fetched = 0
-
-    async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
-        return await self.inner.open_writer(pchannel, term)
 
     async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:
         outer = self
@@ -302,18 +297,6 @@ class CountingBackend(Backend):
                 await inner.close()
 
         return Counting()
-
-    async def last_record(self, pchannel: str) -> Record | None:
-        return await self.inner.last_record(pchannel)
-
-    async def truncate(self, pchannel: str, before: MessageID) -> None:
-        await self.inner.truncate(pchannel, before)
-
-    async def earliest(self, pchannel: str) -> MessageID | None:
-        return await self.inner.earliest(pchannel)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 async def test_scanner_reads_ahead_a_bounded_amount(backend: Backend) -> None:
