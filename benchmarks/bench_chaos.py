@@ -11,41 +11,18 @@ waited for any acknowledgement.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import sys
-import tempfile
-from pathlib import Path
 
-from headrace.bench.chaos import run_chaos, violations
+from headrace.cli.main import main as headrace_main
+
+DEFAULTS = ["--duration", "300"]
+"""This script's defaults; flags given on its command line override them."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=300.0, help="seconds of faults")
-    parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--pchannels", type=int, default=8)
-    parser.add_argument("--vchannels", type=int, default=8)
-    parser.add_argument("--lease-ttl", type=float, default=2.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--dir", default=None, help="where the files go (default: a temp dir)")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="headrace-chaos-", dir=args.dir) as tmp:
-        result = asyncio.run(
-            run_chaos(
-                Path(tmp),
-                args.duration,
-                nodes=args.nodes,
-                pchannels=args.pchannels,
-                vchannels=args.vchannels,
-                lease_ttl_s=args.lease_ttl,
-                seed=args.seed,
-            )
-        )
-    json.dump(result, sys.stdout)
-    sys.stdout.write("\n")
-    return 1 if violations(result) else 0
+    """``headrace bench chaos --json`` with this script's defaults."""
+    args = sys.argv[1:] if argv is None else argv
+    return headrace_main(["bench", "chaos", "--json", *DEFAULTS, *args])
 
 
 if __name__ == "__main__":

@@ -9,32 +9,18 @@ lease TTL + 1000 ms (``failover_target_p99_ms``).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import sys
-import tempfile
-from pathlib import Path
 
-from headrace.bench.handoff import bench_handoff
+from headrace.cli.main import main as headrace_main
+
+DEFAULTS = []
+"""This script's defaults; flags given on its command line override them."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--moves", type=int, default=20)
-    parser.add_argument("--failovers", type=int, default=5)
-    parser.add_argument("--lease-ttl", type=float, default=3.0)
-    parser.add_argument("--dir", default=None, help="where the files go (default: a temp dir)")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="headrace-handoff-", dir=args.dir) as tmp:
-        result = asyncio.run(
-            bench_handoff(
-                Path(tmp), moves=args.moves, failovers=args.failovers, lease_ttl_s=args.lease_ttl
-            )
-        )
-    json.dump(result, sys.stdout)
-    sys.stdout.write("\n")
-    return 0
+    """``headrace bench handoff --json`` with this script's defaults."""
+    args = sys.argv[1:] if argv is None else argv
+    return headrace_main(["bench", "handoff", "--json", *DEFAULTS, *args])
 
 
 if __name__ == "__main__":

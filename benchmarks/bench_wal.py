@@ -15,45 +15,18 @@ through the framework's scanner; local target >= 300,000) and, on brokers,
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import sys
-import tempfile
 
-from headrace.bench.broker import backend_settings
-from headrace.bench.wal import bench_wal
+from headrace.cli.main import main as headrace_main
+
+DEFAULTS = ["--messages", "20000"]
+"""This script's defaults; flags given on its command line override them."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--producers", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--dir", default=None, help="where the files go (default: a temp dir)")
-    parser.add_argument("--backend", default="local", choices=["local", "kafka", "pulsar"])
-    parser.add_argument("--kafka-bootstrap", default=None)
-    parser.add_argument("--pulsar-url", default=None)
-    args = parser.parse_args(argv)
-    settings = backend_settings(args.backend, args.kafka_bootstrap, args.pulsar_url)
-    with tempfile.TemporaryDirectory(prefix="headrace-bench-", dir=args.dir) as tmp:
-        result = asyncio.run(
-            bench_wal(
-                args.backend,
-                messages=args.messages,
-                size=args.size,
-                batch=args.batch,
-                root=tmp,
-                producers=args.producers,
-                rounds=args.rounds,
-                settings=settings,
-            )
-        )
-    json.dump(result, sys.stdout)
-    sys.stdout.write("\n")
-    return 0
+    """``headrace bench wal --json`` with this script's defaults."""
+    args = sys.argv[1:] if argv is None else argv
+    return headrace_main(["bench", "wal", "--json", *DEFAULTS, *args])
 
 
 if __name__ == "__main__":
