@@ -15,7 +15,7 @@ import sys
 
 from headrace.cli.main import main as headrace_main
 
-DEFAULTS = ["--duration", "300"]
+DEFAULTS: list[str] = ["--duration", "300"]
 """This script's defaults; flags given on its command line override them."""
 
 

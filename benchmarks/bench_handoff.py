@@ -13,7 +13,7 @@ import sys
 
 from headrace.cli.main import main as headrace_main
 
-DEFAULTS = []
+DEFAULTS: list[str] = []
 """This script's defaults; flags given on its command line override them."""
 
 

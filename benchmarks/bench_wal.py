@@ -19,7 +19,7 @@ import sys
 
 from headrace.cli.main import main as headrace_main
 
-DEFAULTS = ["--messages", "20000"]
+DEFAULTS: list[str] = ["--messages", "20000"]
 """This script's defaults; flags given on its command line override them."""
 
 
