@@ -368,15 +368,19 @@ def kafka_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str
     settings: dict[str, Any] = {"bootstrap_servers": args.kafka_bootstrap, "cluster": args.cluster}
     if config:
         settings["kafka"] = config
-    for key, value in (
-        ("replication_factor", args.kafka_replication_factor),
-        ("min_insync_replicas", args.kafka_min_insync_replicas),
-        ("operation_timeout_s", args.wal_operation_timeout),
-    ):
-        if value is not None:
-            settings[key] = value
+    _set_given(
+        settings,
+        replication_factor=args.kafka_replication_factor,
+        min_insync_replicas=args.kafka_min_insync_replicas,
+        operation_timeout_s=args.wal_operation_timeout,
+    )
     parse_kafka(settings)
     return settings
+
+
+def _set_given(settings: dict[str, Any], **values: Any) -> None:
+    """Add the values that were given (not None) to ``settings``."""
+    settings.update({key: value for key, value in values.items() if value is not None})
 
 
 def pulsar_value(text: str) -> bool | int | str:
@@ -415,13 +419,12 @@ def pulsar_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[st
         settings["auth_token"] = token
     if options:
         settings["pulsar"] = options
-    for key, value in (
-        ("tenant", args.pulsar_tenant),
-        ("namespace", args.pulsar_namespace),
-        ("operation_timeout_s", args.wal_operation_timeout),
-    ):
-        if value is not None:
-            settings[key] = value
+    _set_given(
+        settings,
+        tenant=args.pulsar_tenant,
+        namespace=args.pulsar_namespace,
+        operation_timeout_s=args.wal_operation_timeout,
+    )
     parse_pulsar(settings)
     return settings
 
