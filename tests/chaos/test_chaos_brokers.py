@@ -49,29 +49,27 @@ def test_records_stored_twice_are_told_apart_from_other_regressions() -> None:
     assert chaos.count_rewritten(regressed) == 0
 
 
-@pytest.mark.kafka
+_BROKERS = {
+    "kafka": ("kafka_bootstrap", "bootstrap_servers"),
+    "pulsar": ("pulsar_url", "service_url"),
+}
+"""Per broker: the fixture giving its address and the backend setting it fills."""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-async def test_short_chaos_on_kafka(tmp_path: Path, kafka_bootstrap: str) -> None:
+@pytest.mark.parametrize(
+    "backend", [pytest.param(name, marks=getattr(pytest.mark, name)) for name in _BROKERS]
+)
+async def test_short_chaos_on_a_broker(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    fixture, setting = _BROKERS[backend]
     result = await chaos.run_chaos(
         tmp_path,
         _FAULT_SECONDS,
         seed=20261122,
-        backend="kafka",
-        backend_settings={"bootstrap_servers": kafka_bootstrap},
-    )
-    assert_clean(result)
-
-
-@pytest.mark.pulsar
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-async def test_short_chaos_on_pulsar(tmp_path: Path, pulsar_url: str) -> None:
-    result = await chaos.run_chaos(
-        tmp_path,
-        _FAULT_SECONDS,
-        seed=20261122,
-        backend="pulsar",
-        backend_settings={"service_url": pulsar_url},
+        backend=backend,
+        backend_settings={setting: request.getfixturevalue(fixture)},
     )
     assert_clean(result)
