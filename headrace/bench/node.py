@@ -6,22 +6,24 @@ batch) in the same shape: ``producers`` tasks each sending chunks of
 process; the measured side sends them with the client to one streaming-node
 process over gRPC on 127.0.0.1 (the node gets the pchannel from a coordinator
 running here). ``tail_p99_ms`` is the time from handing a message to the
-producer to its delivery to a consumer tailing the vchannel, with the producer
-paced at half of the measured maximum rate.
+producer to its delivery to a consumer tailing the vchannel from its own
+process (:mod:`headrace.bench.tailprobe`), with the producer paced at half of
+the measured maximum rate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
-import struct
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from headrace import cluster, errors, runtime
+from headrace.bench import tailprobe
 from headrace.client.client import HeadraceClient
 from headrace.coordinator import coordinator as coord_mod
 from headrace.message.types import Message, MessageType
@@ -30,7 +32,6 @@ from headrace.tso import LocalTSO
 from headrace.wal import registry
 from headrace.wal.framework import WAL
 
-_STAMP = struct.Struct("<q")
 PCHANNEL = "bench-000"
 VCHANNEL = "bench-vchannel"
 
@@ -159,49 +160,66 @@ async def _through_node(
 
 
 async def _tail_latency(
-    client: HeadraceClient, rate: float, duration: float, size: int
-) -> list[float]:
-    """Append at ``rate`` msgs/s while a tailing consumer measures delivery delay."""
-    delays: list[float] = []
+    client: HeadraceClient, url: str, rate: float, duration: float, size: int
+) -> tuple[list[float], int]:
+    """Append at ``rate`` msgs/s while a tailing consumer process measures delivery delay.
+
+    Returns the delays the probe measured and how many messages were sent.
+    """
+    probe = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "headrace.bench.tailprobe",
+        url,
+        VCHANNEL,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert probe.stdin is not None and probe.stdout is not None
+    try:
+        ready = await asyncio.wait_for(probe.stdout.readline(), 60)
+        if ready.strip() != b"ready":
+            raise errors.Unavailable(f"tail probe did not start: {ready!r}")
+        await asyncio.sleep(0.2)
+        sent = await _paced_send(client, rate, duration, size)
+        probe.stdin.write(f"{sent}\n".encode())
+        await probe.stdin.drain()
+        out = await asyncio.wait_for(probe.stdout.read(), 60)
+        if await probe.wait() != 0:
+            raise errors.Unavailable(f"tail probe exited with {probe.returncode}")
+    finally:
+        if probe.returncode is None:
+            probe.kill()
+            await probe.wait()
+    delays: list[float] = json.loads(out)
+    return delays, sent
+
+
+async def _paced_send(client: HeadraceClient, rate: float, duration: float, size: int) -> int:
+    """Send ``rate`` msgs/s for ``duration`` s in 5 ms steps; how many were sent."""
     producer = client.producer()
     sent = 0
-    done = asyncio.Event()
-
-    async def consume() -> None:
-        async with client.consume(VCHANNEL, start="latest") as consumer:
-            ready.set()
-            while not done.is_set() or len(delays) < sent:
-                entry = await consumer.next(timeout=5)
-                if entry is None:
-                    return
-                (stamp,) = _STAMP.unpack_from(entry.message.payload)
-                delays.append((time.perf_counter_ns() - stamp) / 1e6)
-
-    ready = asyncio.Event()
-    consumer_task = asyncio.create_task(consume())
-    await asyncio.wait_for(ready.wait(), 30)
-    await asyncio.sleep(0.2)
     tick = 0.005
     per_tick = max(1, round(rate * tick))
     start = time.perf_counter()
     pending: list[asyncio.Future[Any]] = []
-    while time.perf_counter() - start < duration:
-        batch = [
-            Message(
-                MessageType.INSERT,
-                VCHANNEL,
-                _STAMP.pack(time.perf_counter_ns()) + bytes(max(0, size - 8)),
-            )
-            for _ in range(per_tick)
-        ]
-        pending.append(asyncio.ensure_future(producer.send_many(batch)))
-        sent += per_tick
-        await asyncio.sleep(tick)
-    await asyncio.gather(*pending)
-    done.set()
-    await asyncio.wait_for(consumer_task, 30)
-    await producer.close()
-    return delays
+    try:
+        while time.perf_counter() - start < duration:
+            batch = [
+                Message(
+                    MessageType.INSERT,
+                    VCHANNEL,
+                    tailprobe.STAMP.pack(time.monotonic_ns()) + bytes(max(0, size - 8)),
+                )
+                for _ in range(per_tick)
+            ]
+            pending.append(asyncio.ensure_future(producer.send_many(batch)))
+            sent += per_tick
+            await asyncio.sleep(tick)
+        await asyncio.gather(*pending)
+    finally:
+        await producer.close()
+    return sent
 
 
 async def bench_node(
@@ -224,7 +242,9 @@ async def bench_node(
         async with HeadraceClient(node_cluster.url) as client:
             await client.wait_ready(PCHANNEL, timeout=60)
             rate, latencies = await _through_node(client, messages, payload, chunk, producers)
-            delays = await _tail_latency(client, rate / 2, tail_seconds, size)
+            delays, sent = await _tail_latency(
+                client, node_cluster.url, rate / 2, tail_seconds, size
+            )
     finally:
         await node_cluster.close()
     return {
@@ -238,6 +258,7 @@ async def bench_node(
         "append_p50_ms": round(_percentile(latencies, 0.5), 3),
         "append_p99_ms": round(_percentile(latencies, 0.99), 3),
         "tail_rate_msgs_per_s": round(rate / 2, 1),
+        "tail_sent": sent,
         "tail_samples": len(delays),
         "tail_p50_ms": round(_percentile(delays, 0.5), 3),
         "tail_p99_ms": round(_percentile(delays, 0.99), 3),

@@ -1,0 +1,32 @@
+"""``headrace bench node`` end to end, small: a real node process and the tail probe process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from headrace import errors
+from headrace.bench.node import bench_node
+from headrace.bench.tailprobe import main as probe_main
+
+
+async def test_the_node_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    result = await bench_node(messages=2048, root=tmp_path, tail_seconds=1.0)
+    for key in ("msgs_per_s", "baseline_msgs_per_s", "ratio", "append_p99_ms", "tail_p99_ms"):
+        assert isinstance(result[key], float) and result[key] > 0, key
+    # The probe process saw every message the paced producer sent (5 ms steps
+    # of at least one message for 1 s), each with a delay measured from the
+    # stamp in its payload.
+    assert result["tail_samples"] == result["tail_sent"] >= 100
+    assert result["tail_p99_ms"] >= result["tail_p50_ms"] > 0
+
+
+async def test_the_node_benchmark_refuses_a_run_smaller_than_a_chunk(tmp_path: Path) -> None:
+    with pytest.raises(errors.InvalidArgument, match="messages >= 256"):
+        await bench_node(messages=100, root=tmp_path)
+
+
+def test_the_tail_probe_needs_its_two_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert probe_main(["sqlite:///x.db"]) == 2
+    assert "usage" in capsys.readouterr().err
