@@ -18,7 +18,7 @@ from headrace.wal.api import AppendResult
 from headrace.wal.contract import Backend, BackendWriter, StartPosition
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.interceptors.chain import AppendContext, Handler, build_chain
-from headrace.wal.interceptors.dedup import DedupWindow, producer_key
+from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow, producer_key
 from headrace.wal.interceptors.lock import RWLock, lock_plan
 from headrace.wal.memory import MemoryMessageID as MID
 from tests.wal.delegating import DelegatingBackend
@@ -201,6 +201,54 @@ def test_dedup_window_is_bounded_oldest_first() -> None:
     assert window.get(("p", 0)) is None
     assert window.get(("p", 2)) == AppendResult(MID(2), 2, 1)
     assert window.oldest_id() == MID(1) and len(window) == 2
+
+
+def test_dedup_window_remembers_many_in_order_and_stays_bounded() -> None:
+    window = DedupWindow(3)
+    window.remember_many([(("p", i), AppendResult(MID(i), i, 1)) for i in range(5)])
+    assert [window.get(("p", i)) is not None for i in range(5)] == [False, False, True, True, True]
+    assert window.oldest_id() == MID(2) and len(window) == 3
+    DedupWindow(0).remember_many([(("p", 1), AppendResult(MID(1), 1, 1))])
+
+
+def dedup_ctx(producer: str, seq: int) -> AppendContext:
+    msg = produced(b"x", producer, seq)
+    return AppendContext(msg, codec.encoded_size(msg))
+
+
+@pytest.mark.parametrize("succeeds", [True, False])
+async def test_a_repeat_waits_for_the_write_in_flight_and_shares_its_outcome(
+    succeeds: bool,
+) -> None:
+    interceptor = DedupInterceptor(DedupWindow(16))
+    gate = asyncio.Event()
+    written: list[list[int]] = []
+
+    async def write(batch: list[AppendContext]) -> None:
+        written.append([int(c.message.properties["producer_seq"]) for c in batch])
+        await gate.wait()
+        for i, c in enumerate(batch):
+            if succeeds:
+                c.result = AppendResult(MID(i), 10 + i, 1)
+            else:
+                c.fail(errors.Unavailable("disk went away"))
+
+    first = [dedup_ctx("p", 1), dedup_ctx("p", 2)]
+    repeat = [dedup_ctx("p", 2), dedup_ctx("p", 3)]
+    writing = asyncio.create_task(interceptor(first, write))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(interceptor(repeat, write))
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(writing, waiting), 10)
+    assert written == [[1, 2], [3]], "the repeat of seq 2 was written a second time"
+    if succeeds:
+        assert repeat[0].result == first[1].result == AppendResult(MID(1), 11, 1)
+        assert interceptor.window.get(("p", 2)) == first[1].result
+    else:
+        assert repeat[0].result is None and isinstance(repeat[0].error, errors.Unavailable)
+        assert repeat[0].error.retryable
+        assert interceptor.window.get(("p", 2)) is None
 
 
 async def test_a_repeat_returns_the_original_result_without_writing() -> None:

@@ -24,6 +24,8 @@ PRODUCER_ID = "producer_id"
 PRODUCER_SEQ = "producer_seq"
 
 ProducerKey = tuple[str, int]
+_InFlight = tuple[asyncio.Future[None], AppendContext]
+"""A key being written: the writing call's done future and the key's context."""
 
 
 def producer_key(properties: Mapping[str, str]) -> ProducerKey | None:
@@ -64,8 +66,19 @@ class DedupWindow:
         if self._capacity == 0:
             return
         self._acked[key] = result
-        while len(self._acked) > self._capacity:
-            self._acked.popitem(last=False)
+        self._trim()
+
+    def remember_many(self, pairs: list[tuple[ProducerKey, AppendResult]]) -> None:
+        """:meth:`remember` each pair, in order."""
+        if self._capacity == 0 or not pairs:
+            return
+        self._acked.update(pairs)
+        self._trim()
+
+    def _trim(self) -> None:
+        acked = self._acked
+        while len(acked) > self._capacity:
+            acked.popitem(last=False)
 
     def remember_logged(self, mid: MessageID, msg: Message) -> None:
         """Remember a message read back from the log (rebuild on open)."""
@@ -86,12 +99,14 @@ class DedupWindow:
 class DedupInterceptor:
     def __init__(self, window: DedupWindow) -> None:
         self.window = window
-        self._inflight: dict[ProducerKey, asyncio.Future[AppendResult | None]] = {}
+        self._inflight: dict[ProducerKey, _InFlight] = {}
 
     async def __call__(self, batch: list[AppendContext], call_next: Handler) -> None:
         forward: list[AppendContext] = []
-        owned: list[tuple[AppendContext, ProducerKey, asyncio.Future[AppendResult | None]]] = []
-        waiting: list[tuple[AppendContext, asyncio.Future[AppendResult | None]]] = []
+        owned: list[tuple[AppendContext, ProducerKey]] = []
+        waiting: list[tuple[AppendContext, _InFlight]] = []
+        window_get, inflight = self.window.get, self._inflight
+        done: asyncio.Future[None] | None = None
         for ctx in batch:
             properties = ctx.message.properties
             if not properties:
@@ -105,29 +120,35 @@ class DedupInterceptor:
             if key is None:
                 forward.append(ctx)
                 continue
-            known = self.window.get(key)
+            known = window_get(key)
             if known is not None:
                 ctx.result = known
                 continue
-            inflight = self._inflight.get(key)
-            if inflight is not None:
-                waiting.append((ctx, inflight))
+            writing = inflight.get(key)
+            if writing is not None:
+                waiting.append((ctx, writing))
                 continue
-            fut: asyncio.Future[AppendResult | None] = asyncio.get_running_loop().create_future()
-            self._inflight[key] = fut
-            owned.append((ctx, key, fut))
+            if done is None:
+                # One future for every key this call writes: waiters read the
+                # writing context's result once it is set.
+                done = asyncio.get_running_loop().create_future()
+            inflight[key] = (done, ctx)
+            owned.append((ctx, key))
             forward.append(ctx)
         try:
             if forward:
                 await call_next(forward)
         finally:
-            for ctx, key, fut in owned:
-                del self._inflight[key]
-                if ctx.result is not None:
-                    self.window.remember(key, ctx.result)
-                fut.set_result(ctx.result)
-        for ctx, fut in waiting:
-            result = await fut
+            for _ctx, key in owned:
+                del inflight[key]
+            self.window.remember_many(
+                [(key, ctx.result) for ctx, key in owned if ctx.result is not None]
+            )
+            if done is not None:
+                done.set_result(None)
+        for ctx, (written, writer) in waiting:
+            await written
+            result = writer.result
             if result is not None:
                 ctx.result = result
             else:
