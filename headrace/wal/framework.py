@@ -120,6 +120,25 @@ def validate(msg: Message, max_bytes: int) -> int:
     return size
 
 
+def _ascii_properties_size(properties: Mapping[str, str]) -> int | None:
+    """Encoded size of ``properties`` if every key and value is a short ASCII
+    string (nothing for :func:`_check_properties` to refuse); else None."""
+    if len(properties) > _U16_MAX:
+        return None
+    size = 2
+    for key, value in properties.items():
+        if (
+            key.__class__ is not str
+            or value.__class__ is not str
+            or not key.isascii()
+            or not value.isascii()
+            or len(key) > _U16_MAX
+        ):
+            return None
+        size += 6 + len(key) + len(value)
+    return size
+
+
 def _check_properties(properties: Mapping[str, str]) -> None:
     if len(properties) > _U16_MAX:
         raise errors.InvalidArgument(f"too many properties: {len(properties)} (at most 65535)")
@@ -295,12 +314,17 @@ class WAL:
                 and kind not in _NOT_PLAIN
                 and vchannel in good
                 and payload.__class__ is bytes
-                and not msg.properties
                 and msg.txn_id == 0
             ):
-                # What validate() checks, for a plain message (no properties,
-                # transaction or DDL) on a known good, hence ASCII, vchannel.
+                # What validate() checks, for a message outside transactions
+                # and DDL on a known good, hence ASCII, vchannel, with no
+                # properties or only short ASCII ones (a producer's dedup key).
                 size = _PLAIN_SIZE + len(vchannel) + len(payload)
+                properties = msg.properties
+                if properties:
+                    plain = False
+                    extra = _ascii_properties_size(properties)
+                    size = max_bytes + 1 if extra is None else size + extra
                 if size <= max_bytes:
                     ctx = AppendContext(msg, size)
                     valid.append(ctx)
