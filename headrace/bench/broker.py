@@ -8,7 +8,22 @@ one producer with the WAL writer's own settings, minus what only the WAL needs.
   (:func:`headrace.wal.kafka.writer.producer_config`: idempotent,
   ``acks=all``, the same ``linger.ms`` and size limits) but no
   ``transactional.id``: plain idempotent produce, no transactions, no
-  record headers.
+  record headers. This is the baseline the issue's targets are defined
+  against (``ratio``, ``p99_overhead_ms``).
+* Kafka, transactional (``RawRun.transactional``): the same producer *with*
+  the writer's transactional settings under a ``transactional.id`` of its
+  own (fresh per run, so nothing fences it), on its own fresh topic. After
+  ``init_transactions()`` and one warm-up transaction (the writer's fence
+  record is likewise written at open), every group of in-flight batches is
+  exactly ``begin_transaction()``, the batches' ``produce()`` calls,
+  ``commit_transaction()``, with no record headers. That is the least the
+  broker needs for the fencing the WAL must provide (one transaction per
+  backend append, so a new owner's ``init_transactions()`` fences the old
+  one); it pays the same AddPartitionsToTxn and EndTxn round trips as the
+  writer. The WAL's ratio against it (``ratio_vs_txn``) isolates the WAL
+  layer's own overhead (interceptors, encoding, term stamps, group commit,
+  thread hand-offs) from the broker's transaction cost that the fencing
+  requirement imposes, which the non-transactional baseline does not pay.
 * Pulsar: a producer with the writer's options
   (:func:`headrace.wal.pulsar.writer.producer_options`: batching disabled, the
   same queue and send timeout) in the default access mode, without message
@@ -26,7 +41,11 @@ commit does) and returns when everything in flight is acknowledged: its
 batches go out in groups of up to ``inflight``, as the WAL's queued batches
 share a transaction. (Waiting with ``poll()`` instead would add up to
 ``linger.ms`` to every round trip and make the baseline slower with two
-batches in flight than with one.)
+batches in flight than with one.) The transactional baseline groups batches
+the same way, one transaction per group of up to ``inflight`` batches, and
+its ``commit_transaction()`` is the acknowledgement: a batch's latency runs
+from its first send (for a group's first batch, from
+``begin_transaction()``) until the commit returns.
 
 Every blocking call runs in a worker thread, off the event loop. The
 baseline's topics are fresh (``<pchannel>`` names from the benchmark) and are
@@ -37,16 +56,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headrace import errors
 from headrace.wal.kafka.settings import KafkaSettings
 from headrace.wal.kafka.settings import parse_settings as parse_kafka
 from headrace.wal.pulsar.settings import PulsarSettings
 from headrace.wal.pulsar.settings import parse_settings as parse_pulsar
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message, Producer
 
 _WARMUP = b"headrace-bench-warmup"
 _RAW_ONLY_KEYS = ("transactional.id", "transaction.timeout.ms")
@@ -135,11 +158,108 @@ def kafka_producer_config(settings: KafkaSettings, topic: str) -> dict[str, Any]
     return {k: v for k, v in config.items() if k not in _RAW_ONLY_KEYS}
 
 
+def kafka_txn_producer_config(
+    settings: KafkaSettings, topic: str, transactional_id: str
+) -> dict[str, Any]:
+    """The writer's producer configuration, transactions included, under ``transactional_id``."""
+    from headrace.wal.kafka.writer import producer_config  # noqa: PLC0415
+
+    return {**producer_config(settings, topic), "transactional.id": transactional_id}
+
+
+def transaction_groups(batches: list[list[bytes]], inflight: int) -> list[list[list[bytes]]]:
+    """Consecutive groups of up to ``inflight`` batches: one transaction each."""
+    if inflight < 1:
+        raise errors.InvalidArgument("inflight must be positive")
+    return [batches[i : i + inflight] for i in range(0, len(batches), inflight)]
+
+
+def _produce(
+    producer: Producer, topic: str, data: bytes, on_delivery: Callable[[Any, Any], None]
+) -> None:
+    """One record to partition 0, waiting for room in the producer's queue."""
+    while True:
+        try:
+            producer.produce(topic, data, partition=0, on_delivery=on_delivery)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+class Delivered:
+    """Delivery reports of the transactional baseline (served in its own thread)."""
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.failure: str | None = None
+
+    def __call__(self, err: KafkaError | None, _msg: object) -> None:
+        if err is None:
+            self.ok += 1
+        elif self.failure is None:
+            self.failure = err.str()
+
+    def check(self, expected: int, what: str) -> None:
+        """Unavailable unless exactly ``expected`` records were acknowledged."""
+        if self.failure is not None or self.ok != expected:
+            detail = self.failure or f"{self.ok} of {expected} records acknowledged"
+            raise errors.Unavailable(f"{what}: a send failed or went unreported: {detail}")
+
+
+def _transaction(
+    producer: Producer,
+    topic: str,
+    group: list[list[bytes]],
+    delivered: Delivered,
+    timeout: float,
+) -> list[float]:
+    """begin, produce the group's batches, commit; each batch's latency (s)."""
+    starts = [time.perf_counter()]
+    producer.begin_transaction()
+    for k, chunk in enumerate(group):
+        if k:
+            starts.append(time.perf_counter())
+        for data in chunk:
+            _produce(producer, topic, data, delivered)
+    producer.commit_transaction(timeout)
+    done = time.perf_counter()
+    return [done - started for started in starts]
+
+
+def _kafka_txn_loop(
+    settings: KafkaSettings, topic: str, records: list[bytes], batch: int, depth: int
+) -> Outcome:
+    """The raw transactional producer loop (blocking)."""
+    from confluent_kafka import KafkaException, Producer  # noqa: PLC0415
+
+    from headrace.wal.kafka import client  # noqa: PLC0415
+
+    timeout = settings.operation_timeout_s
+    what = f"kafka transactional baseline producer on {topic}"
+    txn_id = f"headrace-bench-txn-{secrets.token_hex(8)}"
+    latencies: list[float] = []
+    delivered = Delivered()
+    try:
+        producer = Producer(kafka_txn_producer_config(settings, topic, txn_id))
+        producer.init_transactions(timeout)
+        warm = Delivered()
+        _transaction(producer, topic, [[_WARMUP]], warm, timeout)
+        warm.check(1, f"{what} (warm-up)")
+        start = time.perf_counter()
+        for group in transaction_groups(_batches(records, batch), depth):
+            latencies += _transaction(producer, topic, group, delivered, timeout)
+        elapsed = time.perf_counter() - start
+    except KafkaException as exc:
+        raise client.translate_exception(exc, what, settings) from None
+    delivered.check(len(records), what)
+    return _rate(len(records), elapsed), latencies
+
+
 def _kafka_loop(
     settings: KafkaSettings, topic: str, records: list[bytes], batch: int, depth: int
 ) -> Outcome:
     """The raw producer loop (blocking)."""
-    from confluent_kafka import KafkaError, KafkaException, Message, Producer  # noqa: PLC0415
+    from confluent_kafka import KafkaException, Producer  # noqa: PLC0415
 
     from headrace.wal.kafka import client  # noqa: PLC0415
 
@@ -169,12 +289,7 @@ def _kafka_loop(
                 acked(None if err is None else err.str())
 
             for data in chunk:
-                while True:
-                    try:
-                        producer.produce(topic, data, partition=0, on_delivery=delivered)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
+                _produce(producer, topic, data, delivered)
         settle(0)
         elapsed = time.perf_counter() - start
     except KafkaException as exc:
@@ -223,13 +338,17 @@ def _pulsar_loop(
 
 @dataclasses.dataclass(frozen=True)
 class RawRun:
-    """One baseline run: the backend's keyword settings and a fresh pchannel name."""
+    """One baseline run: the backend's keyword settings and a fresh pchannel name.
+
+    ``transactional`` (Kafka only) runs the transactional baseline.
+    """
 
     backend: str
     settings: Mapping[str, Any]
     pchannel: str
     batch: int
     inflight: int
+    transactional: bool = False
 
 
 def _run(run: RawRun, records: list[bytes]) -> Outcome:
@@ -239,7 +358,8 @@ def _run(run: RawRun, records: list[bytes]) -> Outcome:
         kafka = parse_kafka(run.settings)
         topic = kafka.topic(run.pchannel)
         client.ensure_topic(client.new_admin(kafka), kafka, topic)
-        return _kafka_loop(kafka, topic, records, run.batch, run.inflight)
+        loop = _kafka_txn_loop if run.transactional else _kafka_loop
+        return loop(kafka, topic, records, run.batch, run.inflight)
     if run.backend == "pulsar":
         pulsar = parse_pulsar(run.settings)
         topic = pulsar.topic(run.pchannel)
@@ -251,6 +371,10 @@ async def raw_producer(run: RawRun, records: list[bytes]) -> Outcome:
     """Messages per second of the raw client producer, and each batch's latency (s)."""
     if min(run.batch, run.inflight) < 1:
         raise errors.InvalidArgument("batch and inflight must be positive")
+    if run.transactional and run.backend != "kafka":
+        raise errors.InvalidArgument(
+            f"the transactional producer baseline is Kafka's only, not {run.backend!r}'s"
+        )
     return await asyncio.to_thread(_run, run, records)
 
 
@@ -262,3 +386,11 @@ def describe(backend: str, batch: int, inflight: int) -> str:
         else "pulsar producer (the writer's options, batching disabled)"
     )
     return f"{client}; {inflight} batch(es) of {batch} in flight"
+
+
+def describe_txn(batch: int, inflight: int) -> str:
+    """One line naming Kafka's transactional baseline, for the benchmark's output."""
+    return (
+        "confluent_kafka.Producer (the writer's configuration, its own transactional.id); "
+        f"one transaction per {inflight} batch(es) of {batch}"
+    )
