@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError
 
 from headrace import errors
 from headrace.bench import broker
-from headrace.bench.wal import txn_round_figures, txn_summary
+from headrace.bench.report import txn_round_figures, txn_summary
 from headrace.cli.main import EXIT_USAGE, main
 
 pytestmark = pytest.mark.timeout(180)
