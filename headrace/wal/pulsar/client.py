@@ -18,6 +18,13 @@ from headrace.wal.pulsar.message_id import PulsarMessageID
 from headrace.wal.pulsar.settings import KEEP_SUBSCRIPTION, SUBSCRIPTION, PulsarSettings
 
 LOG = logging.getLogger("headrace.wal.pulsar")
+CLIENT_LOG_FILE = "/dev/stderr"
+"""Where the client library's own C++ logger writes (appending)."""
+_LEVELS = (
+    (logging.DEBUG, pulsar.LoggerLevel.Debug),
+    (logging.INFO, pulsar.LoggerLevel.Info),
+    (logging.WARNING, pulsar.LoggerLevel.Warn),
+)
 _INVALID = (
     pulsar.InvalidConfiguration,
     pulsar.InvalidTopicName,
@@ -27,11 +34,26 @@ _INVALID = (
 _DENIED = (pulsar.AuthenticationError, pulsar.AuthorizationError, pulsar.NotAllowedError)
 
 
+def client_log_level(level: int) -> pulsar.LoggerLevel:
+    """The client library's level for a Python logging level (pure)."""
+    for python_level, pulsar_level in _LEVELS:
+        if level <= python_level:
+            return pulsar_level
+    return pulsar.LoggerLevel.Error
+
+
 def new_client(settings: PulsarSettings) -> pulsar.Client:
+    """A client whose library logs to stderr at the level of :data:`LOG`.
+
+    The library's own file logger is used, not a Python logger: with a Python
+    logger the client's threads call into the interpreter while it shuts
+    down, and the process aborts at exit ("terminate called without an
+    active exception", exit code 134) in about one run of six.
+    """
     kwargs: dict[str, Any] = settings.client_kwargs()
     if settings.auth_token is not None:
         kwargs["authentication"] = pulsar.AuthenticationToken(settings.auth_token)
-    kwargs.setdefault("logger", LOG)
+    kwargs["logger"] = pulsar.FileLogger(client_log_level(LOG.getEffectiveLevel()), CLIENT_LOG_FILE)
     try:
         return pulsar.Client(settings.service_url, **kwargs)
     except (pulsar.PulsarException, ValueError, TypeError) as exc:
