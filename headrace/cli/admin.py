@@ -30,7 +30,10 @@ async def status(args: argparse.Namespace) -> int:
     )
     _print_table(report["nodes"], ["node_id", "address", "frozen", "pchannels"])
     print()
-    _print_table(report["pchannels"], ["pchannel", "state", "node", "term", "lag"])
+    _print_table(report["pchannels"], ["pchannel", "state", "node", "term", "wal_state", "lag"])
+    for row in report["pchannels"]:
+        if row.get("wal_error"):
+            print(f"{row['pchannel']}: {row['wal_error']}")
     return 0
 
 

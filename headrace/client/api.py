@@ -14,7 +14,7 @@ from typing import Any
 
 from headrace import errors, tso
 from headrace.client.client import HeadraceClient
-from headrace.client.manager import ManagerClient, NodeWALs
+from headrace.client.manager import ManagerClient, NodeWALs, WALStatus
 from headrace.client.status import status
 from headrace.cluster import DEFAULT_CLUSTER, AssignmentState, Keys
 from headrace.coordinator.control import ClusterAdmin
@@ -43,21 +43,24 @@ async def cluster_status(
     pchannels: list[dict[str, Any]] = list(report["pchannels"])  # type: ignore[call-overload]
     listed = await asyncio.gather(*(_node_wals(n["address"], probe_timeout) for n in nodes))
     now = tso.now_ms()
-    by_pchannel: dict[str, tuple[str, int, str]] = {}
+    by_pchannel: dict[str, tuple[str, WALStatus]] = {}
     for node, wals in zip(nodes, listed, strict=True):
         node["reachable"] = wals is not None
         node["pchannels"] = sorted(w.pchannel for w in wals.wals) if wals else []
         for wal in wals.wals if wals else []:
-            by_pchannel[wal.pchannel] = (node["node_id"], wal.last_timetick, wal.state)
+            by_pchannel[wal.pchannel] = (node["node_id"], wal)
     for row in pchannels:
         held = by_pchannel.get(row["pchannel"])
         row["node"] = row.get("owner", "")
-        if held is not None and held[0] == row["owner"] and held[1]:
-            row["lag_ms"] = max(0, now - tso.physical_ms(held[1]))
-            row["wal_state"] = held[2]
+        owned = held[1] if held is not None and held[0] == row["owner"] else None
+        # What the owner itself reports: SERVING, or UNAVAILABLE with the
+        # error (a WAL whose broker is down), ...; empty if it was not asked.
+        row["wal_state"] = owned.state if owned is not None else ""
+        row["wal_error"] = owned.stats.get("error", "") if owned is not None else ""
+        if owned is not None and owned.last_timetick:
+            row["lag_ms"] = max(0, now - tso.physical_ms(owned.last_timetick))
         else:
             row["lag_ms"] = None
-            row["wal_state"] = ""
         row["lag"] = "-" if row["lag_ms"] is None else f"{row['lag_ms']}ms"
     report["nodes"] = nodes
     report["pchannels"] = pchannels

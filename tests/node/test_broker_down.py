@@ -29,6 +29,7 @@ import pytest
 
 from headrace import errors
 from headrace.client import HeadraceClient, ProducerOptions
+from headrace.client.api import cluster_status
 from headrace.client.manager import ManagerClient, WALStatus
 from headrace.cluster import Assignment, AssignmentState, Keys, NodeInfo, route
 from headrace.message.ids import MessageID
@@ -200,6 +201,12 @@ async def test_a_node_whose_broker_is_down_reports_the_wal_unavailable(
             assert opened.value.retryable and broker in opened.value.message
         finally:
             await manager.close()
+
+        # `headrace status` shows what the owner reports, with the error.
+        report = await cluster_status(cluster.url, cluster.keys.root.rsplit("/", 1)[1])
+        (row,) = [r for r in report["pchannels"] if r["pchannel"] == PCHANNEL]
+        assert row["state"] == "ASSIGNING" and row["wal_state"] == "UNAVAILABLE", row
+        assert broker in row["wal_error"], row
 
         refused = await produce_raw(address)
         assert refused.code() is grpc.StatusCode.UNAVAILABLE
