@@ -69,7 +69,7 @@ class Cluster:
         config = NodeConfig(
             node_id=node_id,
             metastore_url=self.url,
-            cluster=self.keys.root.rsplit("/", 1)[1],
+            cluster=self.keys.cluster,
             wal_backend="memory",
             wal_options=wal_options or WALOptions(timetick_interval_ms=20),
             limits=limits or Limits(),

@@ -86,7 +86,7 @@ class NodeProcess:
                 "--metastore",
                 cluster.url,
                 "--cluster",
-                cluster.keys.root.rsplit("/", 1)[1],
+                cluster.keys.cluster,
                 "--lease-ttl",
                 "3",
                 "--wal-operation-timeout",
@@ -203,7 +203,7 @@ async def test_a_node_whose_broker_is_down_reports_the_wal_unavailable(
             await manager.close()
 
         # `headrace status` shows what the owner reports, with the error.
-        report = await cluster_status(cluster.url, cluster.keys.root.rsplit("/", 1)[1])
+        report = await cluster_status(cluster.url, cluster.keys.cluster)
         (row,) = [r for r in report["pchannels"] if r["pchannel"] == PCHANNEL]
         assert row["state"] == "ASSIGNING" and row["wal_state"] == "UNAVAILABLE", row
         assert broker in row["wal_error"], row
@@ -214,7 +214,7 @@ async def test_a_node_whose_broker_is_down_reports_the_wal_unavailable(
         assert details["code"] == "UNAVAILABLE" and details["retryable"] is True
         assert broker in details["message"]
 
-        async with HeadraceClient(cluster.url, cluster.keys.root.rsplit("/", 1)[1]) as client:
+        async with HeadraceClient(cluster.url, cluster.keys.cluster) as client:
             producer = client.producer(ProducerOptions(deadline=2.0))
             with pytest.raises(errors.Unavailable) as sent:
                 await producer.send(vchannel_of(PCHANNEL), b"nothing to take it")
@@ -309,7 +309,7 @@ async def test_a_wal_that_fails_while_served_is_reopened_once_its_broker_is_back
     cluster: Cluster,
 ) -> None:
     backend = FlakyBackend()
-    name = cluster.keys.root.rsplit("/", 1)[1]
+    name = cluster.keys.cluster
     config = NodeConfig(
         node_id=NODE,
         metastore_url=cluster.url,
@@ -417,7 +417,7 @@ async def serves_once_the_broker_is_up(
         finally:
             await manager.close()
         await cluster.wait_state(PCHANNEL, AssignmentState.ASSIGNED, 1)
-        async with HeadraceClient(cluster.url, cluster.keys.root.rsplit("/", 1)[1]) as client:
+        async with HeadraceClient(cluster.url, cluster.keys.cluster) as client:
             producer = client.producer(ProducerOptions(deadline=30.0))
             result = await producer.send(vchannel_of(PCHANNEL), b"after the outage")
             await producer.close()
