@@ -63,6 +63,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from headrace import errors
+from headrace.bench import report
 from headrace.wal.kafka.settings import KafkaSettings
 from headrace.wal.kafka.settings import parse_settings as parse_kafka
 from headrace.wal.pulsar.settings import PulsarSettings
@@ -136,14 +137,10 @@ class Window:
             return self._cond.wait_for(lambda: self._outstanding <= limit, timeout)
 
 
-def _rate(count: int, elapsed: float) -> float:
-    return count / elapsed if elapsed > 0 else 0.0
-
-
 def _outcome(window: Window, count: int, elapsed: float, what: str) -> Outcome:
     if window.failure is not None:
         raise errors.Unavailable(f"{what}: a send failed: {window.failure}")
-    return _rate(count, elapsed), window.latencies
+    return report.rate(count, elapsed), window.latencies
 
 
 def _batches(records: list[bytes], batch: int) -> list[list[bytes]]:
@@ -252,7 +249,7 @@ def _kafka_txn_loop(
     except KafkaException as exc:
         raise client.translate_exception(exc, what, settings) from None
     delivered.check(len(records), what)
-    return _rate(len(records), elapsed), latencies
+    return report.rate(len(records), elapsed), latencies
 
 
 def _kafka_loop(

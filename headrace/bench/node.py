@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from headrace import cluster, errors, runtime
-from headrace.bench import tailprobe
+from headrace.bench import report, tailprobe
 from headrace.client.client import HeadraceClient
 from headrace.coordinator import coordinator as coord_mod
 from headrace.message.types import Message, MessageType
@@ -34,13 +34,6 @@ from headrace.wal.framework import WAL
 
 PCHANNEL = "bench-000"
 VCHANNEL = "bench-vchannel"
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _chunks(total: int, chunk: int) -> list[int]:
@@ -255,12 +248,12 @@ async def bench_node(
         "msgs_per_s": round(rate, 1),
         "baseline_msgs_per_s": round(base_rate, 1),
         "ratio": round(rate / base_rate, 3),
-        "append_p50_ms": round(_percentile(latencies, 0.5), 3),
-        "append_p99_ms": round(_percentile(latencies, 0.99), 3),
+        "append_p50_ms": round(report.percentile(latencies, 0.5), 3),
+        "append_p99_ms": round(report.percentile(latencies, 0.99), 3),
         "tail_rate_msgs_per_s": round(rate / 2, 1),
         "tail_sent": sent,
         "tail_samples": len(delays),
-        "tail_p50_ms": round(_percentile(delays, 0.5), 3),
-        "tail_p99_ms": round(_percentile(delays, 0.99), 3),
+        "tail_p50_ms": round(report.percentile(delays, 0.5), 3),
+        "tail_p99_ms": round(report.percentile(delays, 0.99), 3),
         "timetick_interval_ms": 10.0,
     }

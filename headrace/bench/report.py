@@ -10,6 +10,11 @@ import statistics
 from typing import Any
 
 
+def rate(count: int, elapsed: float) -> float:
+    """``count`` per second of ``elapsed`` (0 for no time)."""
+    return count / elapsed if elapsed > 0 else 0.0
+
+
 def percentile(samples: list[float], q: float) -> float:
     if not samples:
         return 0.0

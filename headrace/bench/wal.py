@@ -94,10 +94,6 @@ def _encoded(msgs: list[Message]) -> list[bytes]:
     return [codec.encode(m.with_stamp(i + 1, 1)) for i, m in enumerate(msgs)]
 
 
-def _rate(count: int, elapsed: float) -> float:
-    return count / elapsed if elapsed > 0 else 0.0
-
-
 def baseline_rate(path: str, msgs: list[Message], batch: int) -> float:
     """Messages per second of a plain write+fsync loop over the same bytes."""
     encoded = _encoded(msgs)
@@ -113,7 +109,7 @@ def baseline_rate(path: str, msgs: list[Message], batch: int) -> float:
         elapsed = time.perf_counter() - start
     finally:
         os.close(fd)
-    return _rate(len(msgs), elapsed)
+    return report.rate(len(msgs), elapsed)
 
 
 def decode_rate(msgs: list[Message]) -> float:
@@ -123,7 +119,7 @@ def decode_rate(msgs: list[Message]) -> float:
     start = time.perf_counter()
     for data in encoded:
         decode(data)
-    return _rate(len(encoded), time.perf_counter() - start)
+    return report.rate(len(encoded), time.perf_counter() - start)
 
 
 async def _backend_append(rnd: _Round, backend: Backend, msgs: list[Message]) -> float:
@@ -138,7 +134,7 @@ async def _backend_append(rnd: _Round, backend: Backend, msgs: list[Message]) ->
         elapsed = time.perf_counter() - start
     finally:
         await writer.close()
-    return _rate(len(msgs), elapsed)
+    return report.rate(len(msgs), elapsed)
 
 
 async def _wal_append(
@@ -163,7 +159,7 @@ async def _wal_append(
         elapsed = time.perf_counter() - start
     finally:
         await wal.close()
-    return _rate(len(msgs), elapsed), latencies
+    return report.rate(len(msgs), elapsed), latencies
 
 
 async def _scan(rnd: _Round, backend: Backend, expected: int) -> float:
@@ -180,7 +176,7 @@ async def _scan(rnd: _Round, backend: Backend, expected: int) -> float:
         elapsed = time.perf_counter() - start
     finally:
         await scanner.close()
-    return _rate(seen, elapsed)
+    return report.rate(seen, elapsed)
 
 
 async def _raw_scan(rnd: _Round, backend: Backend) -> float:
@@ -202,7 +198,7 @@ async def _raw_scan(rnd: _Round, backend: Backend) -> float:
         elapsed = time.perf_counter() - start
     finally:
         await reader.close()
-    return _rate(count, elapsed)
+    return report.rate(count, elapsed)
 
 
 async def _one_round(rnd: _Round, msgs: list[Message]) -> tuple[dict[str, float], list[float]]:
