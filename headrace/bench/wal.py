@@ -356,10 +356,7 @@ async def _bench(
     own_root = root is None
     workdir = tempfile.mkdtemp(prefix="headrace-bench-") if root is None else os.fspath(root)
     token = secrets.token_hex(4)
-    per_round: list[dict[str, float]] = []
-    best_latencies: list[float] = []
-    best_base_latencies: list[float] = []
-    best_txn_latencies: list[float] = []
+    measured_rounds: list[_Measured] = []
     try:
         os.makedirs(workdir, exist_ok=True)
         msgs = _messages(setup.messages, setup.size)
@@ -381,17 +378,8 @@ async def _bench(
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(base_path)
                 shutil.rmtree(rnd.root, ignore_errors=True)
-            figures = measured.figures
-            if not per_round or figures["msgs_per_s"] > max(x["msgs_per_s"] for x in per_round):
-                best_latencies = measured.latencies
-            if not per_round or figures["baseline"] > max(x["baseline"] for x in per_round):
-                best_base_latencies = measured.base_latencies
-            if measured.txn_latencies and (
-                not per_round or figures["baseline_txn"] > max(x["baseline_txn"] for x in per_round)
-            ):
-                best_txn_latencies = measured.txn_latencies
-            figures["decode"] = decode_rate(msgs)
-            per_round.append(figures)
+            measured.figures["decode"] = decode_rate(msgs)
+            measured_rounds.append(measured)
     finally:
         if own_root:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -409,9 +397,21 @@ async def _bench(
         described["baseline"] = broker.describe(setup.backend, setup.batch, setup.producers)
     if setup.backend == "kafka":
         described["baseline_txn"] = broker.describe_txn(setup.batch, setup.producers)
-    summary = report.summary(described, per_round, best_latencies)
-    if best_base_latencies:
-        summary.update(report.broker_summary(per_round, best_base_latencies, summary["p99_ms"]))
-    if best_txn_latencies:
-        summary.update(report.txn_summary(per_round, best_txn_latencies, summary["p99_ms"]))
+    per_round = [m.figures for m in measured_rounds]
+
+    def fastest(key: str) -> _Measured:
+        """The first round with the highest ``key`` (its latencies are reported)."""
+        return max(measured_rounds, key=lambda m: m.figures.get(key, 0.0))
+
+    latencies = fastest("msgs_per_s").latencies
+    summary = report.summary(described, per_round, latencies)
+    # Overheads from unrounded p99s, as each round's own, so that one round's
+    # figures and the summary agree to the last digit.
+    p99 = report.ms(report.percentile(latencies, 0.99))
+    base_latencies = fastest("baseline").base_latencies
+    if base_latencies:
+        summary.update(report.broker_summary(per_round, base_latencies, p99))
+    txn_latencies = fastest("baseline_txn").txn_latencies
+    if txn_latencies:
+        summary.update(report.txn_summary(per_round, txn_latencies, p99))
     return summary
