@@ -98,7 +98,7 @@ class Keys:
 
     def __init__(self, cluster: str = DEFAULT_CLUSTER) -> None:
         if not cluster or "/" in cluster:
-            raise errors.InvalidArgument(f"invalid cluster name {cluster!r}")
+            raise errors.InvalidArgument(f"invalid cluster name {errors.quoted(cluster)}")
         self.cluster = cluster
         self.root = f"/headrace/{cluster}"
 

@@ -142,6 +142,22 @@ class TxnAborted(HeadraceError):
     code = ErrorCode.TXN_ABORTED
 
 
+QUOTE_LIMIT = 100
+"""Characters of a user-given value an error message repeats at most."""
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``value`` as an error message shows it: its repr, a string cut after
+    ``limit`` characters with its full size, so a 10 KB name cannot flood the
+    message (other values: their repr, cut the same way)."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}… ({len(value.encode(errors='surrogatepass'))} bytes)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 _BY_CODE: dict[ErrorCode, type[HeadraceError]] = {
     ErrorCode.NOT_OWNER: NotOwner,
     ErrorCode.FENCED: Fenced,

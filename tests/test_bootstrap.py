@@ -52,7 +52,7 @@ def test_sourcing_leaks_no_shell_options(tmp_path: Path) -> None:
 
     # -u and pipefail must not leak either.
     out = bash(
-        "source scripts/bootstrap.sh; echo \"[$HEADRACE_NO_SUCH_VARIABLE]\"; "
+        'source scripts/bootstrap.sh; echo "[$HEADRACE_NO_SUCH_VARIABLE]"; '
         "false | true; echo pipe=$?",
         HEADRACE_VENV=str(venv),
     )

@@ -1,4 +1,4 @@
-"""``headrace status``, ``move``, ``drain`` and ``wal dump``."""
+"""``headrace status``, ``move``, ``drain``, ``undrain``, ``balancer`` and ``wal dump``."""
 
 from __future__ import annotations
 
@@ -26,15 +26,29 @@ async def status(args: argparse.Namespace) -> int:
         return 0
     print(
         f"cluster {args.cluster}: {len(report['nodes'])} node(s), "
-        f"{len(report['pchannels'])} pchannel(s)"
+        f"{len(report['pchannels'])} pchannel(s), balancer {report['balancer']}"
     )
-    _print_table(report["nodes"], ["node_id", "address", "frozen", "pchannels"])
+    for node in report["nodes"]:
+        node["state"] = _node_state(node)
+    _print_table(report["nodes"], ["node_id", "address", "state", "pchannels"])
     print()
     _print_table(report["pchannels"], ["pchannel", "state", "node", "term", "wal_state", "lag"])
     for row in report["pchannels"]:
         if row.get("wal_error"):
             print(f"{row['pchannel']}: {row['wal_error']}")
     return 0
+
+
+def _node_state(node: dict[str, Any]) -> str:
+    """running, frozen, draining (frozen, still holding pchannels), each with
+    ``(not running)`` for a frozen node without a session (pure)."""
+    if node["draining"] and node["pchannels"]:
+        flag = "draining"
+    else:
+        flag = "frozen" if node["frozen"] else "running"
+    if node["alive"]:
+        return flag
+    return f"{flag} (not running)"
 
 
 async def move(args: argparse.Namespace) -> int:
@@ -53,6 +67,20 @@ async def drain(args: argparse.Namespace) -> int:
     return 0
 
 
+async def undrain(args: argparse.Namespace) -> int:
+    outcome = await client_api.request_undrain(args.metastore, args.node, cluster=args.cluster)
+    _report(args, outcome)
+    return 0
+
+
+async def balancer(args: argparse.Namespace) -> int:
+    outcome = await client_api.set_balancer(
+        args.metastore, suspended=args.action == "suspend", cluster=args.cluster
+    )
+    _report(args, outcome)
+    return 0
+
+
 def _report(args: argparse.Namespace, outcome: dict[str, Any]) -> None:
     if args.json:
         print(json.dumps(outcome))
@@ -63,7 +91,9 @@ def _report(args: argparse.Namespace, outcome: dict[str, Any]) -> None:
 async def wal_dump(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if not (root / args.pchannel).is_dir():
-        raise errors.NotFound(f"no local WAL for pchannel {args.pchannel!r} under {root}")
+        raise errors.NotFound(
+            f"no local WAL for pchannel {errors.quoted(args.pchannel)} under {root}"
+        )
     if not args.json:
         print("ID\tTYPE\tVCHANNEL\tTIMETICK\tTERM\tSIZE\tERROR")
     for count, row in enumerate(local_dump.iter_dump(str(root), args.pchannel), start=1):

@@ -5,16 +5,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from headrace import errors
+from headrace.cli.argtypes import non_negative_int, positive_float, positive_int
+from headrace.cli.exits import (
+    EXIT_BROKEN_PIPE,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    exit_code,
+)
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
-EXIT_ERROR = 1
-EXIT_USAGE = 2
+__all__ = ["EXIT_ERROR", "EXIT_USAGE", "build_parser", "main"]
 
 
 def _add_metastore(p: argparse.ArgumentParser) -> None:
@@ -25,6 +33,41 @@ def _add_metastore(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cluster", default="default", help="cluster name (default: default)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from headrace.cli import admin  # noqa: PLC0415 - keep start-up light
+
+    p = sub.add_parser("status", help="nodes and pchannels with owner, term and state")
+    _add_metastore(p)
+    p.set_defaults(handler=admin.status)
+
+    p = sub.add_parser("move", help="move a pchannel to a node by graceful handoff")
+    _add_metastore(p)
+    p.add_argument("--pchannel", required=True)
+    p.add_argument("--to", required=True, dest="to_node", help="target node id")
+    p.add_argument("--timeout", type=positive_float, default=30.0, help="seconds (default 30)")
+    p.set_defaults(handler=admin.move)
+
+    p = sub.add_parser("drain", help="move every pchannel off a node and freeze it")
+    _add_metastore(p)
+    p.add_argument("--node", required=True)
+    p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds (default 60)")
+    p.set_defaults(handler=admin.drain)
+
+    p = sub.add_parser("undrain", help="unfreeze a node (ends a drain); it takes pchannels again")
+    _add_metastore(p)
+    p.add_argument("--node", required=True)
+    p.set_defaults(handler=admin.undrain)
+
+    p = sub.add_parser("balancer", help="suspend or resume the balancer's moves")
+    _add_metastore(p)
+    p.add_argument(
+        "action",
+        choices=["suspend", "resume"],
+        help="suspend: no balancing moves (drains and requested moves go on); resume",
+    )
+    p.set_defaults(handler=admin.balancer)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,11 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("node", help="run one streaming node")
     run.add_node_args(p)
-    p.set_defaults(handler=run.node)
+    # A server process: its log (start-up, WAL opens and closes with their
+    # terms, handoffs, errors) is worth keeping in normal operation.
+    p.set_defaults(handler=run.node, log_level=logging.INFO)
 
     p = sub.add_parser("demo", help="start standalone, produce and consume a little, stop")
     p.add_argument("--data-dir", default=None, help="data directory (default: a temporary one)")
-    p.add_argument("--count", type=int, default=2000)
+    p.add_argument("--count", type=positive_int, default=2000)
     p.set_defaults(handler=run.demo)
 
     p = sub.add_parser("produce", help="append messages to a vchannel")
@@ -59,29 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_consume_args(p)
     p.set_defaults(handler=data.consume)
 
-    p = sub.add_parser("status", help="nodes and pchannels with owner, term and state")
-    _add_metastore(p)
-    p.set_defaults(handler=admin.status)
-
-    p = sub.add_parser("move", help="move a pchannel to a node by graceful handoff")
-    _add_metastore(p)
-    p.add_argument("--pchannel", required=True)
-    p.add_argument("--to", required=True, dest="to_node", help="target node id")
-    p.add_argument("--timeout", type=float, default=30.0)
-    p.set_defaults(handler=admin.move)
-
-    p = sub.add_parser("drain", help="move every pchannel off a node and freeze it")
-    _add_metastore(p)
-    p.add_argument("--node", required=True)
-    p.add_argument("--timeout", type=float, default=60.0)
-    p.set_defaults(handler=admin.drain)
+    _add_admin_commands(sub)
 
     p = sub.add_parser("wal", help="inspect WAL storage")
     wal_sub = p.add_subparsers(dest="wal_command", required=True)
     d = wal_sub.add_parser("dump", help="list records of a local WAL")
     d.add_argument("--dir", required=True, help="the local WAL root directory")
     d.add_argument("--pchannel", required=True)
-    d.add_argument("--limit", type=int, default=0, help="stop after N records (0: all)")
+    d.add_argument(
+        "--limit", type=non_negative_int, default=0, help="stop after N records (0: all)"
+    )
     d.add_argument("--json", action="store_true")
     d.set_defaults(handler=admin.wal_dump)
 
@@ -93,23 +125,34 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    base_level: int = getattr(args, "log_level", logging.WARNING)
     logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
+        level=max(logging.DEBUG, base_level - 10 * args.verbose),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     handler: Handler = args.handler
     try:
-        return asyncio.run(handler(args))
+        code = asyncio.run(handler(args))
+        sys.stdout.flush()
     except KeyboardInterrupt:
-        return 130
-    except errors.InvalidArgument as exc:
-        print(f"headrace: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _stdout_closed()
     except errors.HeadraceError as exc:
         hint = " (retryable)" if exc.retryable else ""
         print(f"headrace: error: {exc}{hint}", file=sys.stderr)
-        return EXIT_ERROR
+        return exit_code(exc.code)
+    return code
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``headrace status | head``): stop quietly,
+    like other command-line tools, without a traceback at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -14,24 +15,31 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import headrace
 from headrace import errors
 from headrace import standalone as standalone_mod
 from headrace.cli import walflags
+from headrace.cli.argtypes import positive_float, positive_int
 from headrace.client import api as client_api
 from headrace.node import server as node_server
 from headrace.wal.framework import WALOptions
 
 WAL_BACKENDS = ("local", "kafka", "pulsar")
+log = logging.getLogger(__name__)
 
 
 def add_standalone_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", required=True, help="directory for metastore, WAL and logs")
-    p.add_argument("--nodes", type=int, default=1, help="streaming node processes (default 1)")
-    p.add_argument("--pchannels", type=int, default=4, help="pchannels (default 4)")
+    p.add_argument(
+        "--nodes", type=positive_int, default=1, help="streaming node processes (default 1)"
+    )
+    p.add_argument("--pchannels", type=positive_int, default=4, help="pchannels (default 4)")
     p.add_argument("--cluster", default="default")
-    p.add_argument("--lease-ttl", type=float, default=3.0, help="node session TTL in seconds")
+    p.add_argument(
+        "--lease-ttl", type=positive_float, default=3.0, help="node session TTL in seconds"
+    )
     p.add_argument("--fsync", choices=["batch", "interval"], default="batch")
-    p.add_argument("--timetick-interval-ms", type=float, default=10.0)
+    p.add_argument("--timetick-interval-ms", type=positive_float, default=10.0)
     p.add_argument(
         "--wal",
         choices=WAL_BACKENDS,
@@ -49,8 +57,8 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wal", choices=WAL_BACKENDS, default="local", help="WAL backend")
     p.add_argument("--wal-dir", default=None, help="local backend: root directory")
     p.add_argument("--fsync", choices=["batch", "interval"], default="batch")
-    p.add_argument("--lease-ttl", type=float, default=3.0)
-    p.add_argument("--timetick-interval-ms", type=float, default=10.0)
+    p.add_argument("--lease-ttl", type=positive_float, default=3.0)
+    p.add_argument("--timetick-interval-ms", type=positive_float, default=10.0)
     p.add_argument(
         "--exit-with-parent",
         action="store_true",
@@ -91,6 +99,15 @@ async def _stop_when_orphaned(stop: asyncio.Event, parent: int) -> None:
 
 
 async def node(args: argparse.Namespace) -> int:
+    log.info(
+        "node %s starting: pid %d, headrace %s, metastore %s, cluster %s, WAL %s",
+        args.node_id,
+        os.getpid(),
+        headrace.__version__,
+        args.metastore,
+        args.cluster,
+        args.wal,
+    )
     stop = asyncio.Event()
     _stop_on_signals(stop)
     if args.exit_with_parent:

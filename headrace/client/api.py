@@ -9,23 +9,43 @@ sync interval, so a large lag means a stuck or unreachable owner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from headrace import errors, tso
 from headrace.client.client import HeadraceClient
 from headrace.client.manager import ManagerClient, NodeWALs, WALStatus
 from headrace.client.status import status
-from headrace.cluster import DEFAULT_CLUSTER, AssignmentState, Keys
-from headrace.coordinator.control import ClusterAdmin
+from headrace.cluster import DEFAULT_CLUSTER, Assignment, AssignmentState, Keys
+from headrace.coordinator.control import (
+    ClusterAdmin,
+    ControlKeys,
+    MoveProgress,
+    MoveSubmitted,
+    move_progress,
+)
 from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot, wait_for
+from headrace.metastore.contract import Get, KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
 
-__all__ = ["HeadraceClient", "cluster_status", "request_drain", "request_move"]
+__all__ = [
+    "HeadraceClient",
+    "check_cluster",
+    "cluster_status",
+    "request_drain",
+    "request_move",
+    "request_undrain",
+    "set_balancer",
+]
 
 
-async def _node_wals(address: str, timeout: float) -> NodeWALs | None:
-    manager = ManagerClient(address, timeout=timeout)
+async def _node_wals(node: dict[str, Any], timeout: float) -> NodeWALs | None:
+    """What a running node reports of its WALs; None if it is not running or answers not."""
+    if not node["alive"]:
+        return None
+    manager = ManagerClient(node["address"], timeout=timeout)
     try:
         return await manager.list_wals(timeout=timeout)
     except errors.HeadraceError:
@@ -37,11 +57,14 @@ async def _node_wals(address: str, timeout: float) -> NodeWALs | None:
 async def cluster_status(
     metastore_url: str, cluster: str = DEFAULT_CLUSTER, *, probe_timeout: float = 2.0
 ) -> dict[str, Any]:
-    """Nodes and pchannels with owner, term, state and lag, ready for JSON."""
+    """Nodes and pchannels with owner, term, state and lag, ready for JSON.
+
+    NotFound at once if the metastore holds no such cluster."""
+    await check_cluster(metastore_url, cluster)
     report = await status(metastore_url, cluster)
     nodes: list[dict[str, Any]] = list(report["nodes"])  # type: ignore[call-overload]
     pchannels: list[dict[str, Any]] = list(report["pchannels"])  # type: ignore[call-overload]
-    listed = await asyncio.gather(*(_node_wals(n["address"], probe_timeout) for n in nodes))
+    listed = await asyncio.gather(*(_node_wals(n, probe_timeout) for n in nodes))
     now = tso.now_ms()
     by_pchannel: dict[str, tuple[str, WALStatus]] = {}
     for node, wals in zip(nodes, listed, strict=True):
@@ -74,41 +97,76 @@ async def request_move(
     *,
     cluster: str = DEFAULT_CLUSTER,
     timeout: float = 30.0,
+    poll_interval: float = 0.1,
 ) -> dict[str, Any]:
-    """Ask the coordinator for a graceful handoff and wait for its outcome."""
-    store = await open_metastore(metastore_url)
-    try:
-        before = await read_snapshot(store, Keys(cluster))
-        record = before.assignments.get(pchannel)
-        if record is None:
-            raise errors.NotFound(f"unknown pchannel {pchannel!r}")
+    """Ask the coordinator for a graceful handoff and wait for its outcome.
+
+    A pchannel already on ``to_node`` answers at once (``moved`` false); a
+    request the coordinator drops (the target became ineligible, or the
+    pchannel went elsewhere meanwhile) raises Conflict as soon as it is seen.
+    """
+    async with _cluster_store(metastore_url, cluster) as store:
+        keys = Keys(cluster)
+        before = await read_snapshot(store, keys)
+        if pchannel not in before.assignments:
+            raise errors.NotFound(f"unknown pchannel {errors.quoted(pchannel)}")
         if to_node not in before.nodes:
-            raise errors.NotFound(f"node {to_node!r} is not registered (alive) in the cluster")
-        start = time.monotonic()
-        await ClusterAdmin(store, cluster).request_move(pchannel, to_node)
-
-        def moved(snap: ClusterSnapshot) -> bool:
-            rec = snap.assignments.get(pchannel)
-            return (
-                rec is not None
-                and rec.node == to_node
-                and rec.term > record.term
-                and rec.state is AssignmentState.ASSIGNED
+            raise errors.NotFound(
+                f"node {errors.quoted(to_node)} is not registered (alive) in the cluster"
             )
-
-        final = await wait_for(store, cluster, moved, timeout)
-        after = final.assignments[pchannel]
+        start = time.monotonic()
+        submitted = await ClusterAdmin(store, cluster).request_move(pchannel, to_node)
+        record = submitted.record or before.assignments[pchannel]
+        outcome = {"pchannel": pchannel, "from": record.node, "old_term": record.term}
+        if not submitted.requested:
+            return {
+                **outcome,
+                "to": to_node,
+                "term": record.term,
+                "state": record.state.value,
+                "moved": False,
+                "elapsed_ms": round((time.monotonic() - start) * 1000, 1),
+            }
+        after = await _await_move(store, keys, submitted, timeout, poll_interval)
         return {
-            "pchannel": pchannel,
-            "from": record.node,
+            **outcome,
             "to": after.node,
-            "old_term": record.term,
             "term": after.term,
             "state": after.state.value,
+            "moved": True,
             "elapsed_ms": round((time.monotonic() - start) * 1000, 1),
         }
-    finally:
-        await store.close()
+
+
+async def _await_move(
+    store: Metastore, keys: Keys, submitted: MoveSubmitted, timeout: float, poll_interval: float
+) -> Assignment:
+    """Poll one atomic read of the record and the request until the move is
+    done (its record) or dropped (Conflict); Unavailable after ``timeout``."""
+    name = submitted.pchannel
+    term_before = submitted.record.term if submitted.record is not None else 0
+    request_key = ControlKeys(keys).move(name)
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await store.txn([], [Get(keys.pchannel(name)), Get(request_key)])
+        record_kvs, request_kvs = result.gets
+        record = Assignment.from_json(record_kvs[0].value) if record_kvs else None
+        progress = move_progress(record, bool(request_kvs), submitted.to, term_before)
+        if progress is MoveProgress.DONE and record is not None:
+            return record
+        if progress is MoveProgress.DROPPED:
+            now = "no record" if record is None else f"{record.state.value} on {record.node or '-'}"
+            raise errors.Conflict(
+                f"the coordinator dropped the move of {name} to {submitted.to} "
+                f"(the target is no longer eligible, or the pchannel moved meanwhile); "
+                f"{name} is now {now}"
+            )
+        if time.monotonic() >= deadline:
+            raise errors.Unavailable(
+                f"{name} did not reach {submitted.to} within {timeout:g}s (is a coordinator "
+                "running? `headrace status` shows its leader)"
+            )
+        await asyncio.sleep(poll_interval)
 
 
 async def request_drain(
@@ -118,13 +176,17 @@ async def request_drain(
     cluster: str = DEFAULT_CLUSTER,
     timeout: float = 60.0,
 ) -> dict[str, Any]:
-    """Freeze ``node``, move every pchannel off it, and wait until none is left."""
-    store = await open_metastore(metastore_url)
-    try:
+    """Freeze ``node``, move every pchannel off it, and wait until none is left.
+
+    The node stays frozen (it gets no pchannels) until :func:`request_undrain`.
+    """
+    async with _cluster_store(metastore_url, cluster) as store:
         admin = ClusterAdmin(store, cluster)
         before = await read_snapshot(store, Keys(cluster))
         if node not in before.nodes:
-            raise errors.NotFound(f"node {node!r} is not registered (alive) in the cluster")
+            raise errors.NotFound(
+                f"node {errors.quoted(node)} is not registered (alive) in the cluster"
+            )
         held = sorted(p for p, r in before.assignments.items() if r.node == node)
         start = time.monotonic()
         await admin.drain_node(node)
@@ -141,7 +203,73 @@ async def request_drain(
             "node": node,
             "moved": len(held),
             "pchannels": {p: final.assignments[p].node for p in held},
+            "frozen": True,
             "elapsed_ms": round((time.monotonic() - start) * 1000, 1),
         }
+
+
+async def request_undrain(
+    metastore_url: str, node: str, *, cluster: str = DEFAULT_CLUSTER
+) -> dict[str, Any]:
+    """Unfreeze ``node`` (ending a drain): the balancer gives it pchannels again.
+
+    NotFound if the node is neither running nor frozen (a mistyped id).
+    """
+    async with _cluster_store(metastore_url, cluster) as store:
+        admin = ClusterAdmin(store, cluster)
+        control = await admin.node_control(node)
+        registered = await store.get(Keys(cluster).node(node)) is not None
+        if control is None and not registered:
+            raise errors.NotFound(
+                f"node {errors.quoted(node)} is neither registered nor frozen in the cluster"
+            )
+        was = "not frozen"
+        if control is not None and (control.frozen or control.draining):
+            was = "draining" if control.draining else "frozen"
+        await admin.set_frozen(node, False)
+        return {"node": node, "was": was, "frozen": False}
+
+
+async def set_balancer(
+    metastore_url: str, *, suspended: bool, cluster: str = DEFAULT_CLUSTER
+) -> dict[str, Any]:
+    """Suspend (no balancing moves; drains and requested moves go on) or resume."""
+    async with _cluster_store(metastore_url, cluster) as store:
+        await ClusterAdmin(store, cluster).suspend_balance(suspended)
+    return {"balancer": "suspended" if suspended else "active"}
+
+
+async def check_cluster(metastore_url: str, cluster: str = DEFAULT_CLUSTER) -> None:
+    """NotFound at once unless the metastore exists and holds ``cluster``'s
+    config (a mistyped URL or cluster name); nothing is created."""
+    async with _cluster_store(metastore_url, cluster):
+        return
+
+
+@contextlib.asynccontextmanager
+async def _cluster_store(metastore_url: str, cluster: str) -> AsyncIterator[Metastore]:
+    """The metastore (opened, never created), checked to hold ``cluster``."""
+    keys = Keys(cluster)
+    store = await open_metastore(metastore_url, create=False)
+    try:
+        if await store.get(keys.config) is None:
+            raise _no_cluster(metastore_url, cluster, await store.get_prefix("/headrace/"))
+        yield store
     finally:
         await store.close()
+
+
+def _no_cluster(metastore_url: str, cluster: str, kvs: list[KeyValue]) -> errors.NotFound:
+    """The error for a metastore without ``cluster`` (pure), naming the clusters it holds."""
+    names = sorted(
+        {
+            parts[2]
+            for parts in (kv.key.split("/") for kv in kvs)
+            if len(parts) == 4 and parts[3] == "config"
+        }
+    )
+    held = f"it holds cluster(s) {', '.join(names)}" if names else "it holds no cluster at all"
+    return errors.NotFound(
+        f"metastore {errors.quoted(metastore_url)} has no cluster {errors.quoted(cluster)}: "
+        f"{held} (check --metastore and --cluster; a standalone prints its URL when ready)"
+    )

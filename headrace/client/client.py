@@ -66,7 +66,7 @@ class HeadraceClient:
         try:
             async with asyncio.timeout(self.options.connect_timeout):
                 if self._metastore is None:
-                    self._metastore = await open_metastore(self.metastore_url)
+                    self._metastore = await open_metastore(self.metastore_url, create=False)
                 view = ClusterView(self._metastore, self.keys)
                 await view.start()
         except TimeoutError:

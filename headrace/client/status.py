@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
 
 from headrace import errors
 from headrace.client.discovery import parse_record
 from headrace.cluster import DEFAULT_CLUSTER, Assignment, ClusterConfig, Keys, NodeInfo
-from headrace.metastore.contract import Get
+from headrace.coordinator import control as control_mod
+from headrace.coordinator.control import BalanceControl, ControlKeys, NodeControl
+from headrace.coordinator.status import layout_summary
+from headrace.metastore.contract import Get, KeyValue
 from headrace.metastore.factory import open_metastore
 
 
@@ -17,11 +21,18 @@ async def status(
     *,
     timeout: float = 10.0,
 ) -> dict[str, object]:
-    """A JSON-ready summary: config, nodes, pchannels with owner, term and state."""
+    """A JSON-ready summary: config, nodes, pchannels with owner, term and state.
+
+    A node is ``frozen`` if it says so or an operator froze or drained it
+    (``draining``); a frozen or draining node that is not running is listed
+    too (``alive`` false), so a forgotten freeze stays visible. ``balancer``
+    is ``active`` or ``suspended``.
+    """
     keys = Keys(cluster)
+    control = ControlKeys(keys)
     try:
         async with asyncio.timeout(timeout):
-            metastore = await open_metastore(metastore_url)
+            metastore = await open_metastore(metastore_url, create=False)
             try:
                 result = await metastore.txn(
                     [],
@@ -30,6 +41,7 @@ async def status(
                         Get(keys.nodes, prefix=True),
                         Get(keys.pchannels, prefix=True),
                         Get(keys.leader),
+                        Get(control.requests, prefix=True),
                     ],
                 )
             finally:
@@ -38,10 +50,13 @@ async def status(
         raise errors.Unavailable(
             f"metastore {metastore_url} did not answer within {timeout:g}s"
         ) from None
-    config_kvs, node_kvs, pchannel_kvs, leader_kvs = result.gets
+    config_kvs, node_kvs, pchannel_kvs, leader_kvs, request_kvs = result.gets
     config = parse_record(ClusterConfig, config_kvs[0].value) if config_kvs else None
     nodes = [parse_record(NodeInfo, kv.value) for kv in node_kvs]
     records = {a.pchannel: a for a in (parse_record(Assignment, kv.value) for kv in pchannel_kvs)}
+    controls = _under(request_kvs, control.node_controls, NodeControl)
+    balance = _under(request_kvs, control.requests, BalanceControl).get("balance")
+    layout = {n.node_id: n for n in layout_summary(records.values(), nodes, controls).nodes}
     names = list(config.pchannels) if config is not None else []
     names += sorted(set(records) - set(names))
     pchannels: list[dict[str, object]] = []
@@ -63,15 +78,44 @@ async def status(
         "configured": config is not None,
         "wal_backend": config.wal_backend if config is not None else "",
         "coordinator": leader_kvs[0].value.decode(errors="replace") if leader_kvs else "",
+        "balancer": "suspended" if balance is not None and balance.suspended else "active",
         "nodes": [
             {
                 "node_id": n.node_id,
                 "address": n.address,
-                "frozen": n.frozen,
+                "alive": True,
+                "frozen": layout[n.node_id].frozen,
+                "draining": layout[n.node_id].draining,
                 "version": n.version,
                 "started_at": n.started_at,
             }
             for n in nodes
+        ]
+        + [
+            {
+                "node_id": node_id,
+                "address": "",
+                "alive": False,
+                "frozen": c.frozen or c.draining,
+                "draining": c.draining,
+                "version": "",
+                "started_at": 0.0,
+            }
+            for node_id, c in sorted(controls.items())
+            if node_id not in layout and (c.frozen or c.draining)
         ],
         "pchannels": pchannels,
     }
+
+
+_C = TypeVar("_C", NodeControl, BalanceControl)
+
+
+def _under(kvs: list[KeyValue], prefix: str, model: type[_C]) -> dict[str, _C]:
+    """Records directly under ``prefix`` by the rest of their key."""
+    found: dict[str, _C] = {}
+    for kv in kvs:
+        name = kv.key[len(prefix) :]
+        if kv.key.startswith(prefix) and name and "/" not in name:
+            found[name] = control_mod.parse_record(model, kv.value)
+    return found

@@ -22,13 +22,22 @@ whichever coordinator is the leader carries it out. Keys, under ``<root>`` =
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import time
 from typing import TypeVar
 
 import pydantic
 
 from headrace import errors
-from headrace.cluster import DEFAULT_CLUSTER, ClusterConfig, Keys, NodeInfo
+from headrace.cluster import (
+    DEFAULT_CLUSTER,
+    Assignment,
+    AssignmentState,
+    ClusterConfig,
+    Keys,
+    NodeInfo,
+)
 from headrace.metastore.contract import Metastore
 
 
@@ -90,9 +99,54 @@ def parse_record(model: type[_M], data: bytes) -> _M:
         raise errors.CorruptData(f"malformed {model.__name__} record: {exc}") from None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MoveSubmitted:
+    """What :meth:`ClusterAdmin.request_move` did."""
+
+    pchannel: str
+    to: str
+    record: Assignment | None
+    """The pchannel's assignment record when the request was made."""
+    requested: bool
+    """False: the pchannel is already ASSIGNED on ``to``; nothing was written."""
+
+
+class MoveProgress(enum.Enum):
+    DONE = "done"
+    UNDER_WAY = "under way"
+    DROPPED = "dropped"
+
+
+def move_progress(
+    record: Assignment | None, pending: bool, to_node: str, term_before: int
+) -> MoveProgress:
+    """Where a requested move of a pchannel to ``to_node`` stands (pure).
+
+    ``record``: the assignment now; ``pending``: the request key still exists;
+    ``term_before``: the record's term when the move was requested. The leader
+    deletes the request in the same write that starts the move (UNASSIGNING
+    towards the target, then UNASSIGNED with it as a hint, then ASSIGNING on
+    it), or when it drops the request (already there, target not eligible):
+    so a request that is gone while the pchannel is not heading to the target
+    was dropped, and waiting longer cannot help.
+    """
+    if record is None:
+        return MoveProgress.UNDER_WAY if pending else MoveProgress.DROPPED
+    arrived = record.node == to_node and record.state is AssignmentState.ASSIGNED
+    if arrived and (record.term > term_before or not pending):
+        return MoveProgress.DONE
+    if pending:
+        return MoveProgress.UNDER_WAY
+    heading = (record.state is AssignmentState.ASSIGNING and record.node == to_node) or (
+        record.state in (AssignmentState.UNASSIGNING, AssignmentState.UNASSIGNED)
+        and record.target == to_node
+    )
+    return MoveProgress.UNDER_WAY if heading else MoveProgress.DROPPED
+
+
 def _name(kind: str, value: str) -> str:
     if not value or "/" in value:
-        raise errors.InvalidArgument(f"invalid {kind} name {value!r}")
+        raise errors.InvalidArgument(f"invalid {kind} name {errors.quoted(value)}")
     return value
 
 
@@ -104,14 +158,17 @@ class ClusterAdmin:
         self.keys = Keys(cluster)
         self.control = ControlKeys(self.keys)
 
-    async def request_move(self, pchannel: str, to_node: str) -> None:
+    async def request_move(self, pchannel: str, to_node: str) -> MoveSubmitted:
         """Ask for a graceful move of ``pchannel`` to ``to_node``.
 
         InvalidArgument if the pchannel is not configured, or the node is not
         alive or is frozen. Replaces an earlier pending request of the pchannel.
+        A pchannel already ASSIGNED on ``to_node`` needs no move: nothing is
+        written and the result says so (``requested`` False).
         If the move unbalances the cluster, the balancer restores fairness by
         moving other pchannels first (the leader remembers the pin in memory).
-        Await the outcome with :func:`headrace.coordinator.snapshot.wait_for`.
+        Await the outcome with :func:`move_progress` or
+        :func:`headrace.coordinator.snapshot.wait_for`.
         """
         _name("pchannel", pchannel)
         _name("node", to_node)
@@ -125,11 +182,19 @@ class ClusterAdmin:
         info = parse_record(NodeInfo, node.value)
         if info.frozen or control.frozen or control.draining:
             raise errors.InvalidArgument(f"node {to_node!r} is frozen")
+        kv = await self.metastore.get(self.keys.pchannel(pchannel))
+        record = None if kv is None else parse_record(Assignment, kv.value)
+        already = record is not None and record.state is AssignmentState.ASSIGNED
+        if already and record is not None and record.node == to_node:
+            return MoveSubmitted(pchannel, to_node, record, requested=False)
         request = MoveRequest(to=to_node, requested_at=time.time())
         await self.metastore.put(self.control.move(pchannel), request.to_json())
+        return MoveSubmitted(pchannel, to_node, record, requested=True)
 
     async def set_frozen(self, node: str, frozen: bool) -> None:
-        """Freeze (receives no new pchannels) or unfreeze; unfreezing also ends a drain."""
+        """Freeze (receives no new pchannels) or unfreeze; unfreezing also ends
+        a drain (``headrace undrain``): the balancer then gives the node its
+        share again."""
         _name("node", node)
         await self.metastore.put(
             self.control.node_control(node), NodeControl(frozen=frozen).to_json()
@@ -146,6 +211,11 @@ class ClusterAdmin:
         await self.metastore.put(
             self.control.balance, BalanceControl(suspended=suspended).to_json()
         )
+
+    async def node_control(self, node: str) -> NodeControl | None:
+        """The freeze/drain request of ``node``; None if it never had one."""
+        kv = await self.metastore.get(self.control.node_control(_name("node", node)))
+        return None if kv is None else parse_record(NodeControl, kv.value)
 
     async def _node_control(self, node: str) -> NodeControl:
         kv = await self.metastore.get(self.control.node_control(node))

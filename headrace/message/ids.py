@@ -82,7 +82,7 @@ def id_class(backend: str) -> type[MessageID]:
     except KeyError:
         known = ", ".join(sorted(_REGISTRY)) or "none"
         raise errors.InvalidArgument(
-            f"unknown message id backend {backend!r} (known: {known})"
+            f"unknown message id backend {errors.quoted(backend)} (known: {known})"
         ) from None
 
 
@@ -91,7 +91,8 @@ def parse(text: str) -> MessageID:
     backend, sep, value = text.partition(":")
     if not sep:
         raise errors.InvalidArgument(
-            f"malformed message id {text!r}: expected '<backend>:<value>', e.g. 'local:42'"
+            f"malformed message id {errors.quoted(text)}: "
+            "expected '<backend>:<value>', e.g. 'local:42'"
         )
     return id_class(backend).parse_value(value)
 

@@ -54,7 +54,7 @@ class MessageType(enum.IntEnum):
             except KeyError:
                 names = ", ".join(m.name for m in cls)
                 raise errors.InvalidArgument(
-                    f"unknown message type {value!r}; known: {names}"
+                    f"unknown message type {errors.quoted(value)}; known: {names}"
                 ) from None
         try:
             return cls(value)
@@ -82,7 +82,7 @@ def validate_vchannel(vchannel: str) -> str:
     """Return ``vchannel`` if it is well formed, else raise InvalidArgument."""
     if not VCHANNEL_PATTERN.match(vchannel):
         raise errors.InvalidArgument(
-            f"invalid vchannel {vchannel!r}: use 1-255 characters of [A-Za-z0-9_.-], "
+            f"invalid vchannel {errors.quoted(vchannel)}: use 1-255 characters of [A-Za-z0-9_.-], "
             "starting with a letter or digit"
         )
     return vchannel

@@ -67,6 +67,7 @@ class SqliteMetastore(Metastore):
         poll_interval: float = 0.025,
         reap_interval: float = 0.2,
         event_retention: int = 10_000,
+        create: bool = True,
     ) -> None:
         if event_retention < 1:
             raise errors.InvalidArgument(f"event_retention must be >= 1, got {event_retention}")
@@ -76,6 +77,7 @@ class SqliteMetastore(Metastore):
         self._poll_interval = poll_interval
         self._reap_interval = reap_interval
         self._retention = event_retention
+        self._create = create
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="headrace-sqlite"
         )
@@ -97,14 +99,17 @@ class SqliteMetastore(Metastore):
         poll_interval: float = 0.025,
         reap_interval: float = 0.2,
         event_retention: int = 10_000,
+        create: bool = True,
     ) -> SqliteMetastore:
-        """Open (creating if needed) the store at ``path``; Unavailable if impossible."""
+        """Open the store at ``path``, creating it if needed and ``create``;
+        Unavailable if impossible, NotFound if missing and not ``create``."""
         store = cls(
             path,
             busy_timeout=busy_timeout,
             poll_interval=poll_interval,
             reap_interval=reap_interval,
             event_retention=event_retention,
+            create=create,
         )
         try:
             await store._call(sqlite_db.revision)
@@ -120,7 +125,7 @@ class SqliteMetastore(Metastore):
         """Worker thread: run ``fn`` on the connection, translating sqlite3 errors."""
         try:
             if self._conn is None:
-                self._conn = sqlite_db.connect(self.path, self._busy_timeout)
+                self._conn = sqlite_db.connect(self.path, self._busy_timeout, create=self._create)
             return fn(self._conn)
         except sqlite3.Error as exc:
             raise sqlite_db.translate(exc, self.path) from None

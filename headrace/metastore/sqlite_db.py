@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -80,8 +81,12 @@ def translate(exc: sqlite3.Error, path: str) -> errors.HeadraceError:
     return errors.HeadraceError(f"SQLite metastore {path}: {text} ({name or 'no code'})")
 
 
-def connect(path: str, busy_timeout: float) -> sqlite3.Connection:
-    """Open (creating if needed) the database file and its schema."""
+def connect(path: str, busy_timeout: float, *, create: bool = True) -> sqlite3.Connection:
+    """Open the database file; with ``create``, create it (and its directory)
+    and its schema if missing. Without, touch nothing on disk: NotFound if the
+    file is missing or holds no Headrace metastore (a mistyped path)."""
+    if not create:
+        return _open_existing(path, busy_timeout)
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -90,11 +95,7 @@ def connect(path: str, busy_timeout: float) -> sqlite3.Connection:
         ) from None
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
     try:
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise errors.Unavailable(f"SQLite metastore {path}: WAL journal unavailable ({mode})")
-        conn.execute("PRAGMA synchronous = FULL")
+        _configure(conn, path, busy_timeout)
         with write_txn(conn):
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
@@ -104,6 +105,38 @@ def connect(path: str, busy_timeout: float) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _open_existing(path: str, busy_timeout: float) -> sqlite3.Connection:
+    if not Path(path).is_file():
+        raise errors.NotFound(
+            f"SQLite metastore {path} does not exist (check the path; "
+            "`headrace standalone` prints the URL of the one it creates)"
+        )
+    uri = f"file:{urllib.parse.quote(str(Path(path).resolve()))}?mode=rw"
+    conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        # Read before anything writes: a file of another program stays untouched.
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            raise errors.NotFound(
+                f"SQLite metastore {path}: the file is not a Headrace metastore "
+                f"(schema version {version}, expected {SCHEMA_VERSION})"
+            )
+        _configure(conn, path, busy_timeout)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _configure(conn: sqlite3.Connection, path: str, busy_timeout: float) -> None:
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise errors.Unavailable(f"SQLite metastore {path}: WAL journal unavailable ({mode})")
+    conn.execute("PRAGMA synchronous = FULL")
 
 
 @contextlib.contextmanager

@@ -65,7 +65,7 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         if not self.node_id or "/" in self.node_id:
-            raise errors.InvalidArgument(f"invalid node id {self.node_id!r}")
+            raise errors.InvalidArgument(f"invalid node id {errors.quoted(self.node_id)}")
         _host, sep, port = self.listen.rpartition(":")
         if not sep or not port.isdigit():
             raise errors.InvalidArgument(f"listen address {self.listen!r} is not host:port")

@@ -34,7 +34,7 @@ def iter_dump(root: str, pchannel: str) -> Iterator[DumpRow]:
     and byte offset.
     """
     if not PCHANNEL_PATTERN.match(pchannel):
-        raise errors.InvalidArgument(f"invalid pchannel name {pchannel!r}")
+        raise errors.InvalidArgument(f"invalid pchannel name {errors.quoted(pchannel)}")
     channel = Channel(os.fspath(root), pchannel)
     if not os.path.isdir(channel.directory):
         raise errors.NotFound(f"no local WAL for pchannel {pchannel} under {root}")
