@@ -11,7 +11,11 @@ the node processes get the broker flags ``wal_args`` (built and checked by the
 CLI; secrets only as file paths or inherited environment variables).
 
 It runs the coordinator in-process and supervises N streaming-node processes
-(restarting a node that dies, with backoff). It prints one line
+(restarting a node that dies, with backoff). Node processes run the same
+``headrace`` package as the standalone whatever the working directory holds
+(``python -P``, the package's root first on ``PYTHONPATH``). A node that exits
+before the standalone is ready stops the start-up at once with its exit code
+and the tail of its log, instead of being restarted in a loop. It prints one line
 ``headrace standalone ready metastore=<url> ...`` once every pchannel is
 ASSIGNED, and shuts down cleanly on SIGINT/SIGTERM. Starting again on the same
 directory resumes with all acknowledged data: the pchannel list is kept in the
@@ -28,9 +32,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import headrace
 from headrace import cluster, errors, runtime
 from headrace.coordinator import coordinator as coord_mod
 from headrace.metastore import factory
@@ -76,6 +82,10 @@ class StandaloneConfig:
             raise errors.InvalidArgument(f"--pchannels must be at least 1, got {self.pchannels}")
         if self.lease_ttl_s <= 0:
             raise errors.InvalidArgument("--lease-ttl must be positive")
+        if not self.timetick_interval_ms > 0:
+            raise errors.InvalidArgument(
+                f"--timetick-interval-ms must be positive, got {self.timetick_interval_ms!r}"
+            )
         if self.wal not in WAL_BACKENDS:
             raise errors.InvalidArgument(
                 f"unknown WAL backend {self.wal!r} (known: {', '.join(WAL_BACKENDS)})"
@@ -95,9 +105,14 @@ def node_argv(
     lease_ttl_s: float,
     timetick_interval_ms: float,
 ) -> list[str]:
-    """The command line of a node process on loopback with WAL flags ``wal_args`` (pure)."""
+    """The command line of a node process on loopback with WAL flags ``wal_args`` (pure).
+
+    ``-P``: the working directory is not put on ``sys.path``, so a ``headrace/``
+    folder there (a clone's parent, a data directory) cannot shadow the package.
+    """
     return [
         sys.executable,
+        "-P",
         "-m",
         "headrace.cli",
         "node",
@@ -134,6 +149,50 @@ def node_command(cfg: StandaloneConfig, node_id: str) -> list[str]:
     return [*argv, "--exit-with-parent"]
 
 
+def node_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a node process (pure): ``environ`` with the root of
+    the running ``headrace`` package first on ``PYTHONPATH``, so the node runs
+    the same code as the standalone (also from a source tree, not installed)."""
+    root = str(Path(headrace.__file__).resolve().parent.parent)
+    rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return {**environ, "PYTHONPATH": os.pathsep.join([root, *rest])}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeExit:
+    """A node process that ended on its own."""
+
+    node_id: str
+    code: int | None
+    log_path: Path
+    log_tail: tuple[str, ...]
+    """The last lines this process wrote to its log."""
+
+    def describe(self) -> str:
+        tail = "\n".join(f"  | {line}" for line in self.log_tail) or "  (its log is empty)"
+        return (
+            f"node {self.node_id} exited with code {self.code} while the standalone was "
+            f"starting; the end of {self.log_path}:\n{tail}"
+        )
+
+
+LOG_TAIL_LINES = 15
+LOG_TAIL_BYTES = 64 * 1024
+
+
+def log_tail(path: Path, start: int, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+    """The last ``lines`` lines written to ``path`` after byte offset ``start``."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(start, size - LOG_TAIL_BYTES))
+            data = f.read()
+    except OSError as exc:
+        return (f"(cannot read the log: {exc})",)
+    text = data.decode("utf-8", errors="replace").splitlines()
+    return tuple(line for line in text[-lines:])
+
+
 class NodeProcess:
     """One supervised node process."""
 
@@ -142,17 +201,29 @@ class NodeProcess:
         self.node_id = node_id
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.log_start = 0
+        """Where the current process's lines begin in its log file."""
+
+    @property
+    def log_path(self) -> Path:
+        return self.cfg.log_dir / f"{self.node_id}.log"
 
     async def start(self) -> None:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.cfg.log_dir / f"{self.node_id}.log"
-        with log_path.open("ab") as log_file:
+        with self.log_path.open("ab") as log_file:
+            self.log_start = log_file.tell()
             self.proc = await asyncio.create_subprocess_exec(
                 *node_command(self.cfg, self.node_id),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=log_file,
+                env=node_environment(os.environ),
             )
+
+    def exit_report(self) -> NodeExit:
+        """How the current process ended (call after it exited)."""
+        code = self.proc.returncode if self.proc is not None else None
+        return NodeExit(self.node_id, code, self.log_path, log_tail(self.log_path, self.log_start))
 
     async def stop(self, timeout: float = 15.0) -> None:
         proc = self.proc
@@ -168,13 +239,19 @@ class NodeProcess:
                 proc.kill()
             await proc.wait()
 
-    async def supervise(self, stop: asyncio.Event) -> None:
-        """Keep the process running until ``stop`` is set."""
+    async def supervise(
+        self, stop: asyncio.Event, ready: asyncio.Event, failed: asyncio.Future[NodeExit]
+    ) -> None:
+        """Keep the process running until ``stop`` is set.
+
+        Before ``ready`` (the standalone announced itself), an exit is not restarted:
+        it resolves ``failed`` (the first one wins) and supervision ends.
+        """
         backoff = 0.5
         while not stop.is_set():
             await self.start()
             assert self.proc is not None
-            started = time.monotonic()
+            began = time.monotonic()
             wait_exit = asyncio.ensure_future(self.proc.wait())
             wait_stop = asyncio.ensure_future(stop.wait())
             await asyncio.wait({wait_exit, wait_stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -182,16 +259,21 @@ class NodeProcess:
             if stop.is_set():
                 wait_exit.cancel()
                 return
-            code = self.proc.returncode
+            report = self.exit_report()
+            if not ready.is_set():
+                if not failed.done():
+                    failed.set_result(report)
+                return
             log.warning(
-                "node %s exited with code %s; see %s",
+                "node %s exited with code %s; the end of %s:\n%s",
                 self.node_id,
-                code,
-                self.cfg.log_dir / f"{self.node_id}.log",
+                report.code,
+                report.log_path,
+                "\n".join(report.log_tail),
             )
             if not self.cfg.restart_nodes:
                 return
-            if time.monotonic() - started > 30:
+            if time.monotonic() - began > 30:
                 backoff = 0.5
             self.restarts += 1
             with contextlib.suppress(TimeoutError):
@@ -258,9 +340,7 @@ async def run_standalone(
     """Run until ``stop`` is set; return the process exit code."""
     cfg.validate()
     runtime.tune_process()
-    cfg.data_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.wal == "local":
-        cfg.wal_dir.mkdir(parents=True, exist_ok=True)
+    prepare_data_dir(cfg)
     store = await factory.open_metastore(cfg.metastore_url)
     coordinator = coord_mod.Coordinator(
         store,
@@ -273,25 +353,40 @@ async def run_standalone(
         ),
     )
     procs = [NodeProcess(cfg, f"node-{i}") for i in range(cfg.nodes)]
-    supervisors = [asyncio.create_task(p.supervise(stop), name=p.node_id) for p in procs]
-    # The nodes register first, so the first layout is already balanced
-    # instead of the first node getting everything and the balancer moving it.
-    await wait_nodes_registered(store, cluster.Keys(cfg.cluster), cfg.nodes, stop, 30.0)
-    coord_task = asyncio.create_task(coordinator.run(stop), name="coordinator")
+    started = asyncio.Event()
+    failed: asyncio.Future[NodeExit] = asyncio.get_running_loop().create_future()
+    supervisors = [
+        asyncio.create_task(p.supervise(stop, started, failed), name=p.node_id) for p in procs
+    ]
+    coord_task: asyncio.Task[None] | None = None
     try:
+        # The nodes register first, so the first layout is already balanced
+        # instead of the first node getting everything and the balancer moving it.
+        registered = asyncio.create_task(
+            wait_nodes_registered(store, cluster.Keys(cfg.cluster), cfg.nodes, stop, 30.0)
+        )
+        first: set[asyncio.Future[Any]] = {registered, failed}
+        await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+        registered.cancel()
+        if failed.done():
+            raise errors.HeadraceError(failed.result().describe())
+        coord_task = asyncio.create_task(coordinator.run(stop), name="coordinator")
         ready = asyncio.create_task(
             wait_all_assigned(store, cfg.cluster, cfg.pchannels, cfg.ready_timeout_s)
         )
         stop_wait = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait(
-            {ready, stop_wait, coord_task}, return_when=asyncio.FIRST_COMPLETED
-        )
+        waits: set[asyncio.Future[Any]] = {ready, stop_wait, coord_task, failed}
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
         if coord_task in done:
             coord_task.result()
             raise errors.HeadraceError("the coordinator stopped unexpectedly")
+        if failed.done():
+            ready.cancel()
+            raise errors.HeadraceError(failed.result().describe())
         if ready in done:
             ready.result()
+            started.set()
             if announce:
                 print(
                     f"headrace standalone ready metastore={cfg.metastore_url} "
@@ -307,6 +402,24 @@ async def run_standalone(
         stop.set()
         await asyncio.gather(*(p.stop() for p in procs), return_exceptions=True)
         await asyncio.gather(*supervisors, return_exceptions=True)
-        with contextlib.suppress(asyncio.CancelledError, errors.HeadraceError):
-            await asyncio.wait_for(coord_task, 10)
+        if coord_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, errors.HeadraceError):
+                await asyncio.wait_for(coord_task, 10)
         await store.close()
+
+
+def prepare_data_dir(cfg: StandaloneConfig) -> None:
+    """Create the data directory (and ``wal/``, ``logs/``) and check it is
+    writable; InvalidArgument naming the directory and the reason if not."""
+    dirs = [cfg.data_dir, cfg.log_dir] + ([cfg.wal_dir] if cfg.wal == "local" else [])
+    probe = cfg.data_dir / f".headrace-write-check-{os.getpid()}"
+    try:
+        for path in dirs:
+            path.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise errors.InvalidArgument(
+            f"--data-dir {cfg.data_dir}: cannot write there "
+            f"({exc.strerror or exc}{': ' + exc.filename if exc.filename else ''})"
+        ) from None

@@ -20,7 +20,7 @@ import pytest
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo
 from headrace.coordinator import state
-from headrace.coordinator.control import ClusterAdmin
+from headrace.coordinator.control import ClusterAdmin, ControlKeys
 from headrace.coordinator.coordinator import Coordinator, CoordinatorConfig
 from headrace.coordinator.snapshot import ClusterSnapshot, wait_for
 from headrace.coordinator.status import layout_summary
@@ -345,6 +345,27 @@ async def test_graceful_move_request(store: Metastore, monitor: TermMonitor) -> 
     ]
     unassigning = monitor.history[name][-4]
     assert unassigning.target == target
+
+
+async def test_move_to_the_current_owner_answers_at_once(
+    store: Metastore, monitor: TermMonitor
+) -> None:
+    async with (
+        sim_nodes(store, "node-a", "node-b"),
+        running(Coordinator(store, CLUSTER, fast_config())),
+    ):
+        before = await wait_for(store, CLUSTER, all_assigned(), 15)
+        name = PCHANNELS[0]
+        owner = before.assignments[name].node
+        submitted = await ClusterAdmin(store, CLUSTER).request_move(name, owner)
+        assert not submitted.requested
+        assert submitted.record == before.assignments[name]
+        # Nothing was written: no request key, no new term.
+        assert await store.get(ControlKeys(KEYS).move(name)) is None
+        other = "node-b" if owner == "node-a" else "node-a"
+        moving = await ClusterAdmin(store, CLUSTER).request_move(name, other)
+        assert moving.requested and moving.record == before.assignments[name]
+        assert await store.get(ControlKeys(KEYS).move(name)) is not None
 
 
 async def test_requested_move_is_kept_and_balance_is_restored_with_others(

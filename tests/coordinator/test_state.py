@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, NodeInfo
 from headrace.coordinator import state
-from headrace.coordinator.control import NodeControl
+from headrace.coordinator.control import MoveProgress, NodeControl, move_progress
 from headrace.coordinator.reconcile import Decision, LiveNode, Policy, View, reconcile
 from headrace.coordinator.status import layout_summary
 
@@ -313,3 +313,28 @@ def test_layout_summary() -> None:
     assert healthy.ready and healthy.balanced
     lopsided = [rec(f"p{i}", S.ASSIGNED, 1, "a") for i in range(3)]
     assert not layout_summary(lopsided, nodes).balanced
+
+
+def test_move_progress() -> None:
+    """Where a requested move stands, from the record and whether the request is pending."""
+    P = MoveProgress
+    on_a = rec("p0", S.ASSIGNED, 3, "a")
+    # Pending: under way until the target holds it under a newer term.
+    assert move_progress(on_a, True, "b", 3) is P.UNDER_WAY
+    assert move_progress(None, True, "b", 0) is P.UNDER_WAY
+    assert move_progress(rec("p0", S.ASSIGNED, 4, "b"), True, "b", 3) is P.DONE
+    # The leader consumed the request and started the move: still under way.
+    leaving = rec("p0", S.UNASSIGNING, 3, "a", "b")
+    assert move_progress(leaving, False, "b", 3) is P.UNDER_WAY
+    released = rec("p0", S.UNASSIGNED, 3, "a", "b")
+    assert move_progress(released, False, "b", 3) is P.UNDER_WAY
+    assert move_progress(rec("p0", S.ASSIGNING, 4, "b"), False, "b", 3) is P.UNDER_WAY
+    assert move_progress(rec("p0", S.ASSIGNED, 4, "b"), False, "b", 3) is P.DONE
+    # Already there when the request was consumed: done, no new term needed.
+    assert move_progress(rec("p0", S.ASSIGNED, 3, "b"), False, "b", 3) is P.DONE
+    # Consumed while the pchannel stays put or goes elsewhere: dropped.
+    assert move_progress(on_a, False, "b", 3) is P.DROPPED
+    assert move_progress(rec("p0", S.ASSIGNING, 4, "c"), False, "b", 3) is P.DROPPED
+    elsewhere = rec("p0", S.UNASSIGNING, 3, "a", "c")
+    assert move_progress(elsewhere, False, "b", 3) is P.DROPPED
+    assert move_progress(None, False, "b", 0) is P.DROPPED
