@@ -245,7 +245,7 @@ def test_cli_bad_input_is_a_clear_error(standalone: Standalone) -> None:
         str(9 * 1024 * 1024),
         "--json",
     )
-    assert out.returncode == 1
+    assert out.returncode == 2  # a message refused as too large is bad input
     assert json.loads(out.stdout)["failed"] == 1
     assert "TOO_LARGE" in out.stdout
 
