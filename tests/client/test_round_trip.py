@@ -152,7 +152,8 @@ async def test_wait_ready_and_status(served: Cluster, client: HeadraceClient) ->
 
 
 async def test_unreachable_metastore_is_unavailable(tmp_path: object) -> None:
-    with pytest.raises(errors.Unavailable):
+    # A client only opens: a missing SQLite file is NotFound (nothing is created).
+    with pytest.raises(errors.NotFound):
         await HeadraceClient("sqlite:///proc/no/such/dir/meta.db").connect()
     with pytest.raises(errors.Unavailable):
         await HeadraceClient("etcd://127.0.0.1:1").connect()

@@ -34,8 +34,11 @@ async def test_sync_client_produces_and_consumes(served: Cluster) -> None:
 
 
 async def test_sync_client_reports_an_unreachable_metastore() -> None:
-    def connect() -> None:
-        SyncClient("sqlite:///proc/no/such/dir/meta.db")
+    def connect(url: str) -> None:
+        SyncClient(url)
 
     with pytest.raises(errors.Unavailable):
-        await asyncio.to_thread(connect)
+        await asyncio.to_thread(connect, "etcd://127.0.0.1:1")
+    # A client only opens: a missing SQLite file is NotFound (nothing is created).
+    with pytest.raises(errors.NotFound):
+        await asyncio.to_thread(connect, "sqlite:///proc/no/such/dir/meta.db")
