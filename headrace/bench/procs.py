@@ -24,6 +24,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import os
 import random
 import signal
 import time
@@ -218,6 +219,7 @@ class NodeProc:
                 stdout=log_file,
                 stderr=log_file,
                 start_new_session=True,
+                env=standalone.node_environment(os.environ),
             )
         self.paused = False
         self.starts += 1

@@ -162,8 +162,11 @@ async def standalone_mod_run(cfg: standalone_mod.StandaloneConfig, stop: asyncio
 
 
 async def _start_standalone_process(data_dir: Path) -> tuple[asyncio.subprocess.Process, str]:
+    # -P and the package root on PYTHONPATH, as for the standalone's nodes: a
+    # headrace/ folder in the working directory cannot shadow the package.
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
+        "-P",
         "-m",
         "headrace.cli",
         "standalone",
@@ -174,6 +177,7 @@ async def _start_standalone_process(data_dir: Path) -> tuple[asyncio.subprocess.
         "--pchannels",
         "4",
         stdout=asyncio.subprocess.PIPE,
+        env=standalone_mod.node_environment(os.environ),
     )
     assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), 120)

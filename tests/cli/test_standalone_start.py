@@ -46,6 +46,34 @@ def test_a_headrace_folder_in_the_working_directory_does_not_shadow_the_nodes(
     assert running.interrupt() == 0
 
 
+def test_demo_from_a_shadowing_working_directory(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "headrace").mkdir(parents=True)
+    (work / "headrace" / "__init__.py").write_text(
+        'raise SystemExit("a shadowing headrace package was imported")\n'
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "headrace.cli",
+            "demo",
+            "--count",
+            "40",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    assert "demo: PASSED" in out.stdout
+
+
 def test_a_node_failing_at_start_up_is_reported_at_once(
     tmp_path: Path, cleanup: list[Standalone]
 ) -> None:
