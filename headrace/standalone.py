@@ -190,7 +190,7 @@ def log_tail(path: Path, start: int, lines: int = LOG_TAIL_LINES) -> tuple[str, 
     except OSError as exc:
         return (f"(cannot read the log: {exc})",)
     text = data.decode("utf-8", errors="replace").splitlines()
-    return tuple(line for line in text[-lines:])
+    return tuple(text[-lines:])
 
 
 class NodeProcess:
@@ -353,10 +353,10 @@ async def run_standalone(
         ),
     )
     procs = [NodeProcess(cfg, f"node-{i}") for i in range(cfg.nodes)]
-    started = asyncio.Event()
+    announced = asyncio.Event()
     failed: asyncio.Future[NodeExit] = asyncio.get_running_loop().create_future()
     supervisors = [
-        asyncio.create_task(p.supervise(stop, started, failed), name=p.node_id) for p in procs
+        asyncio.create_task(p.supervise(stop, announced, failed), name=p.node_id) for p in procs
     ]
     coord_task: asyncio.Task[None] | None = None
     try:
@@ -386,7 +386,7 @@ async def run_standalone(
             raise errors.HeadraceError(failed.result().describe())
         if ready in done:
             ready.result()
-            started.set()
+            announced.set()
             if announce:
                 print(
                     f"headrace standalone ready metastore={cfg.metastore_url} "
