@@ -1,0 +1,97 @@
+"""Whether a flush may commit: a pure decision on what the metastore holds.
+
+:func:`decide` looks at the pchannel's Assignment and its current checkpoint
+and says, with the reason, one of:
+
+* :class:`AlreadyCommitted`: the checkpoint was written by this very flush
+  (same WAL range, same position): a retry after a crash that hit after the
+  commit. Nothing is to be done, whatever the term is now.
+* :class:`Refused`: the commit can never succeed: the pchannel moved to another
+  term (FENCED, naming both terms) or another flush moved the checkpoint
+  (CONFLICT, naming both positions).
+* :class:`Proceed`: stage the table commits and try the transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from headrace import errors
+from headrace.cluster import Assignment
+from headrace.message import ids
+from headrace.table.records import OWNING_STATES, CheckpointRecord, FlushCommit
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Proceed:
+    node: str
+    """The owner named by the Assignment, recorded in segments and checkpoint."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AlreadyCommitted:
+    checkpoint: CheckpointRecord
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refused:
+    error: errors.HeadraceError
+
+
+Decision = Proceed | AlreadyCommitted | Refused
+
+
+def decide(
+    commit: FlushCommit, assignment: Assignment | None, checkpoint: CheckpointRecord | None
+) -> Decision:
+    if checkpoint is not None and _same_flush(commit, checkpoint):
+        return AlreadyCommitted(checkpoint)
+    owner = _owner(commit, assignment)
+    if isinstance(owner, errors.Fenced):
+        return Refused(owner)
+    current = "" if checkpoint is None else checkpoint.position
+    if not _same_position(current, commit.wal_range.start):
+        return Refused(
+            errors.Conflict(
+                f"{commit.pchannel}: the checkpoint is at {current or 'the beginning'} "
+                f"(written by the flush of ({checkpoint.flush_start if checkpoint else ''}, "
+                f"{checkpoint.flush_end if checkpoint else ''}] under term "
+                f"{checkpoint.term if checkpoint else 0}) but this flush starts at "
+                f"{commit.wal_range.start or 'the beginning'}: another flush committed first"
+            )
+        )
+    return Proceed(owner)
+
+
+def _same_flush(commit: FlushCommit, checkpoint: CheckpointRecord) -> bool:
+    return (
+        _same_position(checkpoint.flush_start, commit.wal_range.start)
+        and _same_position(checkpoint.flush_end, commit.wal_range.end)
+        and _same_position(checkpoint.position, commit.checkpoint.position)
+    )
+
+
+def _same_position(a: str, b: str) -> bool:
+    if not a or not b:
+        return a == b
+    return ids.parse(a) == ids.parse(b)
+
+
+def _owner(commit: FlushCommit, assignment: Assignment | None) -> str | errors.Fenced:
+    """The owning node if the pchannel is still under the launch term."""
+    if assignment is None:
+        return errors.Fenced(
+            f"{commit.pchannel}: flush launched under term {commit.launch_term} but the "
+            "pchannel has no assignment record",
+            term=commit.launch_term,
+        )
+    if assignment.term != commit.launch_term or assignment.state not in OWNING_STATES:
+        return errors.Fenced(
+            f"{commit.pchannel}: flush launched under term {commit.launch_term} but the "
+            f"pchannel is now under term {assignment.term} ({assignment.state.value}"
+            f"{' on ' + assignment.node if assignment.node else ''}); the new owner's "
+            "next flush covers this range",
+            term=commit.launch_term,
+            current_term=assignment.term,
+        )
+    return assignment.node
