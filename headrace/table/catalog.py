@@ -186,7 +186,7 @@ class TableCatalog:
             raise errors.InvalidArgument(f"invalid data file name {name!r}")
         table = self._load(collection)
         expected = table.schema()
-        given = self._iceberg_schema(collection, rows.schema, self._primary_key(table))
+        given = self._convert(rows.schema)
         if given.as_struct() != expected.as_struct():
             raise errors.InvalidArgument(
                 f"rows for {collection} do not match its schema: got {given}, expected {expected}"
@@ -207,13 +207,14 @@ class TableCatalog:
         UNAVAILABLE with the reason if it cannot."""
         with self._commit_lock:
             for attempt in range(1, self.config.commit_attempts + 1):
-                assignment_kv, checkpoint_kv = self._read_channel(commit.pchannel)
+                assignment_kv, checkpoint_kv, recorded = self._read_channel(commit)
                 assignment = None if assignment_kv is None else assignment_kv.value
                 checkpoint = None if checkpoint_kv is None else checkpoint_kv.value
                 decision = decide(
                     commit,
                     None if assignment is None else Assignment.from_json(assignment),
                     None if checkpoint is None else CheckpointRecord.from_json(checkpoint),
+                    recorded,
                 )
                 if isinstance(decision, AlreadyCommitted):
                     log.info("%s: flush %s already committed", commit.pchannel, commit.wal_range)
@@ -277,12 +278,19 @@ class TableCatalog:
             attempt,
         )
 
-    def _read_channel(self, pchannel: str) -> tuple[KeyValue | None, KeyValue | None]:
-        """The Assignment and checkpoint of ``pchannel``, read at one revision."""
+    def _read_channel(
+        self, commit: FlushCommit
+    ) -> tuple[KeyValue | None, KeyValue | None, list[int]]:
+        """The pchannel's Assignment and checkpoint, and which of the flush's
+        segments are already recorded, read at one revision."""
+        pchannel = commit.pchannel
         keys = [self.keys.pchannel(pchannel), self.keys.checkpoint(pchannel)]
-        result = self._store.txn([], [Get(key) for key in keys])
-        assignment, checkpoint = (found[0] if found else None for found in result.gets)
-        return assignment, checkpoint
+        segments = [s.segment_id for table in commit.tables for s in table.segments]
+        gets = [Get(key) for key in [*keys, *segment_keys(self.keys, commit)]]
+        found = self._store.txn([], gets).gets
+        assignment, checkpoint = (kvs[0] if kvs else None for kvs in found[:2])
+        recorded = [segment for segment, kvs in zip(segments, found[2:], strict=True) if kvs]
+        return assignment, checkpoint, recorded
 
     def _stage(self, commit: FlushCommit) -> list[StagedPointer] | None:
         """Write each table's new metadata; None if a table moved while staging."""
@@ -373,9 +381,16 @@ class TableCatalog:
                 f"collection {collection}: primary key {primary_key!r} must be a non-nullable "
                 f"int64 or string field, got {field.type}{' (nullable)' if field.nullable else ''}"
             )
-        converted = assign_fresh_schema_ids(self._iceberg._convert_schema_if_needed(arrow_schema))
+        converted = self._convert(arrow_schema)
         identifier = converted.find_field(primary_key).field_id
         return Schema(*converted.fields, identifier_field_ids=[identifier])
+
+    def _convert(self, arrow_schema: pa.Schema) -> Schema:
+        """The Iceberg schema of ``arrow_schema``, with ids numbered from 1 in order."""
+        try:
+            return assign_fresh_schema_ids(self._iceberg._convert_schema_if_needed(arrow_schema))
+        except (ValueError, TypeError) as exc:
+            raise errors.InvalidArgument(f"no Iceberg type for {arrow_schema}: {exc}") from None
 
     def _storage(self, doing: str, action: Callable[[], T]) -> T:
         """Run a storage action; its OSError as a Headrace error."""

@@ -7,14 +7,15 @@ and says, with the reason, one of:
   (same WAL range, same position): a retry after a crash that hit after the
   commit. Nothing is to be done, whatever the term is now.
 * :class:`Refused`: the commit can never succeed: the pchannel moved to another
-  term (FENCED, naming both terms) or another flush moved the checkpoint
-  (CONFLICT, naming both positions).
+  term (FENCED, naming both terms), another flush moved the checkpoint
+  (CONFLICT, naming both positions) or recorded one of its segments (CONFLICT).
 * :class:`Proceed`: stage the table commits and try the transaction.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 from headrace import errors
 from headrace.cluster import Assignment
@@ -42,8 +43,12 @@ Decision = Proceed | AlreadyCommitted | Refused
 
 
 def decide(
-    commit: FlushCommit, assignment: Assignment | None, checkpoint: CheckpointRecord | None
+    commit: FlushCommit,
+    assignment: Assignment | None,
+    checkpoint: CheckpointRecord | None,
+    recorded_segments: Collection[int] = (),
 ) -> Decision:
+    """``recorded_segments``: ids of this flush's segments that already have a record."""
     if checkpoint is not None and _same_flush(commit, checkpoint):
         return AlreadyCommitted(checkpoint)
     owner = _owner(commit, assignment)
@@ -58,6 +63,13 @@ def decide(
                 f"{checkpoint.flush_end if checkpoint else ''}] under term "
                 f"{checkpoint.term if checkpoint else 0}) but this flush starts at "
                 f"{commit.wal_range.start or 'the beginning'}: another flush committed first"
+            )
+        )
+    if recorded_segments:
+        return Refused(
+            errors.Conflict(
+                f"{commit.pchannel}: segments {sorted(recorded_segments)} are already recorded "
+                "by an earlier flush; a segment is flushed once"
             )
         )
     return Proceed(owner)
