@@ -171,6 +171,10 @@ class TableCatalog:
     def collections(self) -> list[str]:
         return [name for _, name in self._iceberg.list_tables(self.keys.cluster)]
 
+    def iceberg_table(self, collection: str) -> Table:
+        """The collection's pyiceberg ``Table`` as of now (for readers and tools)."""
+        return self._load(collection)
+
     def scan(self, collection: str) -> pa.Table:
         """The committed rows (pyiceberg's own reader; tests use DuckDB as well)."""
         table = self._load(collection)

@@ -219,3 +219,16 @@ def test_object_store_lost_before_the_commit_leaves_the_checkpoint(tmp_path: Pat
                 catalog.commit_flush(commit_of(TableChanges("orders", (path,))))
             assert caught.value.retryable
             assert bed.get(bed.keys.checkpoint(P)) is None
+
+
+def test_a_closed_catalog_says_so(local_bed: Bed) -> None:
+    catalog = local_bed.open()
+    catalog.close()
+    with pytest.raises(errors.Closed):
+        catalog.collections()
+
+
+def test_unreachable_metastore_is_unavailable(tmp_path: Path) -> None:
+    config = CatalogConfig(f"etcd://127.0.0.1:{free_port()}", str(tmp_path / "wh"))
+    with pytest.raises(errors.Unavailable):
+        TableCatalog.open(config)
