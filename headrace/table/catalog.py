@@ -95,6 +95,31 @@ class TableInfo:
     arrow_schema: pa.Schema
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChannelView:
+    """What a commit attempt read of its pchannel (one revision)."""
+
+    assignment_kv: KeyValue | None
+    checkpoint_kv: KeyValue | None
+    recorded_segments: tuple[int, ...]
+
+    def assignment(self) -> Assignment | None:
+        kv = self.assignment_kv
+        return None if kv is None else Assignment.from_json(kv.value)
+
+    def checkpoint(self) -> CheckpointRecord | None:
+        kv = self.checkpoint_kv
+        return None if kv is None else CheckpointRecord.from_json(kv.value)
+
+    @property
+    def assignment_revision(self) -> int:
+        return 0 if self.assignment_kv is None else self.assignment_kv.mod_revision
+
+    @property
+    def checkpoint_revision(self) -> int:
+        return 0 if self.checkpoint_kv is None else self.checkpoint_kv.mod_revision
+
+
 class TableCatalog:
     """Blocking catalog of a cluster's collection tables; close it when done."""
 
@@ -211,21 +236,16 @@ class TableCatalog:
         UNAVAILABLE with the reason if it cannot."""
         with self._commit_lock:
             for attempt in range(1, self.config.commit_attempts + 1):
-                assignment_kv, checkpoint_kv, recorded = self._read_channel(commit)
-                assignment = None if assignment_kv is None else assignment_kv.value
-                checkpoint = None if checkpoint_kv is None else checkpoint_kv.value
+                view = self._read_channel(commit)
                 decision = decide(
-                    commit,
-                    None if assignment is None else Assignment.from_json(assignment),
-                    None if checkpoint is None else CheckpointRecord.from_json(checkpoint),
-                    recorded,
+                    commit, view.assignment(), view.checkpoint(), view.recorded_segments
                 )
                 if isinstance(decision, AlreadyCommitted):
                     log.info("%s: flush %s already committed", commit.pchannel, commit.wal_range)
                     return FlushResult(Outcome.ALREADY_COMMITTED, decision.checkpoint, {}, attempt)
                 if isinstance(decision, Refused):
                     raise decision.error
-                result = self._try_commit(commit, decision, assignment_kv, checkpoint_kv, attempt)
+                result = self._try_commit(commit, decision, view, attempt)
                 if result is not None:
                     return result
                 log.info("%s: commit attempt %d raced; staging again", commit.pchannel, attempt)
@@ -239,8 +259,7 @@ class TableCatalog:
         self,
         commit: FlushCommit,
         decision: Proceed,
-        assignment_kv: KeyValue | None,
-        checkpoint_kv: KeyValue | None,
+        view: ChannelView,
         attempt: int,
     ) -> FlushResult | None:
         """One staged transaction; None if something moved meanwhile."""
@@ -256,15 +275,10 @@ class TableCatalog:
             flush_start=commit.wal_range.start,
             flush_end=commit.wal_range.end,
         )
+        pchannel = commit.pchannel
         compares = [
-            Compare.mod_revision_is(
-                self.keys.pchannel(commit.pchannel),
-                0 if assignment_kv is None else assignment_kv.mod_revision,
-            ),
-            Compare.mod_revision_is(
-                self.keys.checkpoint(commit.pchannel),
-                0 if checkpoint_kv is None else checkpoint_kv.mod_revision,
-            ),
+            Compare.mod_revision_is(self.keys.pchannel(pchannel), view.assignment_revision),
+            Compare.mod_revision_is(self.keys.checkpoint(pchannel), view.checkpoint_revision),
             *(pointer.compare() for pointer in staged),
             *(Compare.absent(key) for key in segment_keys(self.keys, commit)),
         ]
@@ -282,9 +296,7 @@ class TableCatalog:
             attempt,
         )
 
-    def _read_channel(
-        self, commit: FlushCommit
-    ) -> tuple[KeyValue | None, KeyValue | None, list[int]]:
+    def _read_channel(self, commit: FlushCommit) -> ChannelView:
         """The pchannel's Assignment and checkpoint, and which of the flush's
         segments are already recorded, read at one revision."""
         pchannel = commit.pchannel
@@ -293,8 +305,8 @@ class TableCatalog:
         gets = [Get(key) for key in [*keys, *segment_keys(self.keys, commit)]]
         found = self._store.txn([], gets).gets
         assignment, checkpoint = (kvs[0] if kvs else None for kvs in found[:2])
-        recorded = [segment for segment, kvs in zip(segments, found[2:], strict=True) if kvs]
-        return assignment, checkpoint, recorded
+        recorded = tuple(segment for segment, kvs in zip(segments, found[2:], strict=True) if kvs)
+        return ChannelView(assignment, checkpoint, recorded)
 
     def _stage(self, commit: FlushCommit) -> list[StagedPointer] | None:
         """Write each table's new metadata; None if a table moved while staging."""

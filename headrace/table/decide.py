@@ -56,15 +56,7 @@ def decide(
         return Refused(owner)
     current = "" if checkpoint is None else checkpoint.position
     if not _same_position(current, commit.wal_range.start):
-        return Refused(
-            errors.Conflict(
-                f"{commit.pchannel}: the checkpoint is at {current or 'the beginning'} "
-                f"(written by the flush of ({checkpoint.flush_start if checkpoint else ''}, "
-                f"{checkpoint.flush_end if checkpoint else ''}] under term "
-                f"{checkpoint.term if checkpoint else 0}) but this flush starts at "
-                f"{commit.wal_range.start or 'the beginning'}: another flush committed first"
-            )
-        )
+        return Refused(errors.Conflict(_moved(commit, checkpoint)))
     if recorded_segments:
         return Refused(
             errors.Conflict(
@@ -73,6 +65,30 @@ def decide(
             )
         )
     return Proceed(owner)
+
+
+def _moved(commit: FlushCommit, checkpoint: CheckpointRecord | None) -> str:
+    """Why a flush that does not start at the checkpoint cannot commit."""
+    start = commit.wal_range.start or "the beginning"
+    if checkpoint is None:
+        return (
+            f"{commit.pchannel}: no checkpoint yet but this flush starts at {start}: "
+            "it must start at the beginning"
+        )
+    written = (
+        f"(written by the flush of ({checkpoint.flush_start or 'beginning'}, "
+        f"{checkpoint.flush_end}] under term {checkpoint.term})"
+    )
+    if not ids.parse(checkpoint.position) < ids.parse(commit.wal_range.end):
+        return (
+            f"{commit.pchannel}: the checkpoint is at {checkpoint.position} {written}, "
+            f"which already covers this flush's range ({start}, {commit.wal_range.end}]: "
+            "another flush committed it first; nothing to commit"
+        )
+    return (
+        f"{commit.pchannel}: the checkpoint is at {checkpoint.position} {written} but this "
+        f"flush starts at {start}: another flush committed first"
+    )
 
 
 def _same_flush(commit: FlushCommit, checkpoint: CheckpointRecord) -> bool:

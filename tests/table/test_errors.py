@@ -175,6 +175,27 @@ def test_decide_says_already_committed_even_after_the_term_moved() -> None:
     assert isinstance(decide(commit, None, None), Refused)
 
 
+@pytest.mark.parametrize(
+    ("position", "start", "end", "message"),
+    [
+        (None, "local:5", "local:10", "no checkpoint yet"),
+        ("local:12", "", "local:10", "already covers this flush's range"),
+        ("local:7", "local:5", "local:10", "another flush committed first"),
+    ],
+)
+def test_decide_explains_a_moved_checkpoint(
+    position: str | None, start: str, end: str, message: str
+) -> None:
+    commit = FlushCommit(P, 3, WalRange(start, end), Checkpoint(end), ())
+    owner = Assignment(pchannel=P, state=AssignmentState.ASSIGNED, term=3, node="n3")
+    checkpoint = None if position is None else CheckpointRecord(
+        pchannel=P, position=position, term=3, flush_end=position
+    )
+    refused = decide(commit, owner, checkpoint)
+    assert isinstance(refused, Refused) and isinstance(refused.error, errors.Conflict)
+    assert message in str(refused.error)
+
+
 # -- an object store that does not answer -----------------------------------------
 
 
