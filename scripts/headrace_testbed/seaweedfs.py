@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -85,6 +86,7 @@ class SeaweedServer:
     credentials: Credentials
     data_dir: Path
     log_path: Path
+    ports: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def endpoint(self) -> str:
@@ -99,6 +101,11 @@ class SeaweedServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(STOP_TIMEOUT_S)
+        for port in self.ports.values():
+            # weed's in-process gRPC sockets, /tmp/seaweedfs-<server>-grpc-<port>.sock,
+            # have no flag to move them; the ports are this server's own.
+            for leftover in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+                leftover.unlink(missing_ok=True)
 
     def log_tail(self, limit: int = 4000) -> str:
         try:
@@ -154,6 +161,7 @@ def mini_command(
         "-webdav=false",
         "-admin.ui=false",
         f"-filer.localSocket={data_dir / 'filer.sock'}",
+        f"-s3.localSocket={data_dir / 's3.sock'}",
         f"-bucket={bucket}",
     ]
 
@@ -225,7 +233,9 @@ def _launch(
             env=env,
             cwd=data_dir,
         )
-    return SeaweedServer(process, ports["s3.port"], bucket, credentials, data_dir, log_path)
+    return SeaweedServer(
+        process, ports["s3.port"], bucket, credentials, data_dir, log_path, ports
+    )
 
 
 def start_seaweedfs(
