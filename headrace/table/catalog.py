@@ -48,6 +48,7 @@ from headrace.table.records import (
     SegmentRecord,
     TableChanges,
     segment_keys,
+    table_key,
 )
 from headrace.table.storage import ObjectStoreOptions, Warehouse
 
@@ -102,6 +103,13 @@ class ChannelView:
     assignment_kv: KeyValue | None
     checkpoint_kv: KeyValue | None
     recorded_segments: tuple[int, ...]
+    table_revisions: dict[str, int]
+    """Table key -> ``mod_revision`` of its pointer (0: no table)."""
+
+    def staged_on_current(self, staged: Sequence[StagedPointer]) -> bool:
+        """Whether every staged commit was staged on the pointer read now, so
+        the staged metadata can be committed without staging again."""
+        return all(self.table_revisions.get(p.key) == p.base_revision for p in staged)
 
     def assignment(self) -> Assignment | None:
         kv = self.assignment_kv
@@ -234,6 +242,7 @@ class TableCatalog:
     def commit_flush(self, commit: FlushCommit) -> FlushResult:
         """Commit a flush (see the module docstring); FENCED, CONFLICT or
         UNAVAILABLE with the reason if it cannot."""
+        staged: list[StagedPointer] | None = None
         with self._commit_lock:
             for attempt in range(1, self.config.commit_attempts + 1):
                 view = self._read_channel(commit)
@@ -245,10 +254,14 @@ class TableCatalog:
                     return FlushResult(Outcome.ALREADY_COMMITTED, decision.checkpoint, {}, attempt)
                 if isinstance(decision, Refused):
                     raise decision.error
-                result = self._try_commit(commit, decision, view, attempt)
+                if staged is None or not view.staged_on_current(staged):
+                    staged = self._stage(commit)
+                if staged is None:
+                    continue  # a table moved while staging
+                result = self._try_commit(commit, decision, view, staged, attempt)
                 if result is not None:
                     return result
-                log.info("%s: commit attempt %d raced; staging again", commit.pchannel, attempt)
+                log.info("%s: commit attempt %d raced; trying again", commit.pchannel, attempt)
         raise errors.Conflict(
             f"{commit.pchannel}: the commit of {commit.wal_range} kept racing with other "
             f"commits of its tables ({self.config.commit_attempts} attempts); try again",
@@ -260,12 +273,10 @@ class TableCatalog:
         commit: FlushCommit,
         decision: Proceed,
         view: ChannelView,
+        staged: Sequence[StagedPointer],
         attempt: int,
     ) -> FlushResult | None:
-        """One staged transaction; None if something moved meanwhile."""
-        staged = self._stage(commit)
-        if staged is None:
-            return None
+        """One transaction; None if something moved meanwhile."""
         checkpoint = CheckpointRecord(
             pchannel=commit.pchannel,
             position=commit.checkpoint.position,
@@ -297,16 +308,27 @@ class TableCatalog:
         )
 
     def _read_channel(self, commit: FlushCommit) -> ChannelView:
-        """The pchannel's Assignment and checkpoint, and which of the flush's
-        segments are already recorded, read at one revision."""
+        """The pchannel's Assignment and checkpoint, which of the flush's
+        segments are already recorded and its tables' pointers, at one revision."""
         pchannel = commit.pchannel
-        keys = [self.keys.pchannel(pchannel), self.keys.checkpoint(pchannel)]
         segments = [s.segment_id for table in commit.tables for s in table.segments]
-        gets = [Get(key) for key in [*keys, *segment_keys(self.keys, commit)]]
-        found = self._store.txn([], gets).gets
-        assignment, checkpoint = (kvs[0] if kvs else None for kvs in found[:2])
-        recorded = tuple(segment for segment, kvs in zip(segments, found[2:], strict=True) if kvs)
-        return ChannelView(assignment, checkpoint, recorded)
+        tables = [table_key(self.keys, table.collection) for table in commit.tables]
+        keys = [
+            self.keys.pchannel(pchannel),
+            self.keys.checkpoint(pchannel),
+            *segment_keys(self.keys, commit),
+            *tables,
+        ]
+        gets: list[Op] = [Get(key) for key in keys]
+        found = [kvs[0] if kvs else None for kvs in self._store.txn([], gets).gets]
+        assignment, checkpoint = found[:2]
+        segment_kvs, table_kvs = found[2 : 2 + len(segments)], found[2 + len(segments) :]
+        recorded = tuple(s for s, kv in zip(segments, segment_kvs, strict=True) if kv is not None)
+        revisions = {
+            key: 0 if kv is None else kv.mod_revision
+            for key, kv in zip(tables, table_kvs, strict=True)
+        }
+        return ChannelView(assignment, checkpoint, recorded, revisions)
 
     def _stage(self, commit: FlushCommit) -> list[StagedPointer] | None:
         """Write each table's new metadata; None if a table moved while staging."""

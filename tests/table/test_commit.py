@@ -286,3 +286,31 @@ def test_a_segment_recorded_by_an_earlier_flush_is_refused(bed: Bed) -> None:
             catalog.commit_flush(again)
         location = catalog.table("orders").metadata_location
     assert bed.duckdb_rows(location) == expected([1])
+
+
+def test_a_same_term_state_change_is_retried_without_staging_again(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ASSIGNED -> UNASSIGNING under the same term moves the Assignment's
+    revision: the transaction is tried again with the metadata already staged
+    (a delete's rewrite is not done twice)."""
+    bed.assign(P, term=3)
+    with bed.open() as catalog:
+        catalog.create_table("orders", SCHEMA, "pk")
+        catalog.commit_flush(flush(catalog, 3, None, 10, [1, 2, 3]))
+        commit = flush(catalog, 3, 10, 20, [4], deletes=(2,), segment_id=2)
+        stagings: list[int] = []
+        real_stage = catalog._stage
+
+        def counting_stage(c: FlushCommit) -> object:
+            stagings.append(1)
+            return real_stage(c)
+
+        monkeypatch.setattr(catalog, "_stage", counting_stage)
+        _before_the_commit_txn(
+            monkeypatch, catalog,
+            lambda: bed.assign(P, term=3, state=AssignmentState.UNASSIGNING),
+        )
+        result = catalog.commit_flush(commit)
+        assert (result.outcome, result.attempts, len(stagings)) == (Outcome.COMMITTED, 2, 1)
+    assert bed.duckdb_rows(result.metadata_locations["orders"]) == expected([1, 3, 4])
