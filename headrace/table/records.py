@@ -33,9 +33,10 @@ OWNING_STATES = frozenset(
 same set as ``headrace.coordinator.state.ACTIVE_STATES``, which this layer
 cannot import)."""
 
-MAX_SEGMENTS_PER_COMMIT = 100
-"""etcd refuses a transaction of more than 128 operations (``--max-txn-ops``);
-a commit writes one per segment plus a few."""
+MAX_KEYS_PER_COMMIT = 120
+"""Segments plus tables in one commit. etcd refuses a transaction with more
+than 128 compares or operations (``--max-txn-ops``); a commit has one of each
+per segment and per table, plus two for the Assignment and the checkpoint."""
 
 PrimaryKey = int | str
 
@@ -158,10 +159,11 @@ class FlushCommit:
         segments = [s.segment_id for t in self.tables for s in t.segments]
         if len(set(segments)) != len(segments):
             raise errors.InvalidArgument(f"a segment id appears twice in one flush: {segments}")
-        if len(segments) > MAX_SEGMENTS_PER_COMMIT:
+        if len(segments) + len(names) > MAX_KEYS_PER_COMMIT:
             raise errors.InvalidArgument(
-                f"{len(segments)} segments in one commit; at most {MAX_SEGMENTS_PER_COMMIT} "
-                "(split the flush into commits of consecutive WAL ranges)"
+                f"{len(segments)} segments and {len(names)} tables in one commit; at most "
+                f"{MAX_KEYS_PER_COMMIT} together (split the flush into commits of "
+                "consecutive WAL ranges)"
             )
 
     def summary(self) -> dict[str, str]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from pyiceberg.manifest import ManifestContent
@@ -17,6 +19,7 @@ from headrace.cluster import AssignmentState
 from headrace.coordinator.checkpoint import ChannelCheckpoint, RecoveryPoint, load_recovery
 from headrace.metastore.factory import open_metastore
 from headrace.table import (
+    CatalogConfig,
     Checkpoint,
     FlushCommit,
     Outcome,
@@ -25,7 +28,7 @@ from headrace.table import (
     TableChanges,
     WalRange,
 )
-from headrace.table.records import table_key
+from headrace.table.records import MAX_KEYS_PER_COMMIT, table_key
 from headrace.table.storage import Warehouse
 
 from .conftest import SCHEMA, Bed, expected, rows
@@ -314,3 +317,20 @@ def test_a_same_term_state_change_is_retried_without_staging_again(
         result = catalog.commit_flush(commit)
         assert (result.outcome, result.attempts, len(stagings)) == (Outcome.COMMITTED, 2, 1)
     assert bed.duckdb_rows(result.metadata_locations["orders"]) == expected([1, 3, 4])
+
+
+def test_the_largest_commit_fits_one_transaction(metastore_url: str, tmp_path: Path) -> None:
+    """119 segments and one table: etcd's default --max-txn-ops (128) holds it."""
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    bed = Bed(CatalogConfig(metastore_url, str(tmp_path / "wh"), cluster=cluster), None)
+    bed.assign(P, term=3)
+    segments = tuple(segment(i, i, i + 1, 1) for i in range(MAX_KEYS_PER_COMMIT - 1))
+    with bed.open() as catalog:
+        catalog.create_table("orders", SCHEMA, "pk")
+        path = catalog.write_data_file("orders", rows([1]), "f")
+        result = catalog.commit_flush(
+            FlushCommit(P, 3, WalRange("", "local:200"), Checkpoint("local:200"),
+                        (TableChanges("orders", (path,), (), segments),))
+        )
+        assert result.outcome is Outcome.COMMITTED
+    assert len(bed.get_prefix(f"{bed.keys.root}/segments/")) == MAX_KEYS_PER_COMMIT - 1

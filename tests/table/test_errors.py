@@ -144,10 +144,10 @@ def test_missing_data_file_or_wrong_delete_type_changes_nothing(local_bed: Bed) 
             lambda: commit_of(
                 TableChanges("a", segments=tuple(
                     SegmentRecord(segment_id=i, vchannel="v", start="local:0", end="local:1")
-                    for i in range(101)
+                    for i in range(120)
                 )),
             ),
-            "at most 100",
+            "at most 120 together",
         ),
     ],
 )
