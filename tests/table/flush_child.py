@@ -1,8 +1,10 @@
 """A flush job that dies: run as ``python -m tests.table.flush_child CONFIG_JSON POINT``.
 
 It writes the data file of the flush of (beginning, local:10] with rows 1..4
-and then SIGKILLs itself at ``POINT``: ``after-files`` (before committing) or
-``after-commit`` (the commit went through, nobody heard of it).
+and then SIGKILLs itself at ``POINT``: ``after-files`` (before committing),
+``before-txn`` (the tables' new metadata files are written, the metastore
+transaction is not sent) or ``after-commit`` (the commit went through, nobody
+heard of it).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import signal
 import sys
+from typing import Any
 
 import headrace.wal.local.message_id  # noqa: F401 - registers local:<lsn> positions
 from headrace.table import (
@@ -57,13 +60,31 @@ def config_from_json(text: str) -> CatalogConfig:
     )
 
 
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_before_the_commit_txn(catalog: TableCatalog) -> None:
+    store = catalog._store
+    real_txn = store.txn
+
+    def txn(*args: Any, **kwargs: Any) -> Any:
+        if args[0]:  # the commit's transaction (it has compares)
+            die()
+        return real_txn(*args, **kwargs)
+
+    store.txn = txn  # type: ignore[method-assign]
+
+
 def main() -> None:
     config, point = config_from_json(sys.argv[1]), sys.argv[2]
     catalog = TableCatalog.open(config)
     commit = the_flush(catalog)
-    if point == "after-commit":
+    if point == "before-txn":
+        die_before_the_commit_txn(catalog)
+    if point in ("before-txn", "after-commit"):
         catalog.commit_flush(commit)
-    os.kill(os.getpid(), signal.SIGKILL)
+    die()
 
 
 if __name__ == "__main__":

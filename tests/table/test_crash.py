@@ -1,5 +1,6 @@
-"""A flush job SIGKILLed after writing its files, or right after its commit,
-then run again: the table holds each row exactly once."""
+"""A flush job SIGKILLed after writing its data files, after writing the
+tables' new metadata files, or right after its commit, then run again: the
+table holds each row exactly once."""
 
 from __future__ import annotations
 
@@ -28,7 +29,11 @@ def run_child(bed: Bed, point: str) -> None:
 
 @pytest.mark.parametrize(
     ("point", "outcome"),
-    [("after-files", Outcome.COMMITTED), ("after-commit", Outcome.ALREADY_COMMITTED)],
+    [
+        ("after-files", Outcome.COMMITTED),
+        ("before-txn", Outcome.COMMITTED),
+        ("after-commit", Outcome.ALREADY_COMMITTED),
+    ],
 )
 def test_flush_retried_after_a_crash_is_not_duplicated(
     bed: Bed, point: str, outcome: Outcome
@@ -36,8 +41,13 @@ def test_flush_retried_after_a_crash_is_not_duplicated(
     bed.assign("pchannel-000", term=3)
     with bed.open() as catalog:
         catalog.create_table("orders", SCHEMA, "pk")
+    with bed.open() as catalog:
+        before = catalog.table("orders").metadata_location
     run_child(bed, point)
     with bed.open() as catalog:
+        if point != "after-commit":
+            assert catalog.table("orders").metadata_location == before
+            assert bed.get(bed.keys.checkpoint("pchannel-000")) is None
         retried = catalog.commit_flush(the_flush(catalog))
         assert retried.outcome is outcome
         assert retried.checkpoint.position == "local:10"
