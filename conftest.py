@@ -4,4 +4,9 @@ Each plugin starts its server once per session, on first use, so a run that
 selects only some tests starts only the servers those tests need.
 """
 
-pytest_plugins = ["tests.fixtures_etcd", "tests.fixtures_brokers", "tests.fixtures_kube"]
+pytest_plugins = [
+    "tests.fixtures_etcd",
+    "tests.fixtures_brokers",
+    "tests.fixtures_kube",
+    "tests.fixtures_s3",
+]

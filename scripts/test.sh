@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=scripts/bootstrap.sh
-source scripts/bootstrap.sh "dev,kafka,pulsar,operator"
+source scripts/bootstrap.sh "dev,kafka,pulsar,operator,pipeline"
 
 echo "== ruff" && ruff check .
 echo "== import-linter" && lint-imports

@@ -1,0 +1,208 @@
+"""What a flush commit reads and writes in the metastore: keys and records.
+
+Keys (``<root>`` = ``/headrace/<cluster>``, see :class:`headrace.cluster.Keys`)::
+
+    <root>/pchannels/<pchannel>                   Assignment (read and compared, never written)
+    <root>/tables/<collection>                    TableRecord: the table's metadata pointer
+    <root>/segments/<pchannel>/<segment id:020d>  SegmentRecord
+    <root>/checkpoints/<pchannel>                 CheckpointRecord, written last
+
+The segment and checkpoint records are the ones
+:mod:`headrace.coordinator.checkpoint` reads (``SegmentMeta``,
+``ChannelCheckpoint``): same keys, same fields, plus the flush's own fields,
+which those models ignore.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Self
+
+import pydantic
+
+from headrace import errors
+from headrace.cluster import AssignmentState, Keys
+from headrace.message import ids
+from headrace.message.ids import MessageID
+
+OWNING_STATES = frozenset(
+    {AssignmentState.ASSIGNING, AssignmentState.ASSIGNED, AssignmentState.UNASSIGNING}
+)
+"""States in which an Assignment's node holds the pchannel under its term (the
+same set as ``headrace.coordinator.state.ACTIVE_STATES``, which this layer
+cannot import)."""
+
+MAX_KEYS_PER_COMMIT = 120
+"""Segments plus tables in one commit. etcd refuses a transaction with more
+than 128 compares or operations (``--max-txn-ops``); a commit has one of each
+per segment and per table, plus two for the Assignment and the checkpoint."""
+
+PrimaryKey = int | str
+
+
+class _Record(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(frozen=True, extra="ignore")
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Self:
+        try:
+            return cls.model_validate_json(data)
+        except pydantic.ValidationError as exc:
+            raise errors.CorruptData(f"malformed {cls.__name__} record: {exc}") from None
+
+
+class TableRecord(_Record):
+    """A collection's Iceberg table: where its current metadata file is."""
+
+    collection: str
+    primary_key: str
+    metadata_location: str
+    previous_metadata_location: str = ""
+
+
+class SegmentRecord(_Record):
+    """A flushed segment (``SegmentMeta`` of the coordinator plus ``collection``)."""
+
+    segment_id: int
+    vchannel: str
+    start: str
+    end: str
+    collection: str = ""
+    rows: int = 0
+    files: list[str] = pydantic.Field(default_factory=list)
+    pchannel: str = ""
+    node: str = ""
+    term: int = 0
+
+
+class CheckpointRecord(_Record):
+    """The pchannel's recovery checkpoint (``ChannelCheckpoint`` of the
+    coordinator) plus the WAL range of the flush that wrote it."""
+
+    pchannel: str
+    position: str
+    timetick: int = 0
+    node: str = ""
+    term: int = 0
+    flush_start: str = ""
+    flush_end: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WalRange:
+    """The WAL range a flush read: after ``start`` (the checkpoint it resumed
+    from; empty for the beginning of the log) up to ``end`` inclusive."""
+
+    start: str
+    end: str
+
+    def __post_init__(self) -> None:
+        end = _parse(self.end, "WAL range end")
+        if self.start and end < _parse(self.start, "WAL range start"):
+            raise errors.InvalidArgument(
+                f"WAL range ends ({self.end}) before it starts ({self.start})"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Where recovery of the pchannel starts once the flush is committed."""
+
+    position: str
+    timetick: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TableChanges:
+    """What one flush does to one collection's table.
+
+    ``deletes`` are primary keys removed from the rows committed *before* this
+    flush; the flush job has already dropped deleted rows from its own
+    ``data_files``. ``data_files`` are Parquet files written under the
+    warehouse (see :meth:`headrace.table.TableCatalog.write_data_file`).
+    """
+
+    collection: str
+    data_files: tuple[str, ...] = ()
+    deletes: tuple[PrimaryKey, ...] = ()
+    segments: tuple[SegmentRecord, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FlushCommit:
+    """One flush of a pchannel, launched under ``launch_term``."""
+
+    pchannel: str
+    launch_term: int
+    wal_range: WalRange
+    checkpoint: Checkpoint
+    tables: tuple[TableChanges, ...]
+
+    def __post_init__(self) -> None:
+        if self.launch_term < 1:
+            raise errors.InvalidArgument(f"a launch term is at least 1, got {self.launch_term}")
+        position = _parse(self.checkpoint.position, "checkpoint")
+        if position > _parse(self.wal_range.end, "WAL range end") or (
+            self.wal_range.start and not _parse(self.wal_range.start, "WAL range start") < position
+        ):
+            raise errors.InvalidArgument(
+                f"checkpoint {self.checkpoint.position} lies outside the flushed WAL range "
+                f"({self.wal_range.start or 'beginning'}, {self.wal_range.end}]"
+            )
+        names = [table.collection for table in self.tables]
+        if len(set(names)) != len(names):
+            raise errors.InvalidArgument(f"a collection appears twice in one flush: {names}")
+        segments = [s.segment_id for t in self.tables for s in t.segments]
+        if len(set(segments)) != len(segments):
+            raise errors.InvalidArgument(f"a segment id appears twice in one flush: {segments}")
+        if len(segments) + len(names) > MAX_KEYS_PER_COMMIT:
+            raise errors.InvalidArgument(
+                f"{len(segments)} segments and {len(names)} tables in one commit; at most "
+                f"{MAX_KEYS_PER_COMMIT} together (split the flush into commits of "
+                "consecutive WAL ranges)"
+            )
+
+    def summary(self) -> dict[str, str]:
+        """Properties of the Iceberg snapshots this flush creates."""
+        return {
+            "headrace.pchannel": self.pchannel,
+            "headrace.term": str(self.launch_term),
+            "headrace.wal-start": self.wal_range.start,
+            "headrace.wal-end": self.wal_range.end,
+            "headrace.checkpoint": self.checkpoint.position,
+            "headrace.checkpoint-timetick": str(self.checkpoint.timetick),
+        }
+
+
+def _parse(position: str, what: str) -> MessageID:
+    if not position:
+        raise errors.InvalidArgument(f"{what} is empty")
+    return ids.parse(position)
+
+
+def table_key(keys: Keys, collection: str) -> str:
+    if not collection or "/" in collection:
+        raise errors.InvalidArgument(f"invalid collection name {collection!r}")
+    return f"{keys.root}/tables/{collection}"
+
+
+def tables_prefix(keys: Keys) -> str:
+    return f"{keys.root}/tables/"
+
+
+def segment_key(keys: Keys, pchannel: str, segment_id: int) -> str:
+    if not 0 <= segment_id < 10**20:
+        raise errors.InvalidArgument(f"segment id out of range: {segment_id}")
+    return f"{keys.root}/segments/{pchannel}/{segment_id:020d}"
+
+
+def segment_keys(keys: Keys, commit: FlushCommit) -> Sequence[str]:
+    return [
+        segment_key(keys, commit.pchannel, segment.segment_id)
+        for table in commit.tables
+        for segment in table.segments
+    ]
