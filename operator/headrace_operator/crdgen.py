@@ -6,7 +6,7 @@ Kubernetes *structural* schema: ``$ref`` inlined, ``Optional`` unwrapped (an
 absent field stands for ``None``), titles and ``additionalProperties: false``
 dropped (unknown fields are pruned by the API server instead). The CEL rules and
 list-map markers the models carry pass through unchanged.
-``tests/operator/test_crd_drift.py`` fails when the files differ from a fresh
+``tests/headrace_operator/test_crd_drift.py`` fails when the files differ from a fresh
 generation.
 """
 

@@ -23,7 +23,7 @@ from headrace_operator.steps import Pass, run_pass
 from headrace_testbed import TestbedError
 from headrace_testbed.helm import Helm, ensure_helm
 from tests.fixtures_kube import KubeTestbed
-from tests.k8s_operator.op_harness import Bed, install_crds
+from tests.headrace_operator.op_harness import Bed, install_crds
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "headrace-operator"
 KUBE_VERSION = "1.34.4"

@@ -44,7 +44,7 @@ from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.probe import TcpProbe
 from headrace_operator.steps import Pass, run_pass
 from tests.fixtures_kube import KubeTestbed
-from tests.k8s_operator.fake_kube import FakeKube
+from tests.headrace_operator.fake_kube import FakeKube
 
 SC = (models.API_VERSION, "StreamingCluster")
 PCA = (models.API_VERSION, "PChannelAssignment")

@@ -13,7 +13,7 @@ import pytest
 
 from headrace.cluster import AssignmentState
 from headrace_operator import builders, models
-from tests.k8s_operator.op_harness import PCA, Bed, condition, is_ready
+from tests.headrace_operator.op_harness import PCA, Bed, condition, is_ready
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -19,7 +19,7 @@ import pytest
 from headrace_operator import models
 from headrace_operator.kube import KubernetesApi
 from tests.fixtures_kube import KubeTestbed
-from tests.k8s_operator.op_harness import condition, install_crds, is_ready
+from tests.headrace_operator.op_harness import condition, install_crds, is_ready
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
 OPERATOR_DIR = Path(__file__).resolve().parents[2] / "operator"
