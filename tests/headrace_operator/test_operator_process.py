@@ -16,6 +16,10 @@ from typing import Any
 
 import pytest
 
+from headrace.cluster import AssignmentState, Keys
+from headrace.coordinator import read_snapshot
+from headrace.coordinator.election import current_leader
+from headrace.metastore.factory import open_metastore
 from headrace_operator import models
 from headrace_operator.kube import KubernetesApi
 from tests.fixtures_kube import KubeTestbed
@@ -33,50 +37,83 @@ async def wait(check: Callable[[], Awaitable[bool]], what: str, limit: float = 1
         await asyncio.sleep(0.5)
 
 
-@pytest.fixture
-async def operator(
-    kube_cluster: KubeTestbed, tmp_path: Path
-) -> AsyncIterator[tuple[KubernetesApi, str]]:
-    api = KubernetesApi(kube_cluster.api_client())
-    await install_crds(api)
-    namespace = f"opp-{uuid.uuid4().hex[:8]}"
-    await api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OPERATOR_DIR), env.get("PYTHONPATH")]))
-    log = (tmp_path / "operator.log").open("wb")
-    process = subprocess.Popen(  # noqa: ASYNC220 - started once, outside the loop's hot path
-        [
-            sys.executable,
-            "-m",
-            "headrace_operator",
-            f"--kubeconfig={kube_cluster.kubeconfig}",
-            f"--namespace={namespace}",
-            "--resync-seconds=2",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield api, namespace
-    finally:
+class Operators:
+    """Starts ``python -m headrace_operator`` processes (each with its own
+    ``POD_NAME``, the replica's identity) watching one namespace."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, logs: Path) -> None:
+        self.kubeconfig, self.namespace, self.logs = kubeconfig, namespace, logs
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.codes: dict[str, int] = {}
+
+    def log(self, identity: str) -> Path:
+        return self.logs / f"{identity}.log"
+
+    def start(self, identity: str) -> None:
+        env = dict(os.environ)
+        extra = [str(OPERATOR_DIR), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in extra if p)
+        env["POD_NAME"] = identity
+        with self.log(identity).open("ab") as log:
+            self.running[identity] = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "headrace_operator",
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--namespace={self.namespace}",
+                    "--resync-seconds=2",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def stop(self, identity: str) -> int:
+        """SIGTERM (SIGKILL after 30 s); the exit code."""
+        process = self.running.pop(identity)
         process.send_signal(signal.SIGTERM)
         try:
             code = process.wait(30)
         except subprocess.TimeoutExpired:
             process.kill()
             code = process.wait(10)
-        log.close()
+        self.codes[identity] = code
+        return code
+
+
+@pytest.fixture
+async def operators(
+    kube_cluster: KubeTestbed, tmp_path: Path
+) -> AsyncIterator[tuple[KubernetesApi, Operators]]:
+    api = KubernetesApi(kube_cluster.api_client())
+    await install_crds(api)
+    namespace = f"opp-{uuid.uuid4().hex[:8]}"
+    await api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    launcher = Operators(kube_cluster.kubeconfig, namespace, tmp_path)
+    try:
+        yield api, launcher
+    finally:
+        for identity in list(launcher.running):
+            launcher.stop(identity)
         await api.delete("v1", "Namespace", "", namespace)
         api.close()
-    assert code == 0, (tmp_path / "operator.log").read_text()[-4000:]
+    for identity, code in launcher.codes.items():
+        assert code == 0, launcher.log(identity).read_text()[-4000:]
 
 
-async def test_operator_runs_a_cluster_end_to_end(
-    operator: tuple[KubernetesApi, str], kube_cluster: KubeTestbed
-) -> None:
-    api, namespace = operator
-    body = {
+@pytest.fixture
+async def operator(
+    operators: tuple[KubernetesApi, Operators],
+) -> AsyncIterator[tuple[KubernetesApi, str]]:
+    api, launcher = operators
+    launcher.start("operator-a")
+    yield api, launcher.namespace
+
+
+def cluster_body(namespace: str, etcd_endpoint: str) -> dict[str, Any]:
+    return {
         "apiVersion": models.API_VERSION,
         "kind": "StreamingCluster",
         "metadata": {"name": "demo", "namespace": namespace},
@@ -86,10 +123,16 @@ async def test_operator_runs_a_cluster_end_to_end(
             "image": "headrace-node:test",
             "version": "0.1.0",
             "leaseTTLSeconds": 2,
-            "metastore": {"etcdEndpoints": [kube_cluster.cluster.etcd.endpoint]},
+            "metastore": {"etcdEndpoints": [etcd_endpoint]},
         },
     }
-    await api.create(body)
+
+
+async def test_operator_runs_a_cluster_end_to_end(
+    operator: tuple[KubernetesApi, str], kube_cluster: KubeTestbed
+) -> None:
+    api, namespace = operator
+    await api.create(cluster_body(namespace, kube_cluster.cluster.etcd.endpoint))
     current: dict[str, Any] = {}
 
     async def get() -> dict[str, Any]:
@@ -128,3 +171,57 @@ async def test_operator_runs_a_cluster_end_to_end(
     await wait(gone, "the cluster and its pods deleted")
     claims = await api.list("v1", "PersistentVolumeClaim", namespace, {})
     assert [c["metadata"]["name"] for c in claims] == ["demo-wal"]
+
+
+async def test_a_paused_cluster_keeps_its_coordinator_across_an_operator_restart(
+    operators: tuple[KubernetesApi, Operators], kube_cluster: KubeTestbed
+) -> None:
+    """The operator is restarted while the cluster is paused: the new process
+    runs the cluster's coordinator (it leads, and fails a pchannel over when
+    its node goes) while the pause still holds the pods."""
+    api, launcher = operators
+    namespace = launcher.namespace
+    await api.create(cluster_body(namespace, kube_cluster.cluster.etcd.endpoint))
+    launcher.start("operator-a")
+    keys = Keys(f"{namespace}.demo")
+    store = await open_metastore(f"etcd://{kube_cluster.cluster.etcd.endpoint}")
+    try:
+
+        async def get() -> dict[str, Any]:
+            found = await api.get(models.API_VERSION, "StreamingCluster", namespace, "demo")
+            assert found is not None
+            return found
+
+        async def ready() -> bool:
+            return is_ready(await get())
+
+        await wait(ready, "the cluster Ready")
+        pause = {"metadata": {"annotations": {models.PAUSED_ANNOTATION: "true"}}}
+        await api.patch_merge(models.API_VERSION, "StreamingCluster", namespace, "demo", pause)
+
+        async def paused() -> bool:
+            return condition(await get(), "ReconciliationPaused").get("status") == "True"
+
+        await wait(paused, "ReconciliationPaused")
+        assert launcher.stop("operator-a") == 0
+        launcher.start("operator-b")
+
+        async def b_leads() -> bool:
+            leader = await current_leader(store, keys)
+            return leader is not None and leader.coordinator_id == f"operator-b/{namespace}/demo"
+
+        await wait(b_leads, "the restarted operator's coordinator leads")
+        snapshot = await read_snapshot(store, keys)
+        victim = snapshot.assignments["pchannel-000"].node
+        survivor = next(n for n in ("demo-node-0", "demo-node-1") if n != victim)
+        await api.delete("v1", "Pod", namespace, victim)
+
+        async def failed_over() -> bool:
+            records = (await read_snapshot(store, keys)).assignments.values()
+            return all(r.node == survivor and r.state is AssignmentState.ASSIGNED for r in records)
+
+        await wait(failed_over, f"every pchannel on {survivor} while paused")
+        pods = await api.list("v1", "Pod", namespace, {})
+        assert [p["metadata"]["name"] for p in pods] == [survivor], "paused: no pod recreated"
+    finally:
+        await store.close()
