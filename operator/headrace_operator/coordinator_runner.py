@@ -61,9 +61,14 @@ def runner_config(ref: ClusterRef, spec: StreamingClusterSpec) -> RunnerConfig:
     )
 
 
+def cluster_key(namespace: str, name: str) -> str:
+    """``namespace/name`` of a StreamingCluster: the key of its runner in
+    :class:`CoordinatorRunners` and of its pass lock in the handlers."""
+    return f"{namespace}/{name}"
+
+
 def runner_key(ref: ClusterRef) -> str:
-    """Key of a cluster's runner in :class:`CoordinatorRunners`."""
-    return f"{ref.namespace}/{ref.name}"
+    return cluster_key(ref.namespace, ref.name)
 
 
 class MetastoreControl:

@@ -35,7 +35,12 @@ import kopf
 from headrace import errors
 from headrace_operator import builders, models
 from headrace_operator.builders import ClusterRef
-from headrace_operator.coordinator_runner import CoordinatorRunners, runner_config, runner_key
+from headrace_operator.coordinator_runner import (
+    CoordinatorRunners,
+    cluster_key,
+    runner_config,
+    runner_key,
+)
 from headrace_operator.errors import InvalidSpec
 from headrace_operator.events import KubeEventSink
 from headrace_operator.interfaces import ClusterControl, KubeApi
@@ -155,7 +160,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
     """One pass for the cluster ``namespace/name`` (re-read from the API)."""
     runtime: Runtime = memo["runtime"]
-    async with runtime.lock(f"{namespace}/{name}"):
+    async with runtime.lock(cluster_key(namespace, name)):
         try:
             body = await runtime.kube.get(models.API_VERSION, "StreamingCluster", namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
@@ -210,7 +215,7 @@ async def cluster_deleted(*, memo: Any, namespace: str | None, name: str, **_: A
     (the shared WAL volume only with ``deleteDataOnDelete``, see
     :func:`.builders.pvc`)."""
     runtime: Runtime = memo["runtime"]
-    key = f"{namespace or ''}/{name}"
+    key = cluster_key(namespace or "", name)
     async with runtime.lock(key):
         await runtime.runners.stop(key)
 
