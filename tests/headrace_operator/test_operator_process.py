@@ -225,3 +225,48 @@ async def test_a_paused_cluster_keeps_its_coordinator_across_an_operator_restart
         assert [p["metadata"]["name"] for p in pods] == [survivor], "paused: no pod recreated"
     finally:
         await store.close()
+
+
+async def test_two_replicas_one_leads_and_the_other_takes_over(
+    operators: tuple[KubernetesApi, Operators], kube_cluster: KubeTestbed
+) -> None:
+    """The chart's two replicas: both run, one coordinator leads and its
+    replica reconciles; when that replica stops the other's coordinator takes
+    over and the cluster keeps being reconciled (a scale-up goes through)."""
+    api, launcher = operators
+    namespace = launcher.namespace
+    await api.create(cluster_body(namespace, kube_cluster.cluster.etcd.endpoint))
+    launcher.start("operator-a")
+    launcher.start("operator-b")
+    keys = Keys(f"{namespace}.demo")
+    store = await open_metastore(f"etcd://{kube_cluster.cluster.etcd.endpoint}")
+    try:
+        current: dict[str, Any] = {}
+
+        async def ready_with(nodes: int) -> bool:
+            nonlocal current
+            found = await api.get(models.API_VERSION, "StreamingCluster", namespace, "demo")
+            current = found or {}
+            return is_ready(current) and current["status"]["nodeSummary"] == f"{nodes}/{nodes}"
+
+        await wait(lambda: ready_with(2), "the cluster Ready")
+        leader = await current_leader(store, keys)
+        assert leader is not None
+        first = leader.coordinator_id.split("/", 1)[0]
+        assert first in ("operator-a", "operator-b")
+        assert current["status"]["coordinator"] == leader.coordinator_id
+        other = "operator-b" if first == "operator-a" else "operator-a"
+        assert launcher.stop(first) == 0
+
+        async def other_leads() -> bool:
+            found = await current_leader(store, keys)
+            return found is not None and found.coordinator_id.startswith(f"{other}/")
+
+        await wait(other_leads, f"{other}'s coordinator leads")
+        await api.patch_merge(
+            models.API_VERSION, "StreamingCluster", namespace, "demo", {"spec": {"nodes": 3}}
+        )
+        await wait(lambda: ready_with(3), "scaled to 3 by the remaining replica")
+        assert current["status"]["coordinator"] == f"{other}/{namespace}/demo"
+    finally:
+        await store.close()
