@@ -72,6 +72,10 @@ def test_defaults_render_a_non_root_deployment_and_cluster_rbac(helm: Helm) -> N
     assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
     deployment = kinds["Deployment"][0]
     assert deployment["spec"]["replicas"] == 2, "a standby replica for coordinator failover"
+    spread = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = spread["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = pod["containers"][0]
