@@ -47,7 +47,7 @@ from headrace_operator.interfaces import ClusterControl, KubeApi
 from headrace_operator.kube import KubernetesApi, load_configuration
 from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.probe import TcpProbe
-from headrace_operator.steps import Pass, cluster_ref, run_pass
+from headrace_operator.steps import Pass, PassResult, cluster_ref, run_pass
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +157,15 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
             runtime.kube.close()
 
 
-async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
-    """One pass for the cluster ``namespace/name`` (re-read from the API)."""
+async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> PassResult | None:
+    """One pass for the cluster ``namespace/name`` (re-read from the API);
+    None when the cluster is gone or going."""
     runtime: Runtime = memo["runtime"]
     async with runtime.lock(cluster_key(namespace, name)):
         try:
             body = await runtime.kube.get(models.API_VERSION, "StreamingCluster", namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
-                return
+                return None
             await runtime.start_coordinator(body)
             p = Pass(
                 body=body,
@@ -174,12 +175,17 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                 connect=runtime.connect,
                 now=datetime.datetime.now(datetime.UTC),
             )
-            result = await run_pass(p)
+            return await run_pass(p)
         except errors.HeadraceError as exc:
             if exc.retryable:
                 raise kopf.TemporaryError(str(exc), delay=RETRY_S) from None
             raise kopf.PermanentError(str(exc)) from None
-    if result.retry_reason:
+
+
+def retry_soon(result: PassResult | None) -> None:
+    """Have kopf run the handler again after :data:`RETRY_S` instead of the
+    next resync when the pass's deciding result is a retryable failure."""
+    if result is not None and result.retry_reason:
         raise kopf.TemporaryError(result.retry_reason, delay=RETRY_S)
 
 
@@ -187,12 +193,12 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
 @kopf.on.create(*CLUSTERS)
 @kopf.on.update(*CLUSTERS)
 async def cluster_changed(*, memo: Any, namespace: str | None, name: str, **_: Any) -> None:
-    await reconcile(memo, namespace or "", name)
+    retry_soon(await reconcile(memo, namespace or "", name))
 
 
 @kopf.timer(*CLUSTERS, interval=RESYNC_S, initial_delay=1.0)
 async def cluster_resync(*, memo: Any, namespace: str | None, name: str, **_: Any) -> None:
-    await reconcile(memo, namespace or "", name)
+    retry_soon(await reconcile(memo, namespace or "", name))
 
 
 @kopf.on.event(

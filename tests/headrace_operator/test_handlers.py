@@ -16,6 +16,7 @@ from headrace_operator import handlers, models
 from headrace_operator.coordinator_runner import CoordinatorRunners
 from headrace_operator.events import KubeEventSink
 from headrace_operator.probe import TcpProbe
+from headrace_operator.steps import DONE, FailureKind, PassResult, failed, waiting_on
 from tests.headrace_operator.fake_kube import FakeKube
 from tests.headrace_operator.op_harness import SimNode
 from tests.headrace_operator.test_coordinator_runner import eventually, sqlite_opener
@@ -108,3 +109,15 @@ async def test_an_invalid_spec_starts_no_coordinator(tmp_path: Path) -> None:
         assert degraded[0]["reason"] == "InvalidSpec"
     finally:
         await runtime.runners.stop_all()
+
+
+def test_a_retryable_failure_that_decides_the_pass_retries_soon() -> None:
+    failure = failed("kafka unreachable", retryable=True, kind=FailureKind.BACKEND)
+    with pytest.raises(kopf.TemporaryError) as raised:
+        handlers.retry_soon(PassResult((("spec", DONE), ("backends", failure))))
+    assert raised.value.delay == handlers.RETRY_S and "backends: kafka unreachable" in str(
+        raised.value
+    )
+    handlers.retry_soon(PassResult((("coordinator", waiting_on("connecting")), ("b", failure))))
+    handlers.retry_soon(PassResult((("pods", failed("forbidden", retryable=False)),)))
+    handlers.retry_soon(None)
