@@ -47,7 +47,8 @@ from headrace_operator.interfaces import ClusterControl, KubeApi
 from headrace_operator.kube import KubernetesApi, load_configuration
 from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.probe import TcpProbe
-from headrace_operator.steps import Pass, PassResult, cluster_ref, run_pass
+from headrace_operator.results import PassResult
+from headrace_operator.steps import Pass, cluster_ref, run_pass
 
 log = logging.getLogger(__name__)
 

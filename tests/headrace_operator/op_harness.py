@@ -48,7 +48,8 @@ from headrace_operator.interfaces import ClusterControl, KubeApi
 from headrace_operator.kube import KubernetesApi
 from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.probe import TcpProbe
-from headrace_operator.steps import Pass, PassResult, run_pass
+from headrace_operator.results import PassResult
+from headrace_operator.steps import Pass, run_pass
 from tests.fixtures_kube import KubeTestbed
 from tests.headrace_operator.fake_kube import FakeKube
 

@@ -16,7 +16,7 @@ from headrace_operator import handlers, models
 from headrace_operator.coordinator_runner import CoordinatorRunners
 from headrace_operator.events import KubeEventSink
 from headrace_operator.probe import TcpProbe
-from headrace_operator.steps import DONE, FailureKind, PassResult, failed, waiting_on
+from headrace_operator.results import DONE, FailureKind, PassResult, failed, waiting_on
 from tests.headrace_operator.fake_kube import FakeKube
 from tests.headrace_operator.op_harness import SimNode
 from tests.headrace_operator.test_coordinator_runner import eventually, sqlite_opener

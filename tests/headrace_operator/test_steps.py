@@ -13,7 +13,7 @@ import pytest
 
 from headrace.cluster import AssignmentState
 from headrace_operator import builders, models
-from headrace_operator.steps import (
+from headrace_operator.results import (
     DONE,
     FailureKind,
     Halt,
@@ -21,9 +21,9 @@ from headrace_operator.steps import (
     combine,
     failed,
     halted,
-    standby_reason,
     waiting_on,
 )
+from headrace_operator.steps import standby_reason
 from tests.headrace_operator.op_harness import PCA, Bed, condition, is_ready
 
 pytestmark = pytest.mark.timeout(240)
