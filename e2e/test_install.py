@@ -1,7 +1,7 @@
 """Scenario 1: the CRDs and the Helm chart install, and the operator runs
 under the chart's ServiceAccount with exactly the chart's permissions.
 
-(The rendered chart's server-side dry run is ``tests/k8s_operator/test_chart.py``;
+(The rendered chart's server-side dry run is ``tests/headrace_operator/test_chart.py``;
 here the chart is really installed.)
 """
 

@@ -80,9 +80,13 @@ class ClusterRef:
         }
 
 
+def _node_prefix(cluster: str) -> str:
+    return f"{cluster}-node-"
+
+
 def node_name(cluster: str, ordinal: int) -> str:
     """Pod name and node id of ordinal ``ordinal``."""
-    return f"{cluster}-node-{ordinal}"
+    return f"{_node_prefix(cluster)}{ordinal}"
 
 
 def pvc_name(cluster: str) -> str:
@@ -95,6 +99,10 @@ def config_map_name(cluster: str) -> str:
 
 
 def headless_service_name(cluster: str) -> str:
+    return f"{cluster}-nodes"
+
+
+def disruption_budget_name(cluster: str) -> str:
     return f"{cluster}-nodes"
 
 
@@ -112,7 +120,7 @@ def assignment_name(cluster: str, pchannel: str) -> str:
 
 def ordinal_of(cluster: str, pod_name: str) -> int | None:
     """The ordinal of a node pod name, None for other names."""
-    prefix = f"{cluster}-node-"
+    prefix = _node_prefix(cluster)
     rest = pod_name[len(prefix) :]
     if not pod_name.startswith(prefix) or not rest.isdigit() or str(int(rest)) != rest:
         return None
@@ -428,7 +436,7 @@ def pod_disruption_budget(ref: ClusterRef, spec: StreamingClusterSpec) -> dict[s
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _meta(ref, f"{ref.name}-nodes", "streaming-node"),
+        "metadata": _meta(ref, disruption_budget_name(ref.name), "streaming-node"),
         "spec": {
             "minAvailable": spec.nodes - 1,
             "selector": {"matchLabels": selector_labels(ref.name)},

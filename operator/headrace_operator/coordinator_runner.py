@@ -28,6 +28,8 @@ from headrace.coordinator.election import current_leader
 from headrace.coordinator.snapshot import ClusterSnapshot
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
+from headrace_operator.builders import ClusterRef
+from headrace_operator.models import StreamingClusterSpec
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,27 @@ class RunnerConfig:
     """Wait before reconnecting or restarting a failed coordinator."""
     relist_interval_s: float = 2.0
     balance_interval_s: float = 5.0
+
+
+def runner_config(ref: ClusterRef, spec: StreamingClusterSpec) -> RunnerConfig:
+    """The coordinator settings a StreamingCluster's spec implies."""
+    return RunnerConfig(
+        metastore_url=spec.metastore.url(),
+        cluster=ref.metastore_cluster,
+        pchannels=tuple(spec.pchannel_names),
+        wal_backend=spec.wal.backend,
+        lease_ttl_s=float(spec.lease_ttl_seconds),
+    )
+
+
+def cluster_key(namespace: str, name: str) -> str:
+    """``namespace/name`` of a StreamingCluster: the key of its runner in
+    :class:`CoordinatorRunners` and of its pass lock in the handlers."""
+    return f"{namespace}/{name}"
+
+
+def runner_key(ref: ClusterRef) -> str:
+    return cluster_key(ref.namespace, ref.name)
 
 
 class MetastoreControl:
@@ -79,6 +102,9 @@ class MetastoreControl:
 
     def coordinator_error(self) -> str:
         return "" if self.runner is None else self.runner.error
+
+    def candidate_id(self) -> str:
+        return "" if self.runner is None else self.runner.coordinator_id
 
 
 class ClusterRunner:

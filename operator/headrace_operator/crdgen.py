@@ -1,14 +1,14 @@
 """Generate the CustomResourceDefinitions from the pydantic models.
 
-``python -m headrace_operator.crdgen --out crds/ --out charts/headrace-operator/crds/``
-writes one YAML file per kind. The pydantic JSON schema is turned into a
-Kubernetes *structural* schema: ``$ref`` inlined, ``Optional`` unwrapped (an
-absent field stands for ``None``), titles and ``additionalProperties: false``
-dropped (unknown fields are pruned by the API server instead). The CEL rules and
-list-map markers the models carry pass through unchanged.
-``tests/operator/test_crd_drift.py`` fails when the files differ from a fresh
-generation.
-"""
+``python -m headrace_operator.crdgen --out crds`` writes one YAML file per kind
+into ``crds/``, the only copy: the chart's ``charts/headrace-operator/crds`` is
+a symbolic link to it (Helm follows it, and ``helm package`` stores the files).
+The pydantic JSON schema is turned into a Kubernetes *structural* schema:
+``$ref`` inlined, ``Optional`` unwrapped (an absent field stands for ``None``),
+titles and ``additionalProperties: false`` dropped (unknown fields are pruned by
+the API server instead). The CEL rules and list-map markers the models carry
+pass through unchanged. ``tests/headrace_operator/test_crd_drift.py`` fails when
+the files differ from a fresh generation or the chart has a copy of its own."""
 
 from __future__ import annotations
 

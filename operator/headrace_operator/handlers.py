@@ -4,8 +4,16 @@ Level-based: every handler (create, update, resume, the per-cluster timer, and
 changes of a PChannelAssignment's ``spec.pinnedNode``) re-reads the cluster
 and runs the same ordered steps (:func:`.steps.run_pass`); nothing depends on
 which event fired. Passes of one cluster are serialised by a lock (kopf runs
-timers and change handlers concurrently). The coordinator of each cluster runs
-in this process (:mod:`.coordinator_runner`); deleting the cluster stops it.
+timers and change handlers concurrently).
+
+The coordinator of each cluster runs in this process
+(:mod:`.coordinator_runner`), independently of the passes: the handlers start
+it whenever the operator learns of the cluster (resume after a restart, create,
+update, every resync), before the pass and whatever the pass decides, so a
+paused cluster keeps its assignment and failover. Deleting the cluster stops
+it. Every operator replica runs a candidate; the metastore elects one, and the
+replica whose coordinator leads is the one whose passes change the cluster's
+objects (the others stand by, see :func:`.steps.standby_reason`).
 
 The resync interval is read from ``HEADRACE_RESYNC_SECONDS`` when this module is
 imported (kopf fixes timer intervals at registration); :mod:`.main` sets it.
@@ -19,6 +27,7 @@ import datetime
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -26,17 +35,26 @@ import kopf
 from headrace import errors
 from headrace_operator import builders, models
 from headrace_operator.builders import ClusterRef
-from headrace_operator.coordinator_runner import CoordinatorRunners, RunnerConfig
+from headrace_operator.coordinator_runner import (
+    CoordinatorRunners,
+    cluster_key,
+    runner_config,
+    runner_key,
+)
+from headrace_operator.errors import InvalidSpec
 from headrace_operator.events import KubeEventSink
 from headrace_operator.interfaces import ClusterControl, KubeApi
 from headrace_operator.kube import KubernetesApi, load_configuration
 from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.probe import TcpProbe
-from headrace_operator.steps import Pass, run_pass
+from headrace_operator.results import PassResult
+from headrace_operator.steps import Pass, cluster_ref, run_pass
 
 log = logging.getLogger(__name__)
 
 RESYNC_S = float(os.environ.get("HEADRACE_RESYNC_SECONDS", "10"))
+RETRY_S = min(RESYNC_S, 5.0)
+"""Delay of the next pass after a retryable failure."""
 ANNOTATION_PREFIX = f"operator.{models.GROUP}"
 CLUSTERS = (models.GROUP, models.VERSION, "streamingclusters")
 ASSIGNMENTS = (models.GROUP, models.VERSION, "pchannelassignments")
@@ -60,23 +78,30 @@ class Runtime:
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
 
-    async def connect(self, ref: ClusterRef, spec: StreamingClusterSpec) -> ClusterControl | None:
-        config = RunnerConfig(
-            metastore_url=spec.metastore.url(),
-            cluster=ref.metastore_cluster,
-            pchannels=tuple(spec.pchannel_names),
-            wal_backend=spec.wal.backend,
-            lease_ttl_s=float(spec.lease_ttl_seconds),
-        )
-        runner = await self.runners.ensure(f"{ref.namespace}/{ref.name}", config)
-        return runner.control()
+    async def start_coordinator(self, body: Mapping[str, Any]) -> None:
+        """Start the cluster's coordinator, or keep it running (restarted
+        when the spec changes its settings). Not a reconcile step: the pause
+        annotation holds the cluster's Kubernetes objects, not its coordinator."""
+        try:
+            spec = models.parse_cluster_spec(body.get("spec") or {})
+        except InvalidSpec:
+            return  # nothing to connect to; the pass reports the spec
+        ref = cluster_ref(body)
+        await self.runners.ensure(runner_key(ref), runner_config(ref, spec))
+
+    async def connect(self, ref: ClusterRef, _spec: StreamingClusterSpec) -> ClusterControl | None:
+        """The running coordinator's metastore connection (None until connected)."""
+        runner = self.runners.get(runner_key(ref))
+        return None if runner is None else runner.control()
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
     """kopf settings: state in our own annotations and finalizer, no event
-    posting of handler logs (the operator posts its own Events), standalone
-    (two replicas are safe: steps are idempotent and the coordinators elect a
-    leader through the metastore), and no CRD/namespace scanning (the CRDs are
+    posting of handler logs (the operator posts its own Events), standalone:
+    no kopf peering, which would freeze every replica but one and with it the
+    standby coordinators (each replica runs a coordinator candidate; the
+    metastore elects the leader, and only the leading replica's passes write,
+    see :func:`.steps.standby_reason`), and no CRD/namespace scanning (the CRDs are
     installed before the operator starts; this keeps the RBAC minimal)."""
     settings.persistence.finalizer = f"{models.GROUP}/operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
@@ -133,14 +158,16 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
             runtime.kube.close()
 
 
-async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
-    """One pass for the cluster ``namespace/name`` (re-read from the API)."""
+async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> PassResult | None:
+    """One pass for the cluster ``namespace/name`` (re-read from the API);
+    None when the cluster is gone or going."""
     runtime: Runtime = memo["runtime"]
-    async with runtime.lock(f"{namespace}/{name}"):
+    async with runtime.lock(cluster_key(namespace, name)):
         try:
             body = await runtime.kube.get(models.API_VERSION, "StreamingCluster", namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
-                return
+                return None
+            await runtime.start_coordinator(body)
             p = Pass(
                 body=body,
                 kube=runtime.kube,
@@ -149,23 +176,30 @@ async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> None:
                 connect=runtime.connect,
                 now=datetime.datetime.now(datetime.UTC),
             )
-            await run_pass(p)
+            return await run_pass(p)
         except errors.HeadraceError as exc:
             if exc.retryable:
-                raise kopf.TemporaryError(str(exc), delay=min(RESYNC_S, 5.0)) from None
+                raise kopf.TemporaryError(str(exc), delay=RETRY_S) from None
             raise kopf.PermanentError(str(exc)) from None
+
+
+def retry_soon(result: PassResult | None) -> None:
+    """Have kopf run the handler again after :data:`RETRY_S` instead of the
+    next resync when the pass's deciding result is a retryable failure."""
+    if result is not None and result.retry_reason:
+        raise kopf.TemporaryError(result.retry_reason, delay=RETRY_S)
 
 
 @kopf.on.resume(*CLUSTERS)
 @kopf.on.create(*CLUSTERS)
 @kopf.on.update(*CLUSTERS)
 async def cluster_changed(*, memo: Any, namespace: str | None, name: str, **_: Any) -> None:
-    await reconcile(memo, namespace or "", name)
+    retry_soon(await reconcile(memo, namespace or "", name))
 
 
 @kopf.timer(*CLUSTERS, interval=RESYNC_S, initial_delay=1.0)
 async def cluster_resync(*, memo: Any, namespace: str | None, name: str, **_: Any) -> None:
-    await reconcile(memo, namespace or "", name)
+    retry_soon(await reconcile(memo, namespace or "", name))
 
 
 @kopf.on.event(
@@ -188,7 +222,7 @@ async def cluster_deleted(*, memo: Any, namespace: str | None, name: str, **_: A
     (the shared WAL volume only with ``deleteDataOnDelete``, see
     :func:`.builders.pvc`)."""
     runtime: Runtime = memo["runtime"]
-    key = f"{namespace or ''}/{name}"
+    key = cluster_key(namespace or "", name)
     async with runtime.lock(key):
         await runtime.runners.stop(key)
 

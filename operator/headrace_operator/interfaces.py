@@ -73,6 +73,9 @@ class ClusterControl(Protocol):
     def coordinator_error(self) -> str:
         """Why the in-process coordinator cannot run ("" when it can)."""
 
+    def candidate_id(self) -> str:
+        """The id this process's coordinator campaigns under ("" if none)."""
+
 
 class EventSink(Protocol):
     async def emit(

@@ -10,7 +10,7 @@ the snake_case attributes.
 Cross-field invariants are written twice on purpose, side by side: as CEL
 (``x-kubernetes-validations``, enforced by the API server at admission) and as a
 pydantic validator (enforced when the operator parses, and testable without a
-server). ``tests/operator/test_models.py`` checks that each rule rejects the
+server). ``tests/headrace_operator/test_models.py`` checks that each rule rejects the
 same specs in both places.
 """
 

@@ -19,6 +19,10 @@ the actions of this pass. The rules, in order:
 
 A node with no other eligible node to take its pchannels (the last one, or
 scaling to zero) counts as drained: waiting could never end.
+
+The safety gates are named pure predicates that say why they block
+(:func:`drain_blocked`, :func:`delete_blocked`, :func:`restart_blocked`; ""
+when the action may go ahead); what they say lands in ``Progressing``.
 """
 
 from __future__ import annotations
@@ -160,6 +164,36 @@ def plan_nodes(
     return NodePlan(tuple(actions), tuple(waiting))
 
 
+def drain_blocked(pod: PodView, draining: list[PodView]) -> str:
+    """Why the drain of ``pod`` cannot start now ("" when it can): one drain
+    at a time."""
+    others = [p for p in draining if p.ordinal != pod.ordinal]
+    return f"waits for the drain of {others[0].name}" if others else ""
+
+
+def delete_blocked(pod: PodView, facts: NodeFacts | None) -> str:
+    """Why the draining ``pod`` cannot be deleted yet ("" when it can): only a
+    node seen holding no pchannel (or with no peer to take them) goes."""
+    if facts is None:
+        return f"cannot see whether {pod.name} is drained: metastore unreachable"
+    if facts.drained(pod.name):
+        return ""
+    return f"{facts.holding.get(pod.name, 0)} pchannel(s) still on it"
+
+
+def restart_blocked(*, all_up: bool, draining: list[PodView], busy: bool) -> str:
+    """Why a node holding pchannels cannot start its drain-then-restart now
+    ("" when it can): one pod at a time, only while every desired pod is up
+    and ready."""
+    if draining:
+        return f"waits for the drain of {draining[0].name}"
+    if busy:
+        return "waits for this pass's other restarts"
+    if not all_up:
+        return "waits until every node pod is ready"
+    return ""
+
+
 def _scale_down(
     excess: list[PodView],
     draining: list[PodView],
@@ -170,19 +204,16 @@ def _scale_down(
         return []
     pod = excess[0]
     if not pod.draining:
-        others = [p for p in draining if p.ordinal != pod.ordinal]
-        if others:
-            waiting.append(f"scale-down waits for the drain of {others[0].name}")
+        blocked = drain_blocked(pod, draining)
+        if blocked:
+            waiting.append(f"scale-down {blocked}")
             return []
         return [Action(ActionKind.START_DRAIN, pod.ordinal, pod.name, DrainReason.SCALE_DOWN)]
-    if facts is None:
-        waiting.append(f"cannot see whether {pod.name} is drained: metastore unreachable")
+    blocked = delete_blocked(pod, facts)
+    if blocked:
+        waiting.append(f"draining {pod.name}: {blocked}")
         return []
-    if facts.drained(pod.name):
-        return [Action(ActionKind.DELETE_DRAINED, pod.ordinal, pod.name, DrainReason.SCALE_DOWN)]
-    held = facts.holding.get(pod.name, 0)
-    waiting.append(f"draining {pod.name}: {held} pchannel(s) still on it")
-    return []
+    return [Action(ActionKind.DELETE_DRAINED, pod.ordinal, pod.name, DrainReason.SCALE_DOWN)]
 
 
 def _restarts(
@@ -204,25 +235,24 @@ def _restarts(
         waiting.append("pod template changed; restarts wait for the metastore")
         return []
     actions: list[Action] = []
-    restarting = [p for p in stale if p.draining == DrainReason.RESTART]
-    for pod in restarting:
-        if facts.drained(pod.name):
+    for pod in (p for p in stale if p.draining == DrainReason.RESTART):
+        blocked = delete_blocked(pod, facts)
+        if blocked:
+            waiting.append(f"restarting {pod.name}: {blocked}")
+        else:
             actions.append(
                 Action(ActionKind.DELETE_DRAINED, pod.ordinal, pod.name, DrainReason.RESTART)
             )
-        else:
-            held = facts.holding.get(pod.name, 0)
-            waiting.append(f"restarting {pod.name}: {held} pchannel(s) still on it")
     for pod in stale:
         if not pod.draining and facts.holding.get(pod.name, 0) == 0:
             actions.append(Action(ActionKind.REPLACE_IDLE, pod.ordinal, pod.name))
-    busy = [p for p in stale if not p.draining and facts.holding.get(p.name, 0) > 0]
-    if busy and not draining and not actions:
-        if all_up:
-            pod = busy[0]
-            actions.append(
-                Action(ActionKind.START_DRAIN, pod.ordinal, pod.name, DrainReason.RESTART)
-            )
-        else:
-            waiting.append(f"restart of {busy[0].name} waits until every node pod is ready")
+    held = [p for p in stale if not p.draining and facts.holding.get(p.name, 0) > 0]
+    if not held:
+        return actions
+    pod = held[0]
+    blocked = restart_blocked(all_up=all_up, draining=draining, busy=bool(actions))
+    if not blocked:
+        actions.append(Action(ActionKind.START_DRAIN, pod.ordinal, pod.name, DrainReason.RESTART))
+    elif not draining and not actions:
+        waiting.append(f"restart of {pod.name} {blocked}")
     return actions

@@ -1,16 +1,26 @@
 """The StreamingCluster reconcile pass: ordered, small, idempotent steps.
 
 Each step reads what it needs, builds the desired objects with the pure
-:mod:`.builders`, compares and applies only on change, and records what it saw
-in the :class:`Pass`. Every pass ends by rebuilding the status from those
-observations (:func:`write_status`), whatever happened before. A step that
-fails records the failure (it shows in ``Degraded``) and the pass goes on with
-the next step; a step may also end the pass early (paused, invalid spec).
+:mod:`.builders`, applies only on change, and returns a
+:class:`~.results.StepResult`: done, waiting on something, failed (why, and
+whether a retry can help), or halting the pass. :func:`run_pass` runs the steps
+in order and combines their results into a :class:`~.results.PassResult`: a
+halt ends the pass, a failure is kept (it shows in ``Degraded``) and the pass
+goes on, and the first result that is not done decides what the handler does
+next. The :class:`Pass` carries only the inputs and the data later steps need
+(the parsed spec, the metastore connection and snapshot, the pods), never
+flags. Every pass that is not a standby's ends by rebuilding the status
+(:func:`write_status`).
 
-Order: pause check, spec, coordinator connection, node RBAC, ConfigMap and
-Services, backend reachability, metastore observation, the shared local-WAL
+The coordinator is not started here: the handlers start it whenever the
+operator learns of a cluster, paused or not (:mod:`.coordinator_runner`); a
+pass only uses its connection.
+
+Order: pause gate, spec, coordinator connection, metastore observation,
+standby gate (another operator replica's coordinator leads the cluster), node
+RBAC, ConfigMap and Services, backend reachability, the shared local-WAL
 volume, node pods (create, drain-then-delete, restarts), disruption budget,
-PChannelAssignments, status.
+PChannelAssignments; then the status.
 """
 
 from __future__ import annotations
@@ -30,6 +40,17 @@ from headrace_operator.events import Reason
 from headrace_operator.interfaces import BackendProbe, ClusterControl, EventSink, KubeApi
 from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.nodeplan import Action, ActionKind, DrainReason, PodView, plan_nodes
+from headrace_operator.results import (
+    DONE,
+    FailureKind,
+    Halt,
+    PassResult,
+    StepResult,
+    combine,
+    failed,
+    halted,
+    waiting_on,
+)
 from headrace_operator.status import (
     ClusterObservation,
     cluster_status,
@@ -55,14 +76,27 @@ def cluster_ref(body: Mapping[str, Any]) -> ClusterRef:
     )
 
 
-def is_paused(body: Mapping[str, Any]) -> bool:
+def paused_reason(body: Mapping[str, Any]) -> str:
+    """Why reconciliation of the cluster is held ("" when it is not)."""
     annotations = body.get("metadata", {}).get("annotations") or {}
-    return str(annotations.get(models.PAUSED_ANNOTATION, "")).lower() == "true"
+    if str(annotations.get(models.PAUSED_ANNOTATION, "")).lower() == "true":
+        return f"the {models.PAUSED_ANNOTATION} annotation is true"
+    return ""
+
+
+def standby_reason(leader: str, candidate: str) -> str:
+    """Why this operator replica leaves the cluster to another ("" when it
+    reconciles): the coordinator of another replica leads the cluster, and the
+    replica whose coordinator leads is the one that changes its objects."""
+    if leader and candidate and leader != candidate:
+        return f"coordinator {leader} leads; this replica ({candidate}) stands by"
+    return ""
 
 
 @dataclasses.dataclass
 class Pass:
-    """Inputs and observations of one reconcile pass of one StreamingCluster."""
+    """Inputs of one reconcile pass of one StreamingCluster, and the data its
+    steps hand on to later steps."""
 
     body: Mapping[str, Any]
     kube: KubeApi
@@ -73,19 +107,9 @@ class Pass:
     ref: ClusterRef = dataclasses.field(init=False)
     spec: StreamingClusterSpec | None = None
     control: ClusterControl | None = None
-    paused: bool = False
-    spec_error: str = ""
     pods: dict[int, PodView] = dataclasses.field(default_factory=dict)
     snapshot: ClusterSnapshot | None = None
     leader: str = ""
-    backend_problems: list[str] = dataclasses.field(default_factory=list)
-    failures: list[str] = dataclasses.field(default_factory=list)
-    progress: list[str] = dataclasses.field(default_factory=list)
-    coordinator_error: str = ""
-    retry: bool = False
-    """A retryable failure happened: run again soon."""
-    stopped: bool = False
-    completed: bool = False
 
     def __post_init__(self) -> None:
         self.ref = cluster_ref(self.body)
@@ -93,11 +117,6 @@ class Pass:
     @property
     def desired_nodes(self) -> int:
         return 0 if self.spec is None else self.spec.nodes
-
-    def fail(self, step: str, exc: errors.HeadraceError) -> None:
-        self.failures.append(f"{step}: {exc.message}")
-        self.retry = self.retry or exc.retryable
-        log.warning("%s/%s: step %s failed: %s", self.ref.namespace, self.ref.name, step, exc)
 
     async def event(self, reason: Reason, message: str, *, warning: bool = False) -> None:
         await self.events.emit(self.body, reason.value, message, warning=warning)
@@ -122,57 +141,68 @@ async def ensure(p: Pass, obj: dict[str, Any]) -> bool:
     return True
 
 
-async def check_paused(p: Pass) -> None:
-    if is_paused(p.body):
-        p.paused = True
-        p.stopped = True
+async def check_paused(p: Pass) -> StepResult:
+    reason = paused_reason(p.body)
+    return halted(Halt.PAUSED, reason) if reason else DONE
 
 
-async def parse_spec(p: Pass) -> None:
+async def parse_spec(p: Pass) -> StepResult:
     try:
         p.spec = models.parse_cluster_spec(p.body.get("spec") or {})
     except InvalidSpec as exc:
-        p.spec_error = exc.message
-        p.stopped = True
+        return halted(Halt.INVALID_SPEC, exc.message)
+    return DONE
 
 
-async def connect_coordinator(p: Pass) -> None:
+async def connect_coordinator(p: Pass) -> StepResult:
     p.control = await p.connect(p.ref, p.need_spec())
+    return DONE if p.control is not None else waiting_on("connecting to the metastore")
+
+
+async def observe_metastore(p: Pass) -> StepResult:
     if p.control is None:
-        p.progress.append("connecting to the metastore")
-
-
-async def apply_cluster_objects(p: Pass) -> None:
-    for obj in builders.cluster_objects(p.ref, p.need_spec()):
-        await ensure(p, obj)
-
-
-async def check_backends(p: Pass) -> None:
-    p.backend_problems.extend(await p.probe.check(p.need_spec()))
-
-
-async def observe_metastore(p: Pass) -> None:
-    if p.control is None:
-        return
+        return DONE
     problem = p.control.coordinator_error()
     try:
         p.snapshot = await p.control.snapshot()
         p.leader = await p.control.leader()
     except errors.Unavailable as exc:
-        p.backend_problems.append(f"metastore: {exc.message}")
-        p.retry = True
-        return
-    p.coordinator_error = problem
+        return failed(f"metastore: {exc.message}", retryable=True, kind=FailureKind.BACKEND)
+    results = []
+    if problem:
+        results.append(failed(problem, retryable=False, kind=FailureKind.COORDINATOR))
     if p.snapshot.config is None:
-        p.progress.append("waiting for the coordinator to store the cluster config")
+        results.append(waiting_on("waiting for the coordinator to store the cluster config"))
+    return combine(results)
 
 
-async def apply_volume(p: Pass) -> None:
+async def check_standby(p: Pass) -> StepResult:
+    if p.control is None:
+        return DONE
+    reason = standby_reason(p.leader, p.control.candidate_id())
+    return halted(Halt.STANDBY, reason) if reason else DONE
+
+
+async def apply_cluster_objects(p: Pass) -> StepResult:
+    for obj in builders.cluster_objects(p.ref, p.need_spec()):
+        await ensure(p, obj)
+    return DONE
+
+
+async def check_backends(p: Pass) -> StepResult:
+    problems = await p.probe.check(p.need_spec())
+    return combine(
+        [failed(problem, retryable=True, kind=FailureKind.BACKEND) for problem in problems]
+    )
+
+
+async def apply_volume(p: Pass) -> StepResult:
     """The one local-WAL volume all node pods share (see :func:`.builders.pvc`);
     scaling never touches it."""
     spec = p.need_spec()
     if spec.wal.backend == "local":
         await ensure(p, builders.pvc(p.ref, spec))
+    return DONE
 
 
 async def _list_pods(p: Pass) -> dict[int, PodView]:
@@ -182,22 +212,32 @@ async def _list_pods(p: Pass) -> dict[int, PodView]:
     return {view.ordinal: view for view in views if view is not None}
 
 
-async def reconcile_pods(p: Pass) -> None:
+async def reconcile_pods(p: Pass) -> StepResult:
     spec = p.need_spec()
     p.pods = await _list_pods(p)
     facts = node_facts(p.snapshot) if p.snapshot is not None else None
     hashes = {i: builders.template_hash(p.ref, spec, i) for i in range(spec.nodes)}
     plan = plan_nodes(p.ref.name, spec.nodes, hashes, p.pods, facts)
-    p.progress.extend(plan.waiting)
+    results = [waiting_on(*plan.waiting)]
     for action in plan.actions:
-        await _carry_out(p, spec, action)
+        results.append(await _carry_out(p, spec, action))
     starting = sorted(
         view.name
         for view in p.pods.values()
         if view.ordinal < spec.nodes and not view.ready and not view.terminating
     )
     if starting:
-        p.progress.append(f"waiting for node pods to become ready: {', '.join(starting)}")
+        results.append(waiting_on(f"waiting for node pods to become ready: {', '.join(starting)}"))
+    return combine(results)
+
+
+def control_gate(kind: ActionKind, connected: bool) -> str:
+    """Why a node action cannot be carried out now ("" when it can): drains,
+    their cancellation and unfreezing are requests through the metastore."""
+    needs_control = kind in (ActionKind.START_DRAIN, ActionKind.CANCEL_DRAIN, ActionKind.UNFREEZE)
+    if needs_control and not connected:
+        return f"{kind.value} waits for the metastore connection"
+    return ""
 
 
 async def _set_draining(p: Pass, pod: str, value: str | None) -> None:
@@ -209,84 +249,88 @@ async def _delete_pod(p: Pass, pod: str) -> None:
     await p.kube.delete("v1", "Pod", p.ref.namespace, pod)
 
 
-async def _carry_out(p: Pass, spec: StreamingClusterSpec, action: Action) -> None:
+async def _carry_out(p: Pass, spec: StreamingClusterSpec, action: Action) -> StepResult:
     node, kind = action.node, action.kind
-    needs_control = kind in (ActionKind.START_DRAIN, ActionKind.CANCEL_DRAIN, ActionKind.UNFREEZE)
-    if needs_control and p.control is None:
-        p.progress.append(f"{kind.value} of {node} waits for the metastore connection")
-        return
+    gate = control_gate(kind, p.control is not None)
+    if gate:
+        return waiting_on(f"{node}: {gate}")
+    if p.control is not None and kind in (
+        ActionKind.START_DRAIN,
+        ActionKind.CANCEL_DRAIN,
+        ActionKind.UNFREEZE,
+    ):
+        return await _request(p, p.control, action)
     if kind is ActionKind.CREATE:
         await p.kube.apply(builders.node_pod(p.ref, spec, action.ordinal))
-        p.progress.append(f"creating pod {node}")
         await p.event(Reason.NODE_POD_CREATED, f"created node pod {node}")
-    elif kind is ActionKind.DELETE_TERMINATED:
-        await _delete_pod(p, node)
-        p.progress.append(f"recreating pod {node}")
+        return waiting_on(f"creating pod {node}")
+    await _delete_pod(p, node)
+    if kind is ActionKind.DELETE_TERMINATED:
         await p.event(
             Reason.NODE_POD_RESTARTED,
             f"node pod {node} ended (phase {action.reason}); it is recreated",
             warning=True,
         )
-    elif kind is ActionKind.START_DRAIN:
-        assert p.control is not None
-        await p.control.drain(node)
-        await _set_draining(p, node, action.reason)
-        p.progress.append(f"draining {node} ({action.reason})")
-        await p.event(
-            Reason.NODE_DRAIN_STARTED, f"draining node {node} before its pod goes ({action.reason})"
-        )
-    elif kind is ActionKind.DELETE_DRAINED:
-        await _delete_pod(p, node)
-        p.progress.append(f"deleting drained pod {node}")
+        return waiting_on(f"recreating pod {node}")
+    if kind is ActionKind.DELETE_DRAINED:
         await p.event(Reason.NODE_DRAINED, f"node {node} holds no pchannel; deleting its pod")
         if action.reason == DrainReason.RESTART:
             await p.event(Reason.NODE_RESTARTING, f"restarting node {node} with its new template")
         else:
             await p.event(Reason.NODE_POD_DELETED, f"deleted node pod {node} (scale-down)")
-    elif kind is ActionKind.REPLACE_IDLE:
-        await _delete_pod(p, node)
-        p.progress.append(f"replacing pod {node}")
+        return waiting_on(f"deleting drained pod {node}")
+    await p.event(
+        Reason.NODE_RESTARTING, f"restarting node {node}: template changed, holds no pchannel"
+    )
+    return waiting_on(f"replacing pod {node}")
+
+
+async def _request(p: Pass, control: ClusterControl, action: Action) -> StepResult:
+    """A node action that is a request to the coordinator through the metastore."""
+    node = action.node
+    if action.kind is ActionKind.START_DRAIN:
+        await control.drain(node)
+        await _set_draining(p, node, action.reason)
         await p.event(
-            Reason.NODE_RESTARTING, f"restarting node {node}: template changed, holds no pchannel"
+            Reason.NODE_DRAIN_STARTED, f"draining node {node} before its pod goes ({action.reason})"
         )
-    elif kind is ActionKind.CANCEL_DRAIN:
-        assert p.control is not None
-        await p.control.undrain(node)
+        return waiting_on(f"draining {node} ({action.reason})")
+    await control.undrain(node)
+    if action.kind is ActionKind.CANCEL_DRAIN:
         await _set_draining(p, node, None)
         await p.event(Reason.NODE_DRAIN_CANCELLED, f"node {node} is desired again; drain cancelled")
     else:
-        assert p.control is not None
-        await p.control.undrain(node)
         await p.event(Reason.NODE_UNFROZEN, f"node {node} was recreated; unfrozen")
+    return DONE
 
 
-async def apply_disruption_budget(p: Pass) -> None:
+async def apply_disruption_budget(p: Pass) -> StepResult:
     budget = builders.pod_disruption_budget(p.ref, p.need_spec())
     if budget is not None:
         await ensure(p, budget)
     else:
-        await p.kube.delete(
-            "policy/v1", "PodDisruptionBudget", p.ref.namespace, f"{p.ref.name}-nodes"
-        )
+        name = builders.disruption_budget_name(p.ref.name)
+        await p.kube.delete("policy/v1", "PodDisruptionBudget", p.ref.namespace, name)
+    return DONE
 
 
-def observation(p: Pass) -> ClusterObservation:
+def observation(p: Pass, result: PassResult) -> ClusterObservation:
     spec = p.spec
     return ClusterObservation(
         cluster=p.ref.name,
         generation=p.ref.generation,
         desired_nodes=p.desired_nodes,
         total_pchannels=0 if spec is None else spec.pchannels,
-        paused=p.paused,
-        spec_error=p.spec_error,
+        paused=result.paused,
+        spec_error=result.halt_reason if result.halt is Halt.INVALID_SPEC else "",
         pods=tuple(p.pods.values()),
         snapshot=p.snapshot,
         leader=p.leader,
-        backend_problems=tuple(p.backend_problems),
-        failures=tuple(p.failures),
-        progress=tuple(p.progress),
-        coordinator_error=p.coordinator_error,
-        completed=p.completed,
+        backend_problems=result.failures_of(FailureKind.BACKEND),
+        failures=result.failures,
+        progress=result.waiting,
+        coordinator_error="; ".join(result.failures_of(FailureKind.COORDINATOR)),
+        completed=result.completed,
     )
 
 
@@ -294,13 +338,15 @@ def _conditions(status: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]
     return {c.get("type", ""): c for c in (status or {}).get("conditions") or []}
 
 
-async def _transition_events(p: Pass, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+async def _transition_events(
+    p: Pass, paused: bool, before: Mapping[str, Any], after: Mapping[str, Any]
+) -> None:
     """Events for changes of the pause and degraded conditions."""
     old, new = _conditions(before), _conditions(after)
     was_paused = old.get("ReconciliationPaused", {}).get("status") == "True"
-    if p.paused and not was_paused:
+    if paused and not was_paused:
         await p.event(Reason.RECONCILIATION_PAUSED, "reconciliation paused by annotation")
-    elif was_paused and not p.paused:
+    elif was_paused and not paused:
         await p.event(Reason.RECONCILIATION_RESUMED, "reconciliation resumed")
     degraded_old, degraded_new = old.get("Degraded", {}), new.get("Degraded", {})
     if degraded_new.get("status") == "True":
@@ -315,11 +361,12 @@ async def _transition_events(p: Pass, before: Mapping[str, Any], after: Mapping[
         await p.event(Reason.RECOVERED, f"recovered from {degraded_old.get('reason')}")
 
 
-async def write_status(p: Pass) -> dict[str, Any]:
-    """Rebuild the status from this pass's observations; patch if changed."""
+async def write_status(p: Pass, result: PassResult) -> dict[str, Any]:
+    """Rebuild the status from this pass's observations and step results;
+    patch if changed."""
     previous = p.body.get("status") or {}
-    status = cluster_status(observation(p), previous, p.now)
-    if p.paused:
+    status = cluster_status(observation(p, result), previous, p.now)
+    if result.paused:
         status = paused_status(previous, status)
     if status != previous:
         patch = {"status": status}
@@ -331,7 +378,7 @@ async def write_status(p: Pass) -> dict[str, Any]:
             patch,
             subresource="status",
         )
-    await _transition_events(p, previous, status)
+    await _transition_events(p, result.paused, previous, status)
     return status
 
 
@@ -347,14 +394,13 @@ def _assignment_status(obj: Mapping[str, Any]) -> dict[str, Any]:
     return dict(obj.get("status") or {})
 
 
-async def sync_pchannels(p: Pass) -> None:
+async def sync_pchannels(p: Pass) -> StepResult:
     """One PChannelAssignment per pchannel, its status mirroring the metastore
     record; a ``spec.pinnedNode`` that differs from the placement becomes a
     move request (a fenced graceful handoff carried out by the coordinator)."""
     spec = p.need_spec()
     if p.snapshot is None:
-        p.progress.append("PChannelAssignments wait for the metastore")
-        return
+        return waiting_on("PChannelAssignments wait for the metastore")
     labels = {builders.LABEL_CLUSTER: p.ref.name, builders.LABEL_COMPONENT: "pchannel"}
     existing = {
         obj["metadata"]["name"]: obj
@@ -370,6 +416,7 @@ async def sync_pchannels(p: Pass) -> None:
         if obj is None:
             obj = await p.kube.apply(builders.pchannel_assignment(p.ref, pchannel))
         await _sync_one(p, obj, pchannel)
+    return DONE
 
 
 async def _sync_one(p: Pass, obj: Mapping[str, Any], pchannel: str) -> None:
@@ -413,15 +460,16 @@ async def _sync_one(p: Pass, obj: Mapping[str, Any], pchannel: str) -> None:
         )
 
 
-Step = Callable[[Pass], Awaitable[None]]
+Step = Callable[[Pass], Awaitable[StepResult]]
 
 STEPS: Sequence[tuple[str, Step]] = (
     ("pause", check_paused),
     ("spec", parse_spec),
     ("coordinator", connect_coordinator),
+    ("metastore", observe_metastore),
+    ("standby", check_standby),
     ("cluster-objects", apply_cluster_objects),
     ("backends", check_backends),
-    ("metastore", observe_metastore),
     ("volume", apply_volume),
     ("pods", reconcile_pods),
     ("disruption-budget", apply_disruption_budget),
@@ -429,14 +477,20 @@ STEPS: Sequence[tuple[str, Step]] = (
 )
 
 
-async def run_pass(p: Pass, steps: Sequence[tuple[str, Step]] = STEPS) -> dict[str, Any]:
-    """Run the steps in order, then write the status; the new status."""
+async def run_pass(p: Pass, steps: Sequence[tuple[str, Step]] = STEPS) -> PassResult:
+    """Run the steps in order until one halts the pass, then write the status
+    (a standby writes nothing)."""
+    results: list[tuple[str, StepResult]] = []
     for name, step in steps:
-        if p.stopped:
-            break
         try:
-            await step(p)
+            result = await step(p)
         except errors.HeadraceError as exc:
-            p.fail(name, exc)
-    p.completed = not p.stopped and not p.failures
-    return await write_status(p)
+            log.warning("%s/%s: step %s failed: %s", p.ref.namespace, p.ref.name, name, exc)
+            result = failed(exc.message, retryable=exc.retryable)
+        results.append((name, result))
+        if result.halt is not None:
+            break
+    outcome = PassResult(tuple(results))
+    if outcome.halt is Halt.STANDBY:
+        return outcome
+    return dataclasses.replace(outcome, status=await write_status(p, outcome))

@@ -17,8 +17,8 @@ from headrace_operator import models
 from headrace_operator.errors import KubeInvalid
 from headrace_operator.kube import KubernetesApi
 from tests.fixtures_kube import KubeTestbed
-from tests.k8s_operator.op_harness import install_crds
-from tests.k8s_operator.test_models import INVALID, valid
+from tests.headrace_operator.op_harness import install_crds
+from tests.headrace_operator.test_models import INVALID, valid
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
 

@@ -33,18 +33,25 @@ from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, Keys, NodeInfo
 from headrace.coordinator import state
 from headrace.metastore.contract import Compare, Metastore, Put
+from headrace.metastore.factory import open_metastore
 from headrace.metastore.sqlite import SqliteMetastore
 from headrace_operator import builders, crdgen, models
 from headrace_operator.builders import ClusterRef
-from headrace_operator.coordinator_runner import CoordinatorRunners, RunnerConfig
+from headrace_operator.coordinator_runner import (
+    CoordinatorRunners,
+    Opener,
+    runner_config,
+    runner_key,
+)
 from headrace_operator.events import KubeEventSink
 from headrace_operator.interfaces import ClusterControl, KubeApi
 from headrace_operator.kube import KubernetesApi
 from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.probe import TcpProbe
+from headrace_operator.results import PassResult
 from headrace_operator.steps import Pass, run_pass
 from tests.fixtures_kube import KubeTestbed
-from tests.k8s_operator.fake_kube import FakeKube
+from tests.headrace_operator.fake_kube import FakeKube
 
 SC = (models.API_VERSION, "StreamingCluster")
 PCA = (models.API_VERSION, "PChannelAssignment")
@@ -135,25 +142,26 @@ class Bed:
     etcd_endpoint: str
     runners: CoordinatorRunners
     kubelet: SimKubelet | None
+    opener: Opener = open_metastore
     image: str = "headrace-node:test"
     passes: int = 0
+
+    def replica(self, identity: str) -> Bed:
+        """The same bed as seen by another operator replica: its own
+        coordinator candidates (stop them with ``runners.stop_all()``)."""
+        return dataclasses.replace(self, runners=CoordinatorRunners(identity, self.opener))
 
     @property
     def real(self) -> bool:
         return self.kind == "real"
 
     async def connect(self, ref: ClusterRef, spec: StreamingClusterSpec) -> ClusterControl | None:
-        config = RunnerConfig(
-            metastore_url=spec.metastore.url(),
-            cluster=ref.metastore_cluster,
-            pchannels=tuple(spec.pchannel_names),
-            wal_backend=spec.wal.backend,
-            lease_ttl_s=float(spec.lease_ttl_seconds),
-            retry_s=0.2,
-            relist_interval_s=0.3,
-            balance_interval_s=0.5,
+        """The cluster's coordinator (started as the handlers start it, with
+        shorter intervals), once connected (None after 2 s)."""
+        config = dataclasses.replace(
+            runner_config(ref, spec), retry_s=0.2, relist_interval_s=0.3, balance_interval_s=0.5
         )
-        runner = await self.runners.ensure(f"{ref.namespace}/{ref.name}", config)
+        runner = await self.runners.ensure(runner_key(ref), config)
         for _ in range(100):
             if runner.control() is not None:
                 break
@@ -190,7 +198,7 @@ class Bed:
     async def patch_cluster(self, name: str, patch: Mapping[str, Any]) -> None:
         await self.kube.patch_merge(*SC, self.namespace, name, patch)
 
-    async def reconcile(self, name: str) -> Pass:
+    async def reconcile(self, name: str) -> PassResult:
         kube = self.kube
         p = Pass(
             body=await self.cluster(name),
@@ -200,11 +208,11 @@ class Bed:
             connect=self.connect,
             now=datetime.datetime.now(datetime.UTC),
         )
-        await run_pass(p)
+        result = await run_pass(p)
         self.passes += 1
         if self.kubelet is not None:
             await self.kubelet.sync()
-        return p
+        return result
 
     async def converge(
         self,
@@ -326,7 +334,7 @@ async def _fake_bed(tmp_path: Path) -> AsyncIterator[Bed]:
     kubelet = SimKubelet(kube, store, "ns")
     try:
         async with tcp_listener() as endpoint:
-            yield Bed("fake", kube, "ns", endpoint, runners, kubelet)
+            yield Bed("fake", kube, "ns", endpoint, runners, kubelet, opener)
     finally:
         await runners.stop_all()
         await kubelet.stop()

@@ -13,7 +13,7 @@ from headrace.cluster import AssignmentState, Keys
 from headrace.metastore.contract import Metastore
 from headrace.metastore.sqlite import SqliteMetastore
 from headrace_operator.coordinator_runner import CoordinatorRunners, RunnerConfig
-from tests.k8s_operator.op_harness import SimNode
+from tests.headrace_operator.op_harness import SimNode
 
 pytestmark = pytest.mark.timeout(60)
 

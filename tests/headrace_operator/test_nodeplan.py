@@ -9,8 +9,11 @@ from headrace_operator.nodeplan import (
     ActionKind,
     NodeFacts,
     PodView,
+    delete_blocked,
+    drain_blocked,
     holdings,
     plan_nodes,
+    restart_blocked,
 )
 
 H = {i: f"hash-{i}" for i in range(8)}
@@ -118,3 +121,17 @@ def test_holdings_count_holder_and_destination() -> None:
         Assignment(pchannel="p3", state=AssignmentState.ASSIGNING, term=1, node="c"),
     ]
     assert holdings(records) == {"a": 2, "b": 1, "c": 1}
+
+
+def test_safety_gates_say_why_they_block() -> None:
+    draining = [pod(2, draining="scale-down")]
+    assert drain_blocked(pod(2), draining) == "", "its own drain does not block it"
+    assert drain_blocked(pod(1), draining) == "waits for the drain of c-node-2"
+    assert delete_blocked(pod(2), None).endswith("metastore unreachable")
+    assert delete_blocked(pod(2), facts({"c-node-2": 3})) == "3 pchannel(s) still on it"
+    assert delete_blocked(pod(2), facts({"c-node-2": 0})) == ""
+    assert delete_blocked(pod(2), facts({"c-node-2": 1}, live={"c-node-2"})) == "", "no peer"
+    assert restart_blocked(all_up=True, draining=[], busy=False) == ""
+    assert "c-node-2" in restart_blocked(all_up=True, draining=draining, busy=False)
+    assert restart_blocked(all_up=False, draining=[], busy=False).endswith("node pod is ready")
+    assert restart_blocked(all_up=True, draining=[], busy=True) != ""

@@ -6,7 +6,7 @@ import socket
 from typing import Any
 
 from headrace_operator import models, probe
-from tests.k8s_operator.op_harness import tcp_listener
+from tests.headrace_operator.op_harness import tcp_listener
 
 
 def spec(etcd: str, **wal: Any) -> models.StreamingClusterSpec:

@@ -13,7 +13,18 @@ import pytest
 
 from headrace.cluster import AssignmentState
 from headrace_operator import builders, models
-from tests.k8s_operator.op_harness import PCA, Bed, condition, is_ready
+from headrace_operator.results import (
+    DONE,
+    FailureKind,
+    Halt,
+    PassResult,
+    combine,
+    failed,
+    halted,
+    waiting_on,
+)
+from headrace_operator.steps import standby_reason
+from tests.headrace_operator.op_harness import PCA, Bed, condition, is_ready
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -97,11 +108,14 @@ async def test_scale_down_drains_the_highest_node_before_deleting_it(bed: Bed) -
     snapshot = await control.snapshot()
     assert snapshot.node_controls["shrink-node-2"].draining
 
-    def shrunk(body: dict[str, Any]) -> bool:
-        return is_ready(body) and summary(body) == ("2/2", "6/6")
+    async def shrunk() -> bool:
+        # The drained pod goes in the pass after the one that sees it drained.
+        body = await bed.cluster("shrink")
+        pods = set(await bed.pods("shrink"))
+        done = is_ready(body) and summary(body) == ("2/2", "6/6")
+        return done and pods == {"shrink-node-0", "shrink-node-1"}
 
-    await bed.converge("shrink", shrunk, what="2 nodes")
-    assert set(await bed.pods("shrink")) == {"shrink-node-0", "shrink-node-1"}
+    await bed.until("shrink", shrunk, what="2 nodes, node 2 deleted")
     snapshot = await control.snapshot()
     held = {r.node for r in snapshot.assignments.values() if r.state is AssignmentState.ASSIGNED}
     assert held <= {"shrink-node-0", "shrink-node-1"}
@@ -142,7 +156,8 @@ async def test_pause_annotation_stops_reconciliation(bed: Bed) -> None:
         "still", {"metadata": {"annotations": annotations}, "spec": {"nodes": 2}}
     )
     paused = await bed.reconcile("still")
-    assert paused.paused
+    assert paused.paused and paused.decision is not None
+    assert paused.decision[0] == "pause" and paused.steps[-1][0] == "pause"
     body = await bed.cluster("still")
     assert condition(body, "ReconciliationPaused")["status"] == "True"
     assert condition(body, "ReconciliationPaused")["reason"] == "PausedByAnnotation"
@@ -244,11 +259,74 @@ async def test_invalid_spec_is_reported_with_its_field(bed: Bed) -> None:
         "spec": bed.spec(wal={"backend": "kafka"}),
     }
     await bed.kube.apply(body)
-    p = await bed.reconcile("broken")
-    assert p.stopped and "wal.kafka is required" in p.spec_error
+    result = await bed.reconcile("broken")
+    assert result.halt is Halt.INVALID_SPEC and "wal.kafka is required" in result.halt_reason
+    assert [name for name, _ in result.steps] == ["pause", "spec"], "the pass ends at the spec"
     status = (await bed.cluster("broken"))["status"]
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "InvalidSpec"
     assert "wal.kafka" in degraded["message"]
     assert await bed.pods("broken") == {}
     assert "InvalidSpec" in await bed.event_reasons()
+
+
+async def test_a_standby_replica_writes_nothing(bed: Bed) -> None:
+    """Two operator replicas: the one whose coordinator leads the cluster
+    reconciles it; the other's passes halt before changing any object."""
+    await bed.create_cluster("twin", nodes=1, pchannels=2)
+    await bed.converge("twin", is_ready, what="Ready")
+    other = bed.replica("operator-b")
+    try:
+        await bed.patch_cluster("twin", {"spec": {"nodes": 2}})
+        before = await bed.cluster("twin")
+        for _ in range(3):
+            result = await other.reconcile("twin")
+            assert result.halt is Halt.STANDBY, result.steps
+            assert "stands by" in result.halt_reason and result.status is None
+        assert set(await bed.pods("twin")) == {"twin-node-0"}, "the standby created a pod"
+        after = await bed.cluster("twin")
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+        await bed.converge(
+            "twin", lambda b: is_ready(b) and summary(b)[0] == "2/2", what="the leader scaled up"
+        )
+    finally:
+        await other.runners.stop_all()
+
+
+def test_standby_reason_names_the_leader() -> None:
+    assert standby_reason("", "op-a/ns/c") == "", "no leader yet: every replica reconciles"
+    assert standby_reason("op-a/ns/c", "op-a/ns/c") == ""
+    assert standby_reason("op-a/ns/c", "") == "", "no local coordinator: nothing to defer to"
+    assert "op-b/ns/c leads" in standby_reason("op-b/ns/c", "op-a/ns/c")
+
+
+def test_the_first_result_that_is_not_done_decides_the_pass() -> None:
+    result = PassResult(
+        (
+            ("pause", DONE),
+            ("coordinator", waiting_on("connecting to the metastore")),
+            ("backends", failed("kafka unreachable", retryable=True, kind=FailureKind.BACKEND)),
+            ("pods", failed("forbidden", retryable=False)),
+        )
+    )
+    assert result.decision == ("coordinator", waiting_on("connecting to the metastore"))
+    assert result.retry_reason == "", "a wait decides: no early retry"
+    assert result.failures == ("pods: forbidden",)
+    assert result.failures_of(FailureKind.BACKEND) == ("kafka unreachable",)
+    assert not result.completed and result.halt is None
+    early = PassResult((("backends", failed("etcd down", retryable=True)),))
+    assert early.retry_reason == "backends: etcd down"
+    assert PassResult((("pause", DONE), ("spec", DONE))).completed
+
+
+def test_combine_keeps_every_part_and_the_first_halt() -> None:
+    parts = [
+        waiting_on("a"),
+        halted(Halt.PAUSED, "first"),
+        failed("x", retryable=False),
+        halted(Halt.STANDBY, "second"),
+    ]
+    merged = combine(parts)
+    assert merged.waiting == ("a",) and merged.halt is Halt.PAUSED and merged.reason == "first"
+    assert [f.message for f in merged.failures] == ["x"]
+    assert combine([DONE, DONE]).done

@@ -1,0 +1,272 @@
+"""The operator as shipped: ``python -m headrace_operator`` (kopf) on a real
+API server, with node pods run by the test bed's kubelet as real
+``headrace node`` processes and the control plane's etcd as metastore."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headrace.cluster import AssignmentState, Keys
+from headrace.coordinator import read_snapshot
+from headrace.coordinator.election import current_leader
+from headrace.metastore.factory import open_metastore
+from headrace_operator import models
+from headrace_operator.kube import KubernetesApi
+from tests.fixtures_kube import KubeTestbed
+from tests.headrace_operator.op_harness import condition, install_crds, is_ready
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
+OPERATOR_DIR = Path(__file__).resolve().parents[2] / "operator"
+
+
+async def wait(check: Callable[[], Awaitable[bool]], what: str, limit: float = 120) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while not await check():
+        assert loop.time() < deadline, f"not reached within {limit}s: {what}"
+        await asyncio.sleep(0.5)
+
+
+class Operators:
+    """Starts ``python -m headrace_operator`` processes (each with its own
+    ``POD_NAME``, the replica's identity) watching one namespace."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, logs: Path) -> None:
+        self.kubeconfig, self.namespace, self.logs = kubeconfig, namespace, logs
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.codes: dict[str, int] = {}
+
+    def log(self, identity: str) -> Path:
+        return self.logs / f"{identity}.log"
+
+    def start(self, identity: str) -> None:
+        env = dict(os.environ)
+        extra = [str(OPERATOR_DIR), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in extra if p)
+        env["POD_NAME"] = identity
+        with self.log(identity).open("ab") as log:
+            self.running[identity] = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "headrace_operator",
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--namespace={self.namespace}",
+                    "--resync-seconds=2",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def stop(self, identity: str) -> int:
+        """SIGTERM (SIGKILL after 30 s); the exit code."""
+        process = self.running.pop(identity)
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait(10)
+        self.codes[identity] = code
+        return code
+
+
+@pytest.fixture
+async def operators(
+    kube_cluster: KubeTestbed, tmp_path: Path
+) -> AsyncIterator[tuple[KubernetesApi, Operators]]:
+    api = KubernetesApi(kube_cluster.api_client())
+    await install_crds(api)
+    namespace = f"opp-{uuid.uuid4().hex[:8]}"
+    await api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    launcher = Operators(kube_cluster.kubeconfig, namespace, tmp_path)
+    try:
+        yield api, launcher
+    finally:
+        for identity in list(launcher.running):
+            launcher.stop(identity)
+        await api.delete("v1", "Namespace", "", namespace)
+        api.close()
+    for identity, code in launcher.codes.items():
+        assert code == 0, launcher.log(identity).read_text()[-4000:]
+
+
+@pytest.fixture
+async def operator(
+    operators: tuple[KubernetesApi, Operators],
+) -> AsyncIterator[tuple[KubernetesApi, str]]:
+    api, launcher = operators
+    launcher.start("operator-a")
+    yield api, launcher.namespace
+
+
+def cluster_body(namespace: str, etcd_endpoint: str) -> dict[str, Any]:
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": "StreamingCluster",
+        "metadata": {"name": "demo", "namespace": namespace},
+        "spec": {
+            "nodes": 2,
+            "pchannels": 2,
+            "image": "headrace-node:test",
+            "version": "0.1.0",
+            "leaseTTLSeconds": 2,
+            "metastore": {"etcdEndpoints": [etcd_endpoint]},
+        },
+    }
+
+
+async def test_operator_runs_a_cluster_end_to_end(
+    operator: tuple[KubernetesApi, str], kube_cluster: KubeTestbed
+) -> None:
+    api, namespace = operator
+    await api.create(cluster_body(namespace, kube_cluster.cluster.etcd.endpoint))
+    current: dict[str, Any] = {}
+
+    async def get() -> dict[str, Any]:
+        found = await api.get(models.API_VERSION, "StreamingCluster", namespace, "demo")
+        assert found is not None
+        return found
+
+    async def ready() -> bool:
+        nonlocal current
+        current = await get()
+        return is_ready(current)
+
+    await wait(ready, "the cluster Ready")
+    assert current["status"]["pchannelSummary"] == "2/2"
+    assert current["status"]["coordinator"].endswith(f"/{namespace}/demo")
+    pause = {models.PAUSED_ANNOTATION: "true"}
+    await api.patch_merge(
+        models.API_VERSION,
+        "StreamingCluster",
+        namespace,
+        "demo",
+        {"metadata": {"annotations": pause}},
+    )
+
+    async def paused() -> bool:
+        return condition(await get(), "ReconciliationPaused").get("status") == "True"
+
+    await wait(paused, "ReconciliationPaused")
+    await api.delete(models.API_VERSION, "StreamingCluster", namespace, "demo")
+
+    async def gone() -> bool:
+        cluster = await api.get(models.API_VERSION, "StreamingCluster", namespace, "demo")
+        pods = await api.list("v1", "Pod", namespace, {})
+        return cluster is None and not pods
+
+    await wait(gone, "the cluster and its pods deleted")
+    claims = await api.list("v1", "PersistentVolumeClaim", namespace, {})
+    assert [c["metadata"]["name"] for c in claims] == ["demo-wal"]
+
+
+async def test_a_paused_cluster_keeps_its_coordinator_across_an_operator_restart(
+    operators: tuple[KubernetesApi, Operators], kube_cluster: KubeTestbed
+) -> None:
+    """The operator is restarted while the cluster is paused: the new process
+    runs the cluster's coordinator (it leads, and fails a pchannel over when
+    its node goes) while the pause still holds the pods."""
+    api, launcher = operators
+    namespace = launcher.namespace
+    await api.create(cluster_body(namespace, kube_cluster.cluster.etcd.endpoint))
+    launcher.start("operator-a")
+    keys = Keys(f"{namespace}.demo")
+    store = await open_metastore(f"etcd://{kube_cluster.cluster.etcd.endpoint}")
+    try:
+
+        async def get() -> dict[str, Any]:
+            found = await api.get(models.API_VERSION, "StreamingCluster", namespace, "demo")
+            assert found is not None
+            return found
+
+        async def ready() -> bool:
+            return is_ready(await get())
+
+        await wait(ready, "the cluster Ready")
+        pause = {"metadata": {"annotations": {models.PAUSED_ANNOTATION: "true"}}}
+        await api.patch_merge(models.API_VERSION, "StreamingCluster", namespace, "demo", pause)
+
+        async def paused() -> bool:
+            return condition(await get(), "ReconciliationPaused").get("status") == "True"
+
+        await wait(paused, "ReconciliationPaused")
+        assert launcher.stop("operator-a") == 0
+        launcher.start("operator-b")
+
+        async def b_leads() -> bool:
+            leader = await current_leader(store, keys)
+            return leader is not None and leader.coordinator_id == f"operator-b/{namespace}/demo"
+
+        await wait(b_leads, "the restarted operator's coordinator leads")
+        snapshot = await read_snapshot(store, keys)
+        victim = snapshot.assignments["pchannel-000"].node
+        survivor = next(n for n in ("demo-node-0", "demo-node-1") if n != victim)
+        await api.delete("v1", "Pod", namespace, victim)
+
+        async def failed_over() -> bool:
+            records = (await read_snapshot(store, keys)).assignments.values()
+            return all(r.node == survivor and r.state is AssignmentState.ASSIGNED for r in records)
+
+        await wait(failed_over, f"every pchannel on {survivor} while paused")
+        pods = await api.list("v1", "Pod", namespace, {})
+        assert [p["metadata"]["name"] for p in pods] == [survivor], "paused: no pod recreated"
+    finally:
+        await store.close()
+
+
+async def test_two_replicas_one_leads_and_the_other_takes_over(
+    operators: tuple[KubernetesApi, Operators], kube_cluster: KubeTestbed
+) -> None:
+    """The chart's two replicas: both run, one coordinator leads and its
+    replica reconciles; when that replica stops the other's coordinator takes
+    over and the cluster keeps being reconciled (a scale-up goes through)."""
+    api, launcher = operators
+    namespace = launcher.namespace
+    await api.create(cluster_body(namespace, kube_cluster.cluster.etcd.endpoint))
+    launcher.start("operator-a")
+    launcher.start("operator-b")
+    keys = Keys(f"{namespace}.demo")
+    store = await open_metastore(f"etcd://{kube_cluster.cluster.etcd.endpoint}")
+    try:
+        current: dict[str, Any] = {}
+
+        async def ready_with(nodes: int) -> bool:
+            nonlocal current
+            found = await api.get(models.API_VERSION, "StreamingCluster", namespace, "demo")
+            current = found or {}
+            return is_ready(current) and current["status"]["nodeSummary"] == f"{nodes}/{nodes}"
+
+        await wait(lambda: ready_with(2), "the cluster Ready")
+        leader = await current_leader(store, keys)
+        assert leader is not None
+        first = leader.coordinator_id.split("/", 1)[0]
+        assert first in ("operator-a", "operator-b")
+        assert current["status"]["coordinator"] == leader.coordinator_id
+        other = "operator-b" if first == "operator-a" else "operator-a"
+        assert launcher.stop(first) == 0
+
+        async def other_leads() -> bool:
+            found = await current_leader(store, keys)
+            return found is not None and found.coordinator_id.startswith(f"{other}/")
+
+        await wait(other_leads, f"{other}'s coordinator leads")
+        await api.patch_merge(
+            models.API_VERSION, "StreamingCluster", namespace, "demo", {"spec": {"nodes": 3}}
+        )
+        await wait(lambda: ready_with(3), "scaled to 3 by the remaining replica")
+        assert current["status"]["coordinator"] == f"{other}/{namespace}/demo"
+    finally:
+        await store.close()
