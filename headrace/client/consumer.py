@@ -3,7 +3,10 @@
 A :class:`Consumer` keeps the id and timetick of the last message it
 delivered. When the stream breaks or the pchannel moves, it finds the owner
 again and resumes with ``START_AFTER(last id)`` and ``timetick_gt = last
-timetick``, so nothing is delivered twice or skipped. A start position that
+timetick``, so nothing is delivered twice or skipped. A move is noticed in
+the metastore too, as producers notice it: once an owner of a higher term is
+ASSIGNED, the stream to the old owner is given up even if that owner never
+answers or ends it (a paused or partitioned node). A start position that
 was truncated away raises :class:`headrace.errors.Truncated` naming the
 earliest readable id.
 """
@@ -16,25 +19,24 @@ import dataclasses
 import logging
 import time
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Literal
+from typing import Any
 
 import grpc
 
 from headrace import errors
+from headrace.client import arguments
+from headrace.client.arguments import Start
 from headrace.client.discovery import Owner
 from headrace.client.errors import from_rpc_error
+from headrace.client.session import Session
 from headrace.message import ids
 from headrace.message.ids import MessageID
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 
-if TYPE_CHECKING:
-    from headrace.client.client import HeadraceClient
-
 log = logging.getLogger(__name__)
 
-Start = Literal["earliest", "latest"] | MessageID
 ConsumeCall = rpc.ConsumeCall
 
 _DATA_TYPES = frozenset(t for t in MessageType if not t.is_system)
@@ -70,35 +72,52 @@ def to_entry(proto: pb.ConsumedMessage) -> LogEntry:
     return LogEntry(mid, message)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Stream:
+    """One Consume stream, and the wait for an owner that supersedes its owner."""
+
+    owner: Owner
+    call: ConsumeCall
+    successor: asyncio.Task[Owner]
+
+    def cancel(self) -> None:
+        self.call.cancel()
+        _discard(self.successor)
+
+
+def _discard(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task``, or mark its finished outcome seen."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()
+
+
 class Consumer:
     """Async iterator of :class:`LogEntry`; create with :meth:`HeadraceClient.consume`."""
 
     def __init__(
         self,
-        client: HeadraceClient,
+        session: Session,
         vchannel: str,
         start: Start,
         types: Collection[MessageType] | None,
         options: ConsumerOptions,
     ) -> None:
-        if not isinstance(start, MessageID) and start not in ("earliest", "latest"):
-            raise errors.InvalidArgument(
-                f"start must be 'earliest', 'latest' or a message id, got {start!r}"
-            )
-        self.client = client
-        self.vchannel = vchannel
-        self.start = start
-        self.types = frozenset(_DATA_TYPES if types is None else types)
-        self.options = options
+        self.session = session
+        self.vchannel = arguments.vchannel(vchannel)
+        self.start = arguments.start(start)
+        self.types = _DATA_TYPES if types is None else arguments.message_types(types)
+        self.options = arguments.instance(options, ConsumerOptions, "options")
         self.last_id: MessageID | None = None
         """Where a reconnect resumes: the last message received (delivered or skipped)."""
         self.last_timetick = 0
         self.owner: Owner | None = None
         self.reconnects = 0
-        self._call: ConsumeCall | None = None
+        self._stream: _Stream | None = None
         self._buffer: collections.deque[pb.ConsumedMessage] = collections.deque()
         self._avoid: Owner | None = None
-        self._backoff = options.retry_backoff
+        self._backoff = self.options.retry_backoff
         self._closed = False
 
     def __aiter__(self) -> Consumer:
@@ -129,6 +148,7 @@ class Consumer:
 
     async def next(self, timeout: float | None = None) -> LogEntry | None:
         """The next message, or None if none arrives within ``timeout`` seconds."""
+        timeout = arguments.timeout(timeout)
         try:
             async with asyncio.timeout(timeout):
                 return await self.__anext__()
@@ -137,24 +157,26 @@ class Consumer:
 
     async def close(self) -> None:
         self._closed = True
-        self._drop_call()
+        stream = self._stream
+        self._drop_stream()
+        if stream is not None:
+            await asyncio.gather(stream.successor, return_exceptions=True)
 
-    def _drop_call(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
 
     async def _fill(self) -> None:
         """Read the next response into the buffer, reconnecting as needed."""
+        stream = self._stream
         try:
-            if self._call is None:
-                self._call = await self._connect()
-            response = await self._call.read()
-            if not isinstance(response, pb.ConsumeResponse):
-                raise errors.Unavailable("the node ended the Consume stream")
+            if stream is None:
+                stream = self._stream = await self._open()
+            outcome = await self._read(stream)
         except asyncio.CancelledError:
             # A read given up half way (a timeout of next()): resume by position later.
-            self._drop_call()
+            self._drop_stream()
             raise
         except grpc.RpcError as exc:
             where = self.owner.address if self.owner else "node"
@@ -163,11 +185,52 @@ class Consumer:
         except errors.HeadraceError as exc:
             await self._retry_or_raise(exc)
             return
+        if isinstance(outcome, Owner):
+            self._leave(stream, outcome)
+            return
         self._backoff = self.options.retry_backoff
-        self._buffer.extend(response.messages)
+        self._avoid = None
+        if outcome.start_after_id and self.last_id is None:
+            # Resolved "latest": a reconnect resumes here, not at a later "latest".
+            self.last_id = ids.parse(outcome.start_after_id)
+            self.last_timetick = outcome.start_after_timetick
+        self._buffer.extend(outcome.messages)
+
+    async def _read(self, stream: _Stream) -> pb.ConsumeResponse | Owner:
+        """The stream's next response, or the owner that superseded the stream's
+        owner if that is recorded first: a stopped owner never answers."""
+        read = asyncio.ensure_future(stream.call.read())
+        try:
+            await asyncio.wait((read, stream.successor), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            _discard(read)
+            raise
+        if not read.done():
+            _discard(read)
+            return stream.successor.result()
+        response = read.result()
+        if not isinstance(response, pb.ConsumeResponse):
+            raise errors.Unavailable(f"{stream.owner.address} ended the Consume stream")
+        return response
+
+    def _leave(self, stream: _Stream, successor: Owner) -> None:
+        """Give up ``stream``: ``successor`` serves its pchannel under a higher term."""
+        log.info(
+            "consuming %s: %s moved to %s at term %d; leaving %s (term %d)",
+            self.vchannel,
+            successor.pchannel,
+            successor.node,
+            successor.term,
+            stream.owner.address,
+            stream.owner.term,
+        )
+        self._drop_stream()
+        self._avoid = stream.owner
+        self.owner = None
+        self.reconnects += 1
 
     async def _retry_or_raise(self, error: errors.HeadraceError) -> None:
-        self._drop_call()
+        self._drop_stream()
         if not error.retryable:
             raise error
         log.info("consuming %s: %s; reconnecting", self.vchannel, error)
@@ -177,8 +240,9 @@ class Consumer:
         await asyncio.sleep(self._backoff)
         self._backoff = min(self._backoff * 2, self.options.max_retry_backoff)
 
-    async def _connect(self) -> ConsumeCall:
-        view = self.client.view
+    async def _open(self) -> _Stream:
+        """A Consume stream to the pchannel's owner, resuming where delivery stopped."""
+        view = self.session.view
         deadline = time.monotonic() + self.options.ready_timeout
         pchannel = await view.wait_route(self.vchannel, deadline)
         owner: Owner | None = None
@@ -192,19 +256,12 @@ class Consumer:
         if owner is None:
             owner = await view.wait_owner(pchannel, deadline)
         self.owner = owner
-        stub = rpc.consumer_stub(self.client.channels.get(owner.address))
+        stub = rpc.consumer_stub(self.session.channels.get(owner.address))
         call = stub.Consume(self._request(pchannel))
-        header = await call.read()
-        if not isinstance(header, pb.ConsumeResponse):
-            call.cancel()
-            raise errors.Unavailable(f"{owner.address} ended the Consume stream at once")
-        self._avoid = None
-        if header.start_after_id and self.last_id is None:
-            # Resolved "latest": a reconnect resumes here, not at a later "latest".
-            self.last_id = ids.parse(header.start_after_id)
-            self.last_timetick = header.start_after_timetick
-        self._buffer.extend(header.messages)
-        return call
+        successor = asyncio.create_task(
+            view.wait_successor(owner), name=f"consume-{self.vchannel}-successor"
+        )
+        return _Stream(owner, call, successor)
 
     def _request(self, pchannel: str) -> pb.ConsumeRequest:
         request = pb.ConsumeRequest(
@@ -226,3 +283,6 @@ class Consumer:
         else:
             request.policy = pb.DELIVER_POLICY_ALL
         return request
+
+
+__all__ = ["ConsumeCall", "Consumer", "ConsumerOptions", "Start", "to_entry"]

@@ -18,8 +18,9 @@ from collections.abc import Collection, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from headrace import errors
+from headrace.client.arguments import Start
 from headrace.client.client import ClientOptions, HeadraceClient
-from headrace.client.consumer import Consumer, ConsumerOptions, Start
+from headrace.client.consumer import Consumer, ConsumerOptions
 from headrace.client.discovery import Owner
 from headrace.client.producer import Producer, ProducerOptions
 from headrace.cluster import DEFAULT_CLUSTER

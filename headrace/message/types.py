@@ -78,11 +78,27 @@ def _no_properties() -> Mapping[str, str]:
     return _EMPTY
 
 
-def validate_vchannel(vchannel: str) -> str:
-    """Return ``vchannel`` if it is well formed, else raise InvalidArgument."""
+SHOWN_CHARS = 64
+"""How much of a value an error message repeats."""
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message, cut to about SHOWN_CHARS characters."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def validate_vchannel(vchannel: object) -> str:
+    """Return ``vchannel`` if it is a well-formed name, else raise InvalidArgument."""
+    if not isinstance(vchannel, str):
+        raise errors.InvalidArgument(
+            f"vchannel must be a str, got a {type(vchannel).__name__}: {shown(vchannel)}"
+        )
     if not VCHANNEL_PATTERN.match(vchannel):
         raise errors.InvalidArgument(
-            f"invalid vchannel {vchannel!r}: use 1-255 characters of [A-Za-z0-9_.-], "
+            f"invalid vchannel {shown(vchannel)}: use 1-255 characters of [A-Za-z0-9_.-], "
             "starting with a letter or digit"
         )
     return vchannel
