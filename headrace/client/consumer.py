@@ -19,14 +19,13 @@ import dataclasses
 import logging
 import time
 from collections.abc import Collection
-from typing import Any
 
 import grpc
 
 from headrace import errors
 from headrace.client import arguments
 from headrace.client.arguments import Start
-from headrace.client.discovery import Owner
+from headrace.client.discovery import ClusterView, Owner
 from headrace.client.errors import from_rpc_error
 from headrace.client.session import Session
 from headrace.message import ids
@@ -72,25 +71,66 @@ def to_entry(proto: pb.ConsumedMessage) -> LogEntry:
     return LogEntry(mid, message)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Stream:
-    """One Consume stream, and the wait for an owner that supersedes its owner."""
+Inbound = pb.ConsumeResponse | Owner | errors.HeadraceError
+"""What a stream hands its consumer: a response, the owner that superseded the
+stream's owner, or the error that ended the stream."""
 
-    owner: Owner
-    call: ConsumeCall
-    successor: asyncio.Task[Owner]
+
+class _Stream:
+    """One Consume stream, read ahead by a task into ``inbox``.
+
+    A second task puts the owner that supersedes the stream's owner into the
+    same inbox once the cluster view records it: a stopped owner neither
+    answers nor ends its stream, so only the view can tell the consumer to
+    leave. A cancelled wait on the inbox loses nothing, so the stream outlives
+    a timeout of :meth:`Consumer.next`.
+    """
+
+    def __init__(self, owner: Owner, call: ConsumeCall, view: ClusterView) -> None:
+        self.owner = owner
+        self.call = call
+        self.inbox: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=2)
+        name = f"consume-{owner.pchannel}-{owner.term}"
+        self._tasks = (
+            asyncio.create_task(self._pump(), name=name),
+            asyncio.create_task(self._watch(view), name=f"{name}-successor"),
+        )
+
+    async def _pump(self) -> None:
+        address = self.owner.address
+        try:
+            while True:
+                response = await self.call.read()
+                if not isinstance(response, pb.ConsumeResponse):
+                    await self.inbox.put(errors.Unavailable(f"{address} ended the Consume stream"))
+                    return
+                await self.inbox.put(response)
+        except grpc.RpcError as exc:
+            await self.inbox.put(from_rpc_error(exc, address))
+        except Exception as exc:
+            # A bug here must fail the consumer, not leave it waiting.
+            log.exception("reading the Consume stream from %s failed", address)
+            await self.inbox.put(errors.HeadraceError(f"consume stream failed: {exc!r}"))
+
+    async def _watch(self, view: ClusterView) -> None:
+        try:
+            successor = await view.wait_successor(self.owner)
+        except errors.Closed as exc:
+            await self.inbox.put(exc)
+            return
+        await self.inbox.put(successor)
+
+    async def next(self) -> Inbound:
+        return await self.inbox.get()
 
     def cancel(self) -> None:
         self.call.cancel()
-        _discard(self.successor)
+        for task in self._tasks:
+            task.cancel()
 
-
-def _discard(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task``, or mark its finished outcome seen."""
-    if not task.done():
-        task.cancel()
-    elif not task.cancelled():
-        task.exception()
+    async def close(self) -> None:
+        self.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 class Consumer:
@@ -157,10 +197,9 @@ class Consumer:
 
     async def close(self) -> None:
         self._closed = True
-        stream = self._stream
-        self._drop_stream()
+        stream, self._stream = self._stream, None
         if stream is not None:
-            await asyncio.gather(stream.successor, return_exceptions=True)
+            await stream.close()
 
     def _drop_stream(self) -> None:
         if self._stream is not None:
@@ -170,48 +209,26 @@ class Consumer:
     async def _fill(self) -> None:
         """Read the next response into the buffer, reconnecting as needed."""
         stream = self._stream
-        try:
-            if stream is None:
+        if stream is None:
+            try:
                 stream = self._stream = await self._open()
-            outcome = await self._read(stream)
-        except asyncio.CancelledError:
-            # A read given up half way (a timeout of next()): resume by position later.
-            self._drop_stream()
-            raise
-        except grpc.RpcError as exc:
-            where = self.owner.address if self.owner else "node"
-            await self._retry_or_raise(from_rpc_error(exc, where))
+            except errors.HeadraceError as exc:
+                await self._retry_or_raise(exc)
+                return
+        inbound = await stream.next()
+        if isinstance(inbound, Owner):
+            self._leave(stream, inbound)
             return
-        except errors.HeadraceError as exc:
-            await self._retry_or_raise(exc)
-            return
-        if isinstance(outcome, Owner):
-            self._leave(stream, outcome)
+        if isinstance(inbound, errors.HeadraceError):
+            await self._retry_or_raise(inbound)
             return
         self._backoff = self.options.retry_backoff
         self._avoid = None
-        if outcome.start_after_id and self.last_id is None:
+        if inbound.start_after_id and self.last_id is None:
             # Resolved "latest": a reconnect resumes here, not at a later "latest".
-            self.last_id = ids.parse(outcome.start_after_id)
-            self.last_timetick = outcome.start_after_timetick
-        self._buffer.extend(outcome.messages)
-
-    async def _read(self, stream: _Stream) -> pb.ConsumeResponse | Owner:
-        """The stream's next response, or the owner that superseded the stream's
-        owner if that is recorded first: a stopped owner never answers."""
-        read = asyncio.ensure_future(stream.call.read())
-        try:
-            await asyncio.wait((read, stream.successor), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            _discard(read)
-            raise
-        if not read.done():
-            _discard(read)
-            return stream.successor.result()
-        response = read.result()
-        if not isinstance(response, pb.ConsumeResponse):
-            raise errors.Unavailable(f"{stream.owner.address} ended the Consume stream")
-        return response
+            self.last_id = ids.parse(inbound.start_after_id)
+            self.last_timetick = inbound.start_after_timetick
+        self._buffer.extend(inbound.messages)
 
     def _leave(self, stream: _Stream, successor: Owner) -> None:
         """Give up ``stream``: ``successor`` serves its pchannel under a higher term."""
@@ -258,10 +275,7 @@ class Consumer:
         self.owner = owner
         stub = rpc.consumer_stub(self.session.channels.get(owner.address))
         call = stub.Consume(self._request(pchannel))
-        successor = asyncio.create_task(
-            view.wait_successor(owner), name=f"consume-{self.vchannel}-successor"
-        )
-        return _Stream(owner, call, successor)
+        return _Stream(owner, call, view)
 
     def _request(self, pchannel: str) -> pb.ConsumeRequest:
         request = pb.ConsumeRequest(

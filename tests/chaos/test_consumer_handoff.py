@@ -37,12 +37,21 @@ class Sender:
         self.client = client
         self.vchannel = vchannel
         self.acked: list[tuple[int, AppendResult]] = []
+        self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sender")
 
     async def stop(self) -> None:
+        """Let the send in flight finish (a cancelled one may be written
+        unacknowledged), then stop."""
+        self._stop.set()
+        if self._task is not None:
+            async with asyncio.timeout(HANG_GUARD):
+                await self._task
+
+    async def abort(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -52,7 +61,7 @@ class Sender:
         # acknowledged numbers are exactly 1..n.
         async with self.client.producer(ProducerOptions(deadline=10 * HANG_GUARD)) as producer:
             number = 0
-            while True:
+            while not self._stop.is_set():
                 number += 1
                 result = await producer.send(self.vchannel, str(number).encode())
                 self.acked.append((number, result))
@@ -74,6 +83,12 @@ class Reader:
         async for entry in self.consumer:
             self.got.append((int(entry.message.payload), entry.id, entry.message.term))
 
+    def done(self) -> str:
+        """How the reading task ended, if it did."""
+        if not self._task.done():
+            return ""
+        return "cancelled" if self._task.cancelled() else repr(self._task.exception())
+
     def numbers(self) -> list[int]:
         return [n for n, _, _ in self.got]
 
@@ -86,7 +101,7 @@ class Reader:
         await self.consumer.close()
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
+async def until(condition: Callable[[], bool], what: str | Callable[[], str]) -> None:
     """Poll ``condition`` until it holds; fail naming ``what`` after HANG_GUARD."""
     try:
         async with asyncio.timeout(HANG_GUARD):
@@ -95,7 +110,24 @@ async def until(condition: Callable[[], bool], what: str) -> None:
                     return
                 await asyncio.sleep(0.02)
     except TimeoutError:
-        raise AssertionError(f"waited {HANG_GUARD:g}s for {what}") from None
+        said = what if isinstance(what, str) else what()
+        raise AssertionError(f"waited {HANG_GUARD:g}s for {said}") from None
+
+
+async def caught_up(reader: Reader, sender: Sender) -> None:
+    """Wait until the reader delivered the last acknowledged number."""
+    last = sender.acked[-1][0]
+
+    def state() -> str:
+        numbers = reader.numbers()
+        missing = sorted(set(range(numbers[0] if numbers else 1, last + 1)) - set(numbers))
+        return (
+            f"catch-up to {last}: got {len(numbers)}, last {numbers[-3:]}, "
+            f"missing {missing[:10]}, owner {reader.consumer.owner}, "
+            f"reconnects {reader.consumer.reconnects}, reader done {reader.done()}"
+        )
+
+    await until(lambda: reader.numbers()[-1:] == [last], state)
 
 
 @contextlib.asynccontextmanager
@@ -149,10 +181,10 @@ async def test_tail_consumer_leaves_a_paused_owner_for_the_new_one(tmp_path: Pat
             more = len(sender.acked) + 20
             await until(lambda: len(sender.acked) >= more, "sends after the old owner resumed")
             await sender.stop()
-            await until(lambda: reader.numbers()[-1:] == [sender.acked[-1][0]], "catch-up")
+            await caught_up(reader, sender)
             assert_exactly_once(reader, sender, first)
         finally:
-            await sender.stop()
+            await sender.abort()
             await reader.close()
 
 
@@ -173,10 +205,10 @@ async def test_consumer_started_on_a_paused_owner_finds_the_new_one(tmp_path: Pa
             assert owner.paused, "the old owner was resumed before the consumer moved on"
             owner.resume()
             await sender.stop()
-            await until(lambda: reader.numbers()[-1:] == [sender.acked[-1][0]], "catch-up")
+            await caught_up(reader, sender)
             assert_exactly_once(reader, sender, 1)
         finally:
-            await sender.stop()
+            await sender.abort()
             await reader.close()
 
 
@@ -208,9 +240,9 @@ async def test_tail_consumer_follows_a_graceful_move(tmp_path: Path) -> None:
             await wait_for(procs.metastore, procs.spec.cluster, landed, HANG_GUARD)
             await until(lambda: reader.has_term_above(old.term), "the consumer to move")
             await sender.stop()
-            await until(lambda: reader.numbers()[-1:] == [sender.acked[-1][0]], "catch-up")
+            await caught_up(reader, sender)
             assert_exactly_once(reader, sender, first)
             assert reader.consumer.owner is not None and reader.consumer.owner.node == target
         finally:
-            await sender.stop()
+            await sender.abort()
             await reader.close()
