@@ -129,8 +129,9 @@ def message(value: object) -> Message:
     return Message(mtype, msg.vchannel, data, props, txn_id=msg.txn_id)
 
 
-def messages(value: object) -> list[object]:
-    """The items of an iterable of messages (each checked when it is sent)."""
+def messages(value: Iterable[Message]) -> list[Message]:
+    """The items of an iterable of messages; each is checked when it is sent,
+    as the type says nothing at run time."""
     if isinstance(value, Message | str | bytes) or not isinstance(value, Iterable):
         raise errors.InvalidArgument(
             f"messages must be an iterable of Message, got a {_type_name(value)}: {shown(value)}"
@@ -165,3 +166,15 @@ def timeout(value: object) -> float | None:
             f"timeout must be a non-negative number of seconds or None, got {shown(value)}"
         )
     return float(value)
+
+
+def count(value: object, what: str) -> int | None:
+    """A non-negative int, or None for no limit."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise errors.InvalidArgument(
+            f"{what} must be a non-negative int or None, got a {_type_name(value)}: "
+            f"{shown(value)}"
+        )
+    return value

@@ -7,6 +7,7 @@ a huge value whole.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -152,13 +153,35 @@ async def test_sync_client_rejects_bad_arguments(served: Cluster) -> None:
                 lambda: client.produce(HUGE, b"x"),
                 lambda: client.produce("a", "text"),  # type: ignore[arg-type]
                 lambda: list(client.consume(3, max_messages=1)),  # type: ignore[arg-type]
+                lambda: client.produce_many(7),  # type: ignore[arg-type]
+                lambda: list(client.consume("a", max_messages="2")),  # type: ignore[arg-type]
+                lambda: list(client.consume("a", idle_timeout=-1)),
             ):
                 with pytest.raises(errors.InvalidArgument) as exc:
                     call()
                 caught.append(exc.value)
         return caught
 
-    first, second, third = await asyncio.to_thread(work)
-    assert_clear(first, "vchannel", "characters")
-    assert_clear(second, "payload", "encode")
-    assert_clear(third, "vchannel", "int")
+    caught = await asyncio.to_thread(work)
+    expected = (
+        ["vchannel", "characters"],
+        ["payload", "encode"],
+        ["vchannel", "int"],
+        ["messages", "iterable"],
+        ["max_messages", "str"],
+        ["timeout", "-1"],
+    )
+    for exc, words in zip(caught, expected, strict=True):
+        assert_clear(exc, *words)
+
+
+def test_sync_client_rejects_bad_arguments_before_starting_its_thread() -> None:
+    threads = threading.active_count()
+    for kwargs in (
+        {"metastore_url": 5},
+        {"metastore_url": "sqlite:///unused.db", "cluster": 3},
+        {"metastore_url": "sqlite:///unused.db", "producer_options": {"deadline": 1}},
+    ):
+        with pytest.raises(errors.InvalidArgument):
+            SyncClient(**kwargs)
+    assert threading.active_count() == threads
