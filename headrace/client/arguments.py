@@ -59,36 +59,33 @@ def payload(value: object) -> bytes:
     )
 
 
+def _any_message_type(value: object, what: str) -> MessageType:
+    """A MessageType, its wire code or its name."""
+    if isinstance(value, MessageType):
+        return value
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        return MessageType.parse(value)
+    raise errors.InvalidArgument(
+        f"{what} must be a MessageType, got a {_type_name(value)}: {shown(value)}"
+    )
+
+
 def message_type(value: object) -> MessageType:
     """A type a producer may write (a MessageType, its code or its name)."""
-    if isinstance(value, MessageType):
-        mtype = value
-    elif isinstance(value, int | str) and not isinstance(value, bool):
-        mtype = MessageType.parse(value)
-    else:
-        raise errors.InvalidArgument(
-            f"type must be a MessageType, got a {_type_name(value)}: {shown(value)}"
-        )
+    mtype = _any_message_type(value, "type")
     if mtype.is_system:
         raise errors.InvalidArgument(f"{mtype.name} messages are written by the WAL itself")
     return mtype
 
 
 def message_types(value: object) -> frozenset[MessageType]:
-    """The types a consumer asks for: a collection of MessageType."""
+    """The types a consumer asks for: a collection of MessageType (or codes, names)."""
     if isinstance(value, str | bytes) or not isinstance(value, Collection):
         raise errors.InvalidArgument(
             f"types must be a collection of MessageType, got a {_type_name(value)}: "
             f"{shown(value)}"
         )
-    chosen = []
-    for item in value:
-        if not isinstance(item, MessageType):
-            raise errors.InvalidArgument(
-                f"types must hold MessageType values, got a {_type_name(item)}: {shown(item)}"
-            )
-        chosen.append(item)
-    return frozenset(chosen)
+    return frozenset(_any_message_type(item, "each of types") for item in value)
 
 
 def properties(value: object) -> Mapping[str, str]:

@@ -101,7 +101,8 @@ async def test_send_many_fails_only_the_bad_messages(
         (lambda c: c.consume(HUGE), ["vchannel", "characters"]),
         (lambda c: c.consume("a", start="middle"), ["start", "middle"]),
         (lambda c: c.consume("a", start=3), ["start"]),
-        (lambda c: c.consume("a", types=[2]), ["types", "MessageType", "int"]),
+        (lambda c: c.consume("a", types=[2.0]), ["types", "MessageType", "float"]),
+        (lambda c: c.consume("a", types=[99]), ["message type", "99"]),
         (lambda c: c.consume("a", types="INSERT"), ["types", "collection"]),
         (lambda c: c.consume("a", types=MessageType.INSERT), ["types", "collection"]),
         (lambda c: c.consume("a", options={"ready_timeout": 1}), ["options", "ConsumerOptions"]),
@@ -185,3 +186,13 @@ def test_sync_client_rejects_bad_arguments_before_starting_its_thread() -> None:
         with pytest.raises(errors.InvalidArgument):
             SyncClient(**kwargs)
     assert threading.active_count() == threads
+
+
+async def test_types_and_type_may_be_codes_or_names(served: Cluster, client: HeadraceClient) -> None:
+    consumer = client.consume("named", types=["delete", int(MessageType.INSERT)])
+    assert consumer.types == {MessageType.DELETE, MessageType.INSERT}
+    async with client.producer() as producer:
+        await producer.send("named", b"x", type="DELETE")  # type: ignore[arg-type]
+    entry = await consumer.next(HANG_GUARD)
+    assert entry is not None and entry.message.type is MessageType.DELETE
+    await consumer.close()
