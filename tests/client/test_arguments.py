@@ -188,7 +188,9 @@ def test_sync_client_rejects_bad_arguments_before_starting_its_thread() -> None:
     assert threading.active_count() == threads
 
 
-async def test_types_and_type_may_be_codes_or_names(served: Cluster, client: HeadraceClient) -> None:
+async def test_types_and_type_may_be_codes_or_names(
+    served: Cluster, client: HeadraceClient
+) -> None:
     consumer = client.consume("named", types=["delete", int(MessageType.INSERT)])
     assert consumer.types == {MessageType.DELETE, MessageType.INSERT}
     async with client.producer() as producer:
