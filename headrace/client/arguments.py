@@ -82,8 +82,7 @@ def message_types(value: object) -> frozenset[MessageType]:
     """The types a consumer asks for: a collection of MessageType (or codes, names)."""
     if isinstance(value, str | bytes) or not isinstance(value, Collection):
         raise errors.InvalidArgument(
-            f"types must be a collection of MessageType, got a {_type_name(value)}: "
-            f"{shown(value)}"
+            f"types must be a collection of MessageType, got a {_type_name(value)}: {shown(value)}"
         )
     return frozenset(_any_message_type(item, "each of types") for item in value)
 
@@ -94,8 +93,7 @@ def properties(value: object) -> Mapping[str, str]:
         return {}
     if not isinstance(value, Mapping):
         raise errors.InvalidArgument(
-            f"properties must be a mapping of str to str, got a {_type_name(value)}: "
-            f"{shown(value)}"
+            f"properties must be a mapping of str to str, got a {_type_name(value)}: {shown(value)}"
         )
     for key, item in value.items():
         if not isinstance(key, str) or not isinstance(item, str):
@@ -171,7 +169,6 @@ def count(value: object, what: str) -> int | None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise errors.InvalidArgument(
-            f"{what} must be a non-negative int or None, got a {_type_name(value)}: "
-            f"{shown(value)}"
+            f"{what} must be a non-negative int or None, got a {_type_name(value)}: {shown(value)}"
         )
     return value

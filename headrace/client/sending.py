@@ -44,9 +44,7 @@ class Group:
     __slots__ = ("future", "remaining", "results")
 
     def __init__(self, count: int) -> None:
-        self.future: asyncio.Future[list[Outcome]] = (
-            asyncio.get_running_loop().create_future()
-        )
+        self.future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
         self.results: list[Outcome] = [_PENDING] * count
         self.remaining = count
         if count == 0:
