@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import Collection
 
 from headrace import errors
-from headrace.client.consumer import Consumer, ConsumerOptions, Start
+from headrace.client import arguments
+from headrace.client.arguments import Start
+from headrace.client.consumer import Consumer, ConsumerOptions
 from headrace.client.discovery import ChannelPool, ClusterView, Owner
 from headrace.client.manager import ManagerClient
 from headrace.client.producer import Producer, ProducerOptions
+from headrace.client.session import Session
 from headrace.cluster import DEFAULT_CLUSTER, Keys
 from headrace.message.types import MessageType
 from headrace.metastore.contract import Metastore
@@ -44,12 +48,12 @@ class HeadraceClient:
         metastore: Metastore | None = None,
         options: ClientOptions | None = None,
     ) -> None:
-        self.metastore_url = metastore_url
-        self.keys = Keys(cluster)
-        self.options = options or ClientOptions()
+        self.metastore_url = arguments.instance(metastore_url, str, "metastore_url")
+        self.keys = Keys(arguments.instance(cluster, str, "cluster"))
+        self.options = arguments.instance(options or ClientOptions(), ClientOptions, "options")
         self._metastore = metastore
         self._owns_metastore = metastore is None
-        self._view: ClusterView | None = None
+        self._session: Session | None = None
         self.channels = ChannelPool(self.options.max_message_bytes)
         registry.load_id_classes()
 
@@ -61,7 +65,7 @@ class HeadraceClient:
 
     async def connect(self) -> HeadraceClient:
         """Open the metastore and start following the cluster; Unavailable if unreachable."""
-        if self._view is not None:
+        if self._session is not None:
             return self
         try:
             async with asyncio.timeout(self.options.connect_timeout):
@@ -78,7 +82,7 @@ class HeadraceClient:
         except errors.HeadraceError:
             await self._close_metastore()
             raise
-        self._view = view
+        self._session = Session(view, self.channels)
         return self
 
     async def _close_metastore(self) -> None:
@@ -87,25 +91,32 @@ class HeadraceClient:
             await metastore.close()
 
     async def close(self) -> None:
-        if self._view is not None:
-            await self._view.close()
-            self._view = None
+        if self._session is not None:
+            await self._session.view.close()
+            self._session = None
         await self.channels.close()
         await self._close_metastore()
 
     @property
-    def view(self) -> ClusterView:
-        if self._view is None:
+    def session(self) -> Session:
+        """What producers and consumers use; Closed if the client is not connected."""
+        if self._session is None:
             raise errors.Closed("the client is not connected; call connect() first")
-        return self._view
+        return self._session
+
+    @property
+    def view(self) -> ClusterView:
+        return self.session.view
 
     def route(self, vchannel: str) -> str:
         """The pchannel carrying ``vchannel`` (Unavailable before the config is known)."""
-        return self.view.route(vchannel)
+        return self.view.route(arguments.vchannel(vchannel))
 
     async def wait_ready(self, pchannel: str, timeout: float = 30.0) -> Owner:
         """Wait until ``pchannel`` is ASSIGNED and its node says it serves it."""
-        deadline = time.monotonic() + timeout
+        pchannel = arguments.pchannel(pchannel)
+        limit = arguments.timeout(timeout)
+        deadline = time.monotonic() + (math.inf if limit is None else limit)
         view = self.view
         avoid: Owner | None = None
         while True:
@@ -138,7 +149,7 @@ class HeadraceClient:
         return ManagerClient(address, self.channels.get(address))
 
     def producer(self, options: ProducerOptions | None = None) -> Producer:
-        return Producer(self, options or ProducerOptions())
+        return Producer(self.session, options or ProducerOptions())
 
     def consume(
         self,
@@ -153,4 +164,4 @@ class HeadraceClient:
         ``types``: the message types to deliver; None delivers every type but
         the WAL's own time ticks and fences.
         """
-        return Consumer(self, vchannel, start, types, options or ConsumerOptions())
+        return Consumer(self.session, vchannel, start, types, options or ConsumerOptions())

@@ -3,7 +3,10 @@
 A :class:`Consumer` keeps the id and timetick of the last message it
 delivered. When the stream breaks or the pchannel moves, it finds the owner
 again and resumes with ``START_AFTER(last id)`` and ``timetick_gt = last
-timetick``, so nothing is delivered twice or skipped. A start position that
+timetick``, so nothing is delivered twice or skipped. A move is noticed in
+the metastore too, as producers notice it: once an owner of a higher term is
+ASSIGNED, the stream to the old owner is given up even if that owner never
+answers or ends it (a paused or partitioned node). A start position that
 was truncated away raises :class:`headrace.errors.Truncated` naming the
 earliest readable id.
 """
@@ -16,25 +19,23 @@ import dataclasses
 import logging
 import time
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Literal
 
 import grpc
 
 from headrace import errors
-from headrace.client.discovery import Owner
+from headrace.client import arguments
+from headrace.client.arguments import Start
+from headrace.client.discovery import ClusterView, Owner
 from headrace.client.errors import from_rpc_error
+from headrace.client.session import Session
 from headrace.message import ids
 from headrace.message.ids import MessageID
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 
-if TYPE_CHECKING:
-    from headrace.client.client import HeadraceClient
-
 log = logging.getLogger(__name__)
 
-Start = Literal["earliest", "latest"] | MessageID
 ConsumeCall = rpc.ConsumeCall
 
 _DATA_TYPES = frozenset(t for t in MessageType if not t.is_system)
@@ -70,35 +71,93 @@ def to_entry(proto: pb.ConsumedMessage) -> LogEntry:
     return LogEntry(mid, message)
 
 
+Inbound = pb.ConsumeResponse | Owner | errors.HeadraceError
+"""What a stream hands its consumer: a response, the owner that superseded the
+stream's owner, or the error that ended the stream."""
+
+
+class _Stream:
+    """One Consume stream, read ahead by a task into ``inbox``.
+
+    A second task puts the owner that supersedes the stream's owner into the
+    same inbox once the cluster view records it: a stopped owner neither
+    answers nor ends its stream, so only the view can tell the consumer to
+    leave. A cancelled wait on the inbox loses nothing, so the stream outlives
+    a timeout of :meth:`Consumer.next`.
+    """
+
+    def __init__(self, owner: Owner, call: ConsumeCall, view: ClusterView) -> None:
+        self.owner = owner
+        self.call = call
+        self.inbox: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=2)
+        name = f"consume-{owner.pchannel}-{owner.term}"
+        self._tasks = (
+            asyncio.create_task(self._pump(), name=name),
+            asyncio.create_task(self._watch(view), name=f"{name}-successor"),
+        )
+
+    async def _pump(self) -> None:
+        address = self.owner.address
+        try:
+            while True:
+                response = await self.call.read()
+                if not isinstance(response, pb.ConsumeResponse):
+                    await self.inbox.put(errors.Unavailable(f"{address} ended the Consume stream"))
+                    return
+                await self.inbox.put(response)
+        except grpc.RpcError as exc:
+            await self.inbox.put(from_rpc_error(exc, address))
+        except Exception as exc:
+            # A bug here must fail the consumer, not leave it waiting.
+            log.exception("reading the Consume stream from %s failed", address)
+            await self.inbox.put(errors.HeadraceError(f"consume stream failed: {exc!r}"))
+
+    async def _watch(self, view: ClusterView) -> None:
+        try:
+            successor = await view.wait_successor(self.owner)
+        except errors.Closed as exc:
+            await self.inbox.put(exc)
+            return
+        await self.inbox.put(successor)
+
+    async def next(self) -> Inbound:
+        return await self.inbox.get()
+
+    def cancel(self) -> None:
+        self.call.cancel()
+        for task in self._tasks:
+            task.cancel()
+
+    async def close(self) -> None:
+        self.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
 class Consumer:
     """Async iterator of :class:`LogEntry`; create with :meth:`HeadraceClient.consume`."""
 
     def __init__(
         self,
-        client: HeadraceClient,
+        session: Session,
         vchannel: str,
         start: Start,
         types: Collection[MessageType] | None,
         options: ConsumerOptions,
     ) -> None:
-        if not isinstance(start, MessageID) and start not in ("earliest", "latest"):
-            raise errors.InvalidArgument(
-                f"start must be 'earliest', 'latest' or a message id, got {start!r}"
-            )
-        self.client = client
-        self.vchannel = vchannel
-        self.start = start
-        self.types = frozenset(_DATA_TYPES if types is None else types)
-        self.options = options
+        self.session = session
+        self.vchannel = arguments.vchannel(vchannel)
+        self.start = arguments.start(start)
+        self.types = _DATA_TYPES if types is None else arguments.message_types(types)
+        self.options = arguments.instance(options, ConsumerOptions, "options")
         self.last_id: MessageID | None = None
         """Where a reconnect resumes: the last message received (delivered or skipped)."""
         self.last_timetick = 0
         self.owner: Owner | None = None
         self.reconnects = 0
-        self._call: ConsumeCall | None = None
+        self._stream: _Stream | None = None
         self._buffer: collections.deque[pb.ConsumedMessage] = collections.deque()
         self._avoid: Owner | None = None
-        self._backoff = options.retry_backoff
+        self._backoff = self.options.retry_backoff
         self._closed = False
 
     def __aiter__(self) -> Consumer:
@@ -129,6 +188,7 @@ class Consumer:
 
     async def next(self, timeout: float | None = None) -> LogEntry | None:
         """The next message, or None if none arrives within ``timeout`` seconds."""
+        timeout = arguments.timeout(timeout)
         try:
             async with asyncio.timeout(timeout):
                 return await self.__anext__()
@@ -137,37 +197,57 @@ class Consumer:
 
     async def close(self) -> None:
         self._closed = True
-        self._drop_call()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.close()
 
-    def _drop_call(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
 
     async def _fill(self) -> None:
         """Read the next response into the buffer, reconnecting as needed."""
-        try:
-            if self._call is None:
-                self._call = await self._connect()
-            response = await self._call.read()
-            if not isinstance(response, pb.ConsumeResponse):
-                raise errors.Unavailable("the node ended the Consume stream")
-        except asyncio.CancelledError:
-            # A read given up half way (a timeout of next()): resume by position later.
-            self._drop_call()
-            raise
-        except grpc.RpcError as exc:
-            where = self.owner.address if self.owner else "node"
-            await self._retry_or_raise(from_rpc_error(exc, where))
+        stream = self._stream
+        if stream is None:
+            try:
+                stream = self._stream = await self._open()
+            except errors.HeadraceError as exc:
+                await self._retry_or_raise(exc)
+                return
+        inbound = await stream.next()
+        if isinstance(inbound, Owner):
+            self._leave(stream, inbound)
             return
-        except errors.HeadraceError as exc:
-            await self._retry_or_raise(exc)
+        if isinstance(inbound, errors.HeadraceError):
+            await self._retry_or_raise(inbound)
             return
         self._backoff = self.options.retry_backoff
-        self._buffer.extend(response.messages)
+        self._avoid = None
+        if inbound.start_after_id and self.last_id is None:
+            # Resolved "latest": a reconnect resumes here, not at a later "latest".
+            self.last_id = ids.parse(inbound.start_after_id)
+            self.last_timetick = inbound.start_after_timetick
+        self._buffer.extend(inbound.messages)
+
+    def _leave(self, stream: _Stream, successor: Owner) -> None:
+        """Give up ``stream``: ``successor`` serves its pchannel under a higher term."""
+        log.info(
+            "consuming %s: %s moved to %s at term %d; leaving %s (term %d)",
+            self.vchannel,
+            successor.pchannel,
+            successor.node,
+            successor.term,
+            stream.owner.address,
+            stream.owner.term,
+        )
+        self._drop_stream()
+        self._avoid = stream.owner
+        self.owner = None
+        self.reconnects += 1
 
     async def _retry_or_raise(self, error: errors.HeadraceError) -> None:
-        self._drop_call()
+        self._drop_stream()
         if not error.retryable:
             raise error
         log.info("consuming %s: %s; reconnecting", self.vchannel, error)
@@ -177,8 +257,9 @@ class Consumer:
         await asyncio.sleep(self._backoff)
         self._backoff = min(self._backoff * 2, self.options.max_retry_backoff)
 
-    async def _connect(self) -> ConsumeCall:
-        view = self.client.view
+    async def _open(self) -> _Stream:
+        """A Consume stream to the pchannel's owner, resuming where delivery stopped."""
+        view = self.session.view
         deadline = time.monotonic() + self.options.ready_timeout
         pchannel = await view.wait_route(self.vchannel, deadline)
         owner: Owner | None = None
@@ -192,19 +273,9 @@ class Consumer:
         if owner is None:
             owner = await view.wait_owner(pchannel, deadline)
         self.owner = owner
-        stub = rpc.consumer_stub(self.client.channels.get(owner.address))
+        stub = rpc.consumer_stub(self.session.channels.get(owner.address))
         call = stub.Consume(self._request(pchannel))
-        header = await call.read()
-        if not isinstance(header, pb.ConsumeResponse):
-            call.cancel()
-            raise errors.Unavailable(f"{owner.address} ended the Consume stream at once")
-        self._avoid = None
-        if header.start_after_id and self.last_id is None:
-            # Resolved "latest": a reconnect resumes here, not at a later "latest".
-            self.last_id = ids.parse(header.start_after_id)
-            self.last_timetick = header.start_after_timetick
-        self._buffer.extend(header.messages)
-        return call
+        return _Stream(owner, call, view)
 
     def _request(self, pchannel: str) -> pb.ConsumeRequest:
         request = pb.ConsumeRequest(
@@ -226,3 +297,6 @@ class Consumer:
         else:
             request.policy = pb.DELIVER_POLICY_ALL
         return request
+
+
+__all__ = ["ConsumeCall", "Consumer", "ConsumerOptions", "Start", "to_entry"]

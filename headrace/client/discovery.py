@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -80,6 +81,7 @@ class ClusterView:
     async def close(self) -> None:
         # Closing the watch ends the loop even if a cancellation gets lost in it.
         self._closing.set()
+        self._notify()
         if self._watch is not None:
             await self._watch.close()
         if self._task is not None:
@@ -173,12 +175,20 @@ class ClusterView:
     def owner(self, pchannel: str) -> Owner | None:
         return owner_of(self.assignments.get(pchannel), self.nodes)
 
+    def successor(self, owner: Owner) -> Owner | None:
+        """The ASSIGNED owner of ``owner``'s pchannel under a higher term, if recorded."""
+        current = self.owner(owner.pchannel)
+        return current if current is not None and current.term > owner.term else None
+
     async def wait_for(self, probe: Callable[[], T | None], deadline: float, what: str) -> T:
-        """Wait until ``probe()`` returns something; Unavailable at ``deadline``.
+        """Wait until ``probe()`` returns something; Unavailable at ``deadline``,
+        Closed (not retryable) once the view is closed.
 
         ``deadline`` is a :func:`time.monotonic` time.
         """
         while True:
+            if self._closing.is_set():
+                raise errors.Closed("the client was closed", retryable=False)
             value = probe()
             if value is not None:
                 return value
@@ -206,6 +216,19 @@ class ClusterView:
             return None if owner is None or owner == avoid else owner
 
         return await self.wait_for(probe, deadline, f"an owner of {pchannel}")
+
+    async def wait_successor(self, owner: Owner) -> Owner:
+        """Wait, without end, until :meth:`successor` names one; that owner.
+
+        A stalled owner (paused, partitioned) answers nothing and ends no
+        stream, so a stream open to it must be given up once this returns:
+        the successor fenced ``owner``'s term in the backend before serving.
+        """
+        return await self.wait_for(
+            lambda: self.successor(owner),
+            math.inf,
+            f"an owner of {owner.pchannel} above term {owner.term}",
+        )
 
 
 class ChannelPool:

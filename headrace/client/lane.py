@@ -7,10 +7,8 @@ import collections
 import dataclasses
 import itertools
 import logging
-import math
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import grpc
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
@@ -18,30 +16,27 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from headrace import errors
 from headrace.client.discovery import Owner
 from headrace.client.errors import from_proto, from_rpc_error
+from headrace.client.sending import Item, Outcome, ProducerOptions
+from headrace.client.session import Session
 from headrace.message import ids
-from headrace.message.types import Message
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 from headrace.wal.api import AppendResult
-
-if TYPE_CHECKING:
-    from headrace.client.producer import Group, Producer
 
 log = logging.getLogger(__name__)
 
 ProduceCall = rpc.ProduceCall
 
 
-@dataclasses.dataclass(slots=True)
-class Item:
-    """One message on its way: stamped properties, size, where its outcome goes."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaneContext:
+    """What a lane uses of its producer."""
 
-    message: Message
-    properties: Mapping[str, str]
-    size: int
-    group: Group
-    index: int
-    deadline: float
+    session: Session
+    options: ProducerOptions
+    producer_id: str
+    settle: Callable[[Item, Outcome], None]
+    """Reports a message's outcome to its sender."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -68,10 +63,10 @@ class _Stream:
 class Lane:
     """Queue and stream of one pchannel; runs until closed."""
 
-    def __init__(self, producer: Producer, pchannel: str) -> None:
-        self.producer = producer
+    def __init__(self, context: LaneContext, pchannel: str) -> None:
+        self.context = context
         self.pchannel = pchannel
-        self.options = producer.options
+        self.options = context.options
         self.queue: collections.deque[Item] = collections.deque()
         self.owner: Owner | None = None
         self._wake = asyncio.Event()
@@ -100,7 +95,7 @@ class Lane:
         await asyncio.gather(self._task, return_exceptions=True)
         closed = errors.Closed("the producer was closed before the message was acknowledged")
         while self.queue:
-            self.producer.settle(self.queue.popleft(), closed)
+            self.context.settle(self.queue.popleft(), closed)
 
     # ----------------------------------------------------------- the loop
 
@@ -127,6 +122,9 @@ class Lane:
             except errors.Unavailable as exc:
                 self._expire(last_error or exc)
                 continue
+            except errors.Closed as exc:
+                self._fail_all(exc)
+                continue
             self.owner = owner
             stream = await self._stream(owner)
             self.owner = None
@@ -146,7 +144,7 @@ class Lane:
 
     async def _find_owner(self, avoid: Owner | None, backoff: float) -> Owner:
         """The owner to try next: preferably another than ``avoid``."""
-        view = self.producer.client.view
+        view = self.context.session.view
         deadline = self.queue[0].deadline
         if avoid is not None:
             try:
@@ -160,18 +158,18 @@ class Lane:
     def _expire(self, error: errors.HeadraceError) -> None:
         now = time.monotonic()
         while self.queue and self.queue[0].deadline <= now:
-            self.producer.settle(self.queue.popleft(), error)
+            self.context.settle(self.queue.popleft(), error)
 
     def _fail_all(self, error: errors.HeadraceError) -> None:
         while self.queue:
-            self.producer.settle(self.queue.popleft(), error)
+            self.context.settle(self.queue.popleft(), error)
 
     # ---------------------------------------------------------- one stream
 
     async def _stream(self, owner: Owner) -> _Stream:
         """Send over one stream to ``owner`` until it fails or the pchannel moves on;
         then requeue what is unacknowledged."""
-        channel = self.producer.client.channels.get(owner.address)
+        channel = self.context.session.channels.get(owner.address)
         call = rpc.producer_stub(channel).Produce()
         stream = _Stream(call, owner)
         body = asyncio.create_task(self._converse(stream))
@@ -223,18 +221,11 @@ class Lane:
         old owner never becomes readable), and its dedup window holds what the
         old owner wrote before the fence.
         """
-        view = self.producer.client.view
-        term = stream.owner.term
-
-        def newer() -> Owner | None:
-            owner = view.owner(self.pchannel)
-            return owner if owner is not None and owner.term > term else None
-
-        owner = await view.wait_for(newer, math.inf, f"a new owner of {self.pchannel}")
+        owner = await self.context.session.view.wait_successor(stream.owner)
         stream.fail(
             errors.Unavailable(
                 f"{self.pchannel} moved to {owner.node} at term {owner.term} "
-                f"while the stream to {stream.owner.address} (term {term}) was open"
+                f"while the stream to {stream.owner.address} (term {stream.owner.term}) was open"
             ),
             broken=True,
         )
@@ -244,7 +235,7 @@ class Lane:
         await stream.call.write(
             pb.ProduceRequest(
                 open=pb.OpenProducer(
-                    pchannel=self.pchannel, term=owner.term, producer_id=self.producer.producer_id
+                    pchannel=self.pchannel, term=owner.term, producer_id=self.context.producer_id
                 )
             )
         )
@@ -343,7 +334,7 @@ class Lane:
             stream.retry.extend(items)
             stream.fail(errors.Unavailable("a Produce response of the wrong length"), broken=True)
             return
-        settle = self.producer.settle
+        settle = self.context.settle
         parse = ids.parse
         for item, result in zip(items, results, strict=True):
             if result.HasField("error"):

@@ -1,6 +1,6 @@
 """The producer: batched, pipelined, retried appends to the owners of pchannels.
 
-Each pchannel gets a :class:`_Lane`: a queue of messages and one Produce
+Each pchannel gets a :class:`Lane`: a queue of messages and one Produce
 stream to the pchannel's owner at a time, with up to ``max_inflight_batches``
 batches on the wire. Messages are stamped with ``producer_id`` and a
 ``producer_seq`` once, so a retried message is written once (the WAL's dedup
@@ -14,82 +14,33 @@ acknowledged after ``deadline`` seconds fails with the last error seen.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from headrace import errors
+from headrace.client import arguments
 from headrace.client.budget import ByteBudget
 from headrace.client.discovery import Owner
-from headrace.client.lane import Item, Lane
+from headrace.client.lane import Lane, LaneContext
+from headrace.client.sending import Group, Item, Outcome, ProducerOptions
+from headrace.client.session import Session
+from headrace.message.properties import PRODUCER_ID, PRODUCER_SEQ
 from headrace.message.types import Message, MessageType
 from headrace.wal.api import AppendResult
-from headrace.wal.interceptors.dedup import PRODUCER_ID, PRODUCER_SEQ
-
-if TYPE_CHECKING:
-    from headrace.client.client import HeadraceClient
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ProducerOptions:
-    max_batch_messages: int = 512
-    max_batch_bytes: int = 1 << 20
-    linger: float = 0.0
-    """Seconds a part-filled batch waits for more messages (0: send what is queued)."""
-    max_inflight_bytes: int = 64 << 20
-    """Bytes of unacknowledged messages; ``send`` waits while they are more."""
-    max_inflight_batches: int = 8
-    """Batches on the wire per pchannel before the first is answered."""
-    deadline: float = 60.0
-    """Seconds a message may take, retries included, before it fails."""
-    retry_backoff: float = 0.05
-    max_retry_backoff: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.max_batch_messages < 1 or self.max_batch_bytes < 1:
-            raise errors.InvalidArgument("batch limits must be positive")
-        if self.max_inflight_batches < 1 or self.max_inflight_bytes < 1:
-            raise errors.InvalidArgument("in-flight limits must be positive")
-        if self.deadline <= 0:
-            raise errors.InvalidArgument(f"deadline must be positive, got {self.deadline}")
-
-
-class Group:
-    """The outcomes of one ``send``/``send_many`` call."""
-
-    __slots__ = ("future", "remaining", "results")
-
-    def __init__(self, count: int) -> None:
-        self.future: asyncio.Future[list[AppendResult | errors.HeadraceError]] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self.results: list[AppendResult | errors.HeadraceError] = [_PENDING] * count
-        self.remaining = count
-        if count == 0:
-            self.future.set_result([])
-
-    def settle(self, index: int, outcome: AppendResult | errors.HeadraceError) -> None:
-        self.results[index] = outcome
-        self.remaining -= 1
-        if self.remaining == 0 and not self.future.done():
-            self.future.set_result(self.results)
-
-
-_PENDING = errors.Unavailable("not sent yet")
 
 
 class Producer:
     """Sends messages to a cluster; create with :meth:`HeadraceClient.producer`."""
 
-    def __init__(self, client: HeadraceClient, options: ProducerOptions) -> None:
-        self.client = client
-        self.options = options
+    def __init__(self, session: Session, options: ProducerOptions) -> None:
+        self.session = session
+        self.options = arguments.instance(options, ProducerOptions, "options")
         self.producer_id = uuid.uuid4().hex
         self._seq = itertools.count(1)
-        self.budget = ByteBudget(options.max_inflight_bytes)
+        self.budget = ByteBudget(self.options.max_inflight_bytes)
+        self._context = LaneContext(session, self.options, self.producer_id, self.settle)
         self._lanes: dict[str, Lane] = {}
         self._closed = False
 
@@ -108,28 +59,42 @@ class Producer:
         properties: Mapping[str, str] | None = None,
         txn_id: int = 0,
     ) -> AppendResult:
-        """Append one message; its result once acknowledged, else its error."""
-        message = Message(type, vchannel, payload, properties or {}, txn_id=txn_id)
+        """Append one message; its result once acknowledged, else its error.
+
+        InvalidArgument at once for an argument of the wrong type or value.
+        """
+        message = Message(
+            arguments.message_type(type),
+            arguments.vchannel(vchannel),
+            arguments.payload(payload),
+            arguments.properties(properties),
+            txn_id=arguments.txn_id(txn_id),
+        )
         (outcome,) = await self.send_many((message,))
         if isinstance(outcome, errors.HeadraceError):
             raise outcome
         return outcome
 
-    async def send_many(
-        self, messages: Iterable[Message]
-    ) -> list[AppendResult | errors.HeadraceError]:
+    async def send_many(self, messages: Iterable[Message]) -> list[Outcome]:
         """Append messages; one result or error per message, in their order.
 
-        Messages of one vchannel are written in the order given.
+        Messages of one vchannel are written in the order given. A message
+        that is not a well-formed :class:`Message` gets its InvalidArgument as
+        its outcome and is not sent; the others are.
         """
         if self._closed:
             raise errors.Closed("the producer is closed")
-        batch = list(messages)
+        batch = arguments.messages(messages)
         group = Group(len(batch))
-        view = self.client.view
+        view = self.session.view
         deadline = time.monotonic() + self.options.deadline
         lanes: dict[str, Lane] = {}
-        for index, msg in enumerate(batch):
+        for index, candidate in enumerate(batch):
+            try:
+                msg = arguments.message(candidate)
+            except errors.InvalidArgument as exc:
+                group.settle(index, exc)
+                continue
             lane = lanes.get(msg.vchannel)
             if lane is None:
                 if view.config is None:
@@ -143,7 +108,7 @@ class Producer:
     def _lane(self, pchannel: str) -> Lane:
         lane = self._lanes.get(pchannel)
         if lane is None:
-            lane = self._lanes[pchannel] = Lane(self, pchannel)
+            lane = self._lanes[pchannel] = Lane(self._context, pchannel)
         return lane
 
     def _item(self, msg: Message, group: Group, index: int, deadline: float) -> Item:
@@ -153,7 +118,7 @@ class Producer:
         size = len(msg.payload) + len(msg.vchannel) + 96
         return Item(msg, properties, size, group, index, deadline)
 
-    def settle(self, item: Item, outcome: AppendResult | errors.HeadraceError) -> None:
+    def settle(self, item: Item, outcome: Outcome) -> None:
         """Report ``item``'s outcome and give back its bytes."""
         self.budget.release(item.size)
         item.group.settle(item.index, outcome)

@@ -18,8 +18,10 @@ from collections.abc import Collection, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from headrace import errors
+from headrace.client import arguments
+from headrace.client.arguments import Start
 from headrace.client.client import ClientOptions, HeadraceClient
-from headrace.client.consumer import Consumer, ConsumerOptions, Start
+from headrace.client.consumer import Consumer, ConsumerOptions
 from headrace.client.discovery import Owner
 from headrace.client.producer import Producer, ProducerOptions
 from headrace.cluster import DEFAULT_CLUSTER
@@ -40,13 +42,18 @@ class SyncClient:
         options: ClientOptions | None = None,
         producer_options: ProducerOptions | None = None,
     ) -> None:
+        # Bad arguments raise here, before a thread is started.
+        self._client = HeadraceClient(metastore_url, cluster, options=options)
+        self._producer_options = (
+            None
+            if producer_options is None
+            else arguments.instance(producer_options, ProducerOptions, "producer_options")
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="headrace-sync-client", daemon=True
         )
         self._thread.start()
-        self._client = HeadraceClient(metastore_url, cluster, options=options)
-        self._producer_options = producer_options
         self._producer: Producer | None = None
         try:
             self._run(self._client.connect())
@@ -96,7 +103,7 @@ class SyncClient:
         self, messages: Iterable[Message]
     ) -> list[AppendResult | errors.HeadraceError]:
         """Append messages; one result or error per message."""
-        batch = list(messages)
+        batch = arguments.messages(messages)
 
         async def send() -> list[AppendResult | errors.HeadraceError]:
             producer = await self._get_producer()
@@ -122,6 +129,8 @@ class SyncClient:
     ) -> Iterator[LogEntry]:
         """Yield ``vchannel``'s messages until ``max_messages`` were yielded or
         none arrived for ``idle_timeout`` seconds (None: no limit)."""
+        limit = arguments.count(max_messages, "max_messages")
+        idle = arguments.timeout(idle_timeout)
 
         async def open_consumer() -> Consumer:
             return self._client.consume(vchannel, start, types, options)
@@ -129,8 +138,8 @@ class SyncClient:
         consumer = self._run(open_consumer())
         count = 0
         try:
-            while max_messages is None or count < max_messages:
-                entry = self._run(consumer.next(idle_timeout))
+            while limit is None or count < limit:
+                entry = self._run(consumer.next(idle))
                 if entry is None:
                     return
                 count += 1

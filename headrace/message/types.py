@@ -78,8 +78,12 @@ def _no_properties() -> Mapping[str, str]:
     return _EMPTY
 
 
-def validate_vchannel(vchannel: str) -> str:
-    """Return ``vchannel`` if it is well formed, else raise InvalidArgument."""
+def validate_vchannel(vchannel: object) -> str:
+    """Return ``vchannel`` if it is a well-formed name, else raise InvalidArgument."""
+    if not isinstance(vchannel, str):
+        raise errors.InvalidArgument(
+            f"vchannel must be a str, got a {type(vchannel).__name__}: {errors.quoted(vchannel)}"
+        )
     if not VCHANNEL_PATTERN.match(vchannel):
         raise errors.InvalidArgument(
             f"invalid vchannel {errors.quoted(vchannel)}: use 1-255 characters of [A-Za-z0-9_.-], "

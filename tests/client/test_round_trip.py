@@ -159,3 +159,23 @@ async def test_unreachable_metastore_is_unavailable(tmp_path: object) -> None:
         await HeadraceClient("etcd://127.0.0.1:1").connect()
     with pytest.raises(errors.Unavailable):
         await status("etcd://127.0.0.1:1", timeout=5.0)
+
+
+async def test_closing_the_client_ends_waiting_consumers_and_producers(cluster: Cluster) -> None:
+    """With no owner to wait for, a consumer and a producer wait on the cluster
+    view; closing the client ends both with Closed, not a hang or a retry loop."""
+    await cluster.configure(PCHANNELS)
+    client = await HeadraceClient(cluster.url, "test").connect()
+    consumer = client.consume("orders")
+    producer = client.producer(ProducerOptions(deadline=HANG_GUARD * 3))
+    waiting = asyncio.create_task(consumer.next(HANG_GUARD * 3))
+    sending = asyncio.create_task(producer.send("orders", b"x"))
+    await asyncio.sleep(0.2)
+    assert not waiting.done() and not sending.done()
+    await client.close()
+    async with asyncio.timeout(HANG_GUARD):
+        outcomes = await asyncio.gather(waiting, sending, return_exceptions=True)
+    for outcome in outcomes:
+        assert isinstance(outcome, errors.Closed) and not outcome.retryable, outcome
+    await consumer.close()
+    await producer.close()

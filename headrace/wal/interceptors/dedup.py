@@ -16,12 +16,10 @@ from collections.abc import Mapping
 
 from headrace import errors
 from headrace.message.ids import MessageID
+from headrace.message.properties import PRODUCER_ID, PRODUCER_SEQ
 from headrace.message.types import Message
 from headrace.wal.api import AppendResult
 from headrace.wal.interceptors.chain import AppendContext, Handler
-
-PRODUCER_ID = "producer_id"
-PRODUCER_SEQ = "producer_seq"
 
 ProducerKey = tuple[str, int]
 _InFlight = tuple[asyncio.Future[None], AppendContext]
