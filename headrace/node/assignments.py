@@ -93,6 +93,95 @@ def decide(
     return Action.CLOSE if record.term >= held_term else Action.NONE
 
 
+SERVES = (AssignmentState.ASSIGNING, AssignmentState.ASSIGNED)
+"""Record states in which the named node must serve the pchannel."""
+
+
+def says(record: Assignment | None) -> str:
+    """What ``record`` says, for error messages (pure)."""
+    if record is None:
+        return "no assignment record exists"
+    node = f"node {record.node}" if record.node else "no node"
+    return f"the record says {record.state.value} to {node} at term {record.term}"
+
+
+def refuse_open(
+    pchannel: str, term: int, record: Assignment | None, node_id: str
+) -> errors.HeadraceError | None:
+    """Why node ``node_id`` must not open ``pchannel`` at ``term`` on request
+    (the Manager's OpenWAL), given the pchannel's current record; None: it may.
+
+    A node serves only what its record names it to serve, at the record's
+    term: opening at any other term would fence the backend at a term the
+    coordinator never gave out (and wedge the pchannel until its terms catch
+    up), or serve a pchannel another node owns.
+    """
+    if record is None or record.node != node_id or record.state not in SERVES:
+        owner = record.node if record is not None and record.state in SERVES else ""
+        return errors.NotOwner(
+            f"node {node_id} may not open {pchannel} at term {term}: {says(record)}",
+            owner=owner,
+            term=0 if record is None else record.term,
+        )
+    if term < record.term:
+        return errors.Fenced(
+            f"cannot open {pchannel} at term {term}: {says(record)}",
+            term=term,
+            current_term=record.term,
+        )
+    if term > record.term:
+        return errors.InvalidArgument(
+            f"cannot open {pchannel} at term {term}: {says(record)}; "
+            "only the coordinator gives out terms"
+        )
+    return None
+
+
+def refuse_close(
+    pchannel: str, term: int, record: Assignment | None, node_id: str, held_term: int | None
+) -> errors.HeadraceError | None:
+    """Why node ``node_id`` (holding ``held_term``, None: nothing) must not close
+    ``pchannel`` at ``term`` on request (the Manager's CloseWAL); None: it may.
+
+    A close names the term it closes. While the record says this node serves
+    the pchannel, nothing else would ever reopen it, so a close is refused:
+    a pchannel leaves a node through its record (UNASSIGNING, written by the
+    coordinator's move or drain), never by closing the WAL under the record.
+    """
+    if term <= 0:
+        return errors.InvalidArgument(
+            f"closing {pchannel} needs the term of the WAL to close ({says(record)})"
+        )
+    if record is not None and record.node == node_id and record.state in SERVES:
+        if term < record.term:
+            return errors.Fenced(
+                f"cannot close {pchannel} at term {term}: {says(record)}",
+                term=term,
+                current_term=record.term,
+            )
+        return errors.InvalidArgument(
+            f"node {node_id} may not close {pchannel}: {says(record)}, so this node must "
+            "serve it; move or drain it through the coordinator, which unassigns it first"
+        )
+    if held_term is not None and held_term > term:
+        return errors.Fenced(
+            f"{pchannel} is held at term {held_term}; cannot close term {term}",
+            term=term,
+            current_term=held_term,
+        )
+    if held_term is not None and held_term < term:
+        return errors.InvalidArgument(
+            f"{pchannel} is held at term {held_term}, not {term} ({says(record)})"
+        )
+    return None
+
+
+async def read_assignment(metastore: Metastore, keys: Keys, pchannel: str) -> Assignment | None:
+    """The current record of ``pchannel`` in the metastore; CorruptData if malformed."""
+    kv = await metastore.get(keys.pchannel(pchannel))
+    return None if kv is None else parse_record(Assignment, kv.value)
+
+
 def retry_delay(attempt: int, base: float, cap: float) -> float:
     """Seconds to wait before retry number ``attempt`` (1, 2, ...): ``base``
     doubling each time, at most ``cap`` (pure)."""

@@ -157,7 +157,10 @@ class StreamingNode:
         self.producer_service = ProducerService(self.manager, cfg.limits)
         self.consumer_service = ConsumerService(self.manager, cfg.limits)
         rpc.add_services(
-            server, self.producer_service, self.consumer_service, ManagerService(self.manager)
+            server,
+            self.producer_service,
+            self.consumer_service,
+            ManagerService(self.manager, self.metastore, self.keys),
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
