@@ -7,6 +7,8 @@ current and carries the decisions out, one pchannel at a time, always acting
 on the newest record it has seen. A step that fails with a retryable error
 (a WAL whose broker is down, a metastore hiccup) is retried with exponential
 backoff (:func:`retry_delay`) until it succeeds or a newer record replaces it.
+Every task the reactor runs is guarded (:mod:`headrace.guarded`): any other
+failure is logged at once and handed to the node's ``on_failure``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo
+from headrace.guarded import OnFailure, cancel_and_settle, guarded_task
 from headrace.metastore.contract import (
     Compare,
     EventType,
@@ -197,11 +200,14 @@ class Reactor:
         keys: Keys,
         manager: WALManager,
         address: str,
+        on_failure: OnFailure,
         *,
         retry_seconds: float = 0.5,
         max_retry_seconds: float = 10.0,
         session_lease: Callable[[], int] = lambda: 0,
     ) -> None:
+        self.on_failure = on_failure
+        """Told when one of the reactor's tasks fails: the node cannot follow its records."""
         self.session_lease = session_lease
         """The lease of the node's current session, stamped on ASSIGNED records."""
         self.metastore = metastore
@@ -228,8 +234,12 @@ class Reactor:
         self._watch: Watch | None = None
 
     async def run(self) -> None:
-        """List and watch until :meth:`stop` (or cancelled); survive metastore outages."""
-        healer = asyncio.create_task(self._heal(), name=f"{self.node_id}-heal")
+        """List and watch until :meth:`stop` (or cancelled); survive metastore outages.
+
+        Any error other than a Headrace one (a defect) ends it: the node's
+        supervision of this task reports it.
+        """
+        healer = self._guarded(self._heal(), f"{self.node_id}-heal")
         try:
             while not self._stopping.is_set():
                 try:
@@ -242,10 +252,11 @@ class Reactor:
                     async with asyncio.timeout(self.retry_seconds):
                         await self._stopping.wait()
         finally:
-            tasks = [healer, *self._workers.values(), *self._retries]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_settle(
+                [healer, *self._workers.values(), *self._retries],
+                what=f"node {self.node_id}: stopping the assignment reactor",
+                logger=log,
+            )
 
     async def _relist(self) -> int:
         keys = self.keys
@@ -365,8 +376,8 @@ class Reactor:
         self._pending[pchannel] = (kv, generation)
         worker = self._workers.get(pchannel)
         if worker is None or worker.done():
-            self._workers[pchannel] = asyncio.create_task(
-                self._work(pchannel), name=f"react-{pchannel}"
+            self._workers[pchannel] = self._guarded(
+                self._work(pchannel), f"{self.node_id}-react-{pchannel}"
             )
 
     async def _work(self, pchannel: str) -> None:
@@ -402,9 +413,13 @@ class Reactor:
             if self._generation.get(pchannel) == generation:
                 self._submit(pchannel, kv)
 
-        task = asyncio.create_task(retry())
+        task = self._guarded(retry(), f"{self.node_id}-retry-{pchannel}")
         self._retries.add(task)
         task.add_done_callback(self._retries.discard)
+
+    def _guarded(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task of the reactor's that ends when its work is done (or on stop)."""
+        return guarded_task(coro, name, self.on_failure, finishable=True, logger=log)
 
     async def _react(self, pchannel: str, kv: KeyValue | None) -> None:
         record = None if kv is None else parse_record(Assignment, kv.value)

@@ -19,6 +19,7 @@ import grpc
 
 from headrace import errors
 from headrace.cluster import Keys
+from headrace.guarded import cancel_and_settle
 from headrace.message.types import LogEntry, Message
 from headrace.metastore.contract import Metastore
 from headrace.node import convert
@@ -85,8 +86,7 @@ class ProducerService(rpc.ProducerServicer):
                 if failure is not None:
                     await abort(context, failure)
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            await cancel_and_settle([reader], what="ending a Produce stream", logger=log)
 
     def _open(self, first: pb.ProduceRequest) -> pb.ProducerOpened:
         if first.WhichOneof("request") != "open":
