@@ -85,9 +85,13 @@ def guarded_task(
     Cancellation is not a failure. ``finishable``: returning is normal (a
     worker that runs out of work), not a failure.
     """
-    return asyncio.get_running_loop().create_task(
+    task = asyncio.get_running_loop().create_task(
         _guard(coro, name, on_failure, finishable, logger), name=name
     )
+    # A task cancelled before its first step never awaits ``coro``: close it,
+    # or Python warns that it was never awaited (a no-op once it has run).
+    task.add_done_callback(lambda _: coro.close())
+    return task
 
 
 async def settle(

@@ -127,3 +127,18 @@ async def test_wait_any_returns_on_the_first_event_or_the_timeout() -> None:
     assert not first.is_set()
     leftover = [t for t in asyncio.all_tasks() if t.get_name() == "wait-any"]
     assert leftover == []
+
+
+async def test_a_task_cancelled_before_it_starts_leaves_no_unawaited_coroutine() -> None:
+    reports = Reports()
+
+    async def never_started() -> None:
+        raise AssertionError("unreachable")
+
+    coro = never_started()
+    task = guarded_task(coro, "early", reports)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert coro.cr_frame is None, "the coroutine was left open (never awaited)"
+    assert reports.failures == []
