@@ -16,6 +16,7 @@ import logging
 import time
 
 from headrace import errors
+from headrace.guarded import TaskFailure, guarded_task
 from headrace.metastore.contract import Compare, Get, KeyValue, Metastore, Put
 
 LOGICAL_BITS = 18
@@ -139,7 +140,13 @@ class MetastoreTSO(TimestampAllocator):
             if self._end - need <= self._renew_ms and (
                 self._background is None or self._background.done()
             ):
-                self._background = asyncio.create_task(self._renew_in_background(need))
+                self._background = guarded_task(
+                    self._renew_in_background(need),
+                    f"tso-renewal {self._key}",
+                    self._renewal_failed,
+                    finishable=True,
+                    logger=_log,
+                )
             return first
 
     async def _renew_in_background(self, need: int) -> None:
@@ -147,6 +154,10 @@ class MetastoreTSO(TimestampAllocator):
             await self._reserve(need)
         except errors.HeadraceError as exc:
             _log.warning("TSO window renewal on %s failed (will retry): %s", self._key, exc)
+
+    async def _renewal_failed(self, failure: TaskFailure) -> None:
+        """Nothing else depends on a background renewal (it is logged): an
+        allocation that needs the window renews it in the foreground."""
 
     async def _reserve(self, need: int) -> None:
         """Make ``_end`` exceed ``need`` ms (plus a window ahead of the clock)."""

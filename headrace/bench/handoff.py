@@ -41,6 +41,7 @@ from headrace.bench.procs import ClusterSpec, ProcCluster
 from headrace.client.client import HeadraceClient
 from headrace.cluster import Assignment, AssignmentState, route
 from headrace.coordinator.snapshot import ClusterSnapshot, wait_for
+from headrace.guarded import cancel_and_settle
 from headrace.metastore.contract import EventType
 
 PCHANNELS = 3
@@ -88,8 +89,7 @@ class Probe:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_settle([self._task], what="stopping the handoff probe")
 
     async def _run(self) -> None:
         async with self.client.producer() as producer:
@@ -155,8 +155,7 @@ class History:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_settle([self._task], what="stopping the assignment history")
 
     def stamp(self, state: AssignmentState, term: int, *, above: bool = False) -> float | None:
         """``updated_at`` of the first record in ``state`` with ``term`` (or any above)."""

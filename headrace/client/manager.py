@@ -60,7 +60,9 @@ class ManagerClient:
         *,
         timeout: float | None = None,
     ) -> WALStatus:
-        """Open ``pchannel`` on the node under ``term``; FENCED for an old term."""
+        """Open ``pchannel`` on the node under ``term``, which must be what its
+        assignment record says: the record must name this node (else NOT_OWNER)
+        at this very term (FENCED below it, INVALID_ARGUMENT above it)."""
         try:
             response = await self._stub.OpenWAL(
                 pb.OpenWALRequest(pchannel=pchannel, term=term), timeout=timeout or self.timeout
@@ -72,11 +74,13 @@ class ManagerClient:
     async def close_wal(
         self,
         pchannel: str,
-        term: int = 0,
+        term: int,
         *,
         timeout: float | None = None,
     ) -> None:
-        """Drain and close ``pchannel`` on the node (term 0: whatever term it holds)."""
+        """Drain and close ``pchannel``'s WAL of ``term`` on the node. Refused
+        (INVALID_ARGUMENT, FENCED) while the assignment record says the node
+        serves it: a pchannel leaves a node through the coordinator."""
         try:
             await self._stub.CloseWAL(
                 pb.CloseWALRequest(pchannel=pchannel, term=term), timeout=timeout or self.timeout

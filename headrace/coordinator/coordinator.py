@@ -31,6 +31,7 @@ from headrace.coordinator.control import ControlKeys, parse_record
 from headrace.coordinator.election import Election, Leadership, NotLeader
 from headrace.coordinator.reconcile import Plan, Policy, View, reconcile
 from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot
+from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, wait_any
 from headrace.metastore.contract import Compare, Delete, Metastore, Op, Put
 
 log = logging.getLogger(__name__)
@@ -182,27 +183,46 @@ class Coordinator:
         dirty = asyncio.Event()
         dirty.set()
         prefixes = (self.keys.nodes, self.keys.pchannels, self.control.requests)
+        failures: list[TaskFailure] = []
+        broken = asyncio.Event()
+
+        async def on_failure(failure: TaskFailure) -> None:
+            failures.append(failure)
+            broken.set()
+
         watchers = [
-            asyncio.create_task(self._watch(prefix, dirty, leadership), name=f"watch {prefix}")
+            guarded_task(
+                self._watch(prefix, dirty, leadership), f"watch {prefix}", on_failure, logger=log
+            )
             for prefix in prefixes
         ]
         try:
             while not stop.is_set() and not leadership.lost.is_set():
-                await _wait_any((dirty, stop, leadership.lost), self.config.relist_interval_s)
-                if stop.is_set() or leadership.lost.is_set():
-                    break
+                if failures:
+                    # Without its watch the coordinator would act on stale views: it steps
+                    # down, and ``run`` raises.
+                    raise errors.HeadraceError(
+                        f"coordinator {self.coordinator_id} stops leading: {failures[0].describe()}"
+                    )
+                await wait_any(
+                    (dirty, stop, leadership.lost, broken), self.config.relist_interval_s
+                )
+                if stop.is_set() or leadership.lost.is_set() or broken.is_set():
+                    continue
                 dirty.clear()
                 try:
                     await self._pass(leadership)
                 except errors.Unavailable as exc:
                     log.warning("reconcile pass failed, retrying: %s", exc)
-                    await _wait_any((stop, leadership.lost), self.config.retry_backoff_s)
+                    await wait_any((stop, leadership.lost), self.config.retry_backoff_s)
             if leadership.lost.is_set():
                 raise NotLeader(f"coordinator {self.coordinator_id} lost its election lease")
         finally:
-            for task in watchers:
-                task.cancel()
-            await asyncio.gather(*watchers, return_exceptions=True)
+            await cancel_and_settle(
+                watchers,
+                what=f"coordinator {self.coordinator_id}: stopping its watches",
+                logger=log,
+            )
 
     async def _ensure_config(self, leadership: Leadership, stop: asyncio.Event) -> None:
         while not stop.is_set() and not leadership.lost.is_set():
@@ -211,7 +231,7 @@ class Coordinator:
                     return
             except errors.Unavailable as exc:
                 log.warning("cannot read the cluster config yet: %s", exc)
-            await _wait_any((stop, leadership.lost), self.config.retry_backoff_s)
+            await wait_any((stop, leadership.lost), self.config.retry_backoff_s)
 
     async def _try_ensure_config(self, leadership: Leadership) -> bool:
         kv = await self.metastore.get(self.keys.config)
@@ -339,16 +359,3 @@ class Coordinator:
     def _request_unchanged(self, pchannel: str, snapshot: ClusterSnapshot) -> Compare:
         key = self.control.move(pchannel)
         return Compare.mod_revision_is(key, snapshot.revisions.get(key, 0))
-
-
-async def _wait_any(events: Sequence[asyncio.Event], seconds: float) -> None:
-    """Return when one of ``events`` is set or ``seconds`` passed."""
-    if any(event.is_set() for event in events):
-        return
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 from headrace import errors
+from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.metastore.contract import (
     Compare,
     Delete,
@@ -50,7 +51,13 @@ class Session:
         self._on_lost = on_lost
         self._closed = False
         self._expires = asyncio.get_running_loop().time() + ttl
-        self._task = asyncio.create_task(self._keep_alive_loop(), name=f"session-{lease:x}")
+        self._task = guarded_task(
+            self._keep_alive_loop(),
+            f"session-{lease:x}",
+            self._on_keep_alive_failure,
+            finishable=True,  # it returns once the session is lost or closed
+            logger=log,
+        )
 
     @classmethod
     async def start(
@@ -112,6 +119,11 @@ class Session:
                 return
             self._expires = sent_at + self.ttl
             delay = interval
+
+    async def _on_keep_alive_failure(self, failure: TaskFailure) -> None:
+        """The renewing task failed on an unexpected error (it is logged with
+        its traceback): nobody renews the lease any more, so the session is lost."""
+        await self._mark_lost(f"nobody renews the lease any more: {failure.describe()}")
 
     async def _mark_lost(self, why: str) -> None:
         if self.lost.is_set() or self._closed:
@@ -197,14 +209,13 @@ class Election:
             raise errors.Unavailable(f"watch on {self.key!r} ended")
 
         waiters = [asyncio.create_task(deleted()), asyncio.create_task(self.session.lost.wait())]
+        pending = set(waiters)
         try:
-            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()
         finally:
-            for task in waiters:
-                task.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+            await cancel_and_settle(pending, what=f"waiting for {self.key!r} to be vacant")
             await watch.close()
 
     async def is_leader(self) -> bool:

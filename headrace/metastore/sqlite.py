@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from headrace import errors
+from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.metastore import sqlite_db
 from headrace.metastore.contract import (
     Compare,
@@ -116,8 +117,24 @@ class SqliteMetastore(Metastore):
         except BaseException:
             await store.close()
             raise
-        store._tasks.append(asyncio.create_task(store._reap_loop(), name="sqlite-reaper"))
+        store._start_reaper()
         return store
+
+    def _start_reaper(self) -> None:
+        """Expire leases in the background; a reaper that fails is logged and
+        started again (it keeps no state), or leases would never expire."""
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(
+            guarded_task(self._reap_loop(), "sqlite-reaper", self._on_reaper_failure, logger=log)
+        )
+
+    async def _on_reaper_failure(self, failure: TaskFailure) -> None:
+        if self._closed:
+            return
+        log.error("SQLite metastore %s: restarting the lease reaper", self.path)
+        await asyncio.sleep(self._reap_interval)
+        if not self._closed:
+            self._start_reaper()
 
     # -- plumbing ---------------------------------------------------------
 
@@ -186,12 +203,22 @@ class SqliteMetastore(Metastore):
     async def _wait_change(self, generation: int, limit: float) -> None:
         """Wait (at most ``limit`` s) for a change after wake-up ``generation``."""
         if self._poller is None or self._poller.done():
-            self._poller = asyncio.create_task(self._poll_loop(), name="sqlite-watch-poller")
+            # A poller that failed is logged at once, and started again here by the next wait.
+            self._poller = guarded_task(
+                self._poll_loop(),
+                "sqlite-watch-poller",
+                self._on_poller_failure,
+                finishable=True,  # it returns once no watch is left
+                logger=log,
+            )
         if self.generation != generation:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(limit):
                 await self._changed.wait()
+
+    async def _on_poller_failure(self, failure: TaskFailure) -> None:
+        self._notify()  # waiting watches look again, and start a new poller
 
     # -- the contract -----------------------------------------------------
 
@@ -250,9 +277,7 @@ class SqliteMetastore(Metastore):
         self._watches.clear()
         self._notify()
         tasks = [*self._tasks, *([self._poller] if self._poller else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_settle(tasks, what=f"closing the SQLite metastore {self.path}")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._close_connection)
         self._executor.shutdown(wait=False)

@@ -7,6 +7,8 @@ current and carries the decisions out, one pchannel at a time, always acting
 on the newest record it has seen. A step that fails with a retryable error
 (a WAL whose broker is down, a metastore hiccup) is retried with exponential
 backoff (:func:`retry_delay`) until it succeeds or a newer record replaces it.
+Every task the reactor runs is guarded (:mod:`headrace.guarded`): any other
+failure is logged at once and handed to the node's ``on_failure``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo
+from headrace.guarded import OnFailure, cancel_and_settle, guarded_task
 from headrace.metastore.contract import (
     Compare,
     EventType,
@@ -93,6 +96,95 @@ def decide(
     return Action.CLOSE if record.term >= held_term else Action.NONE
 
 
+SERVES = (AssignmentState.ASSIGNING, AssignmentState.ASSIGNED)
+"""Record states in which the named node must serve the pchannel."""
+
+
+def says(record: Assignment | None) -> str:
+    """What ``record`` says, for error messages (pure)."""
+    if record is None:
+        return "no assignment record exists"
+    node = f"node {record.node}" if record.node else "no node"
+    return f"the record says {record.state.value} to {node} at term {record.term}"
+
+
+def refuse_open(
+    pchannel: str, term: int, record: Assignment | None, node_id: str
+) -> errors.HeadraceError | None:
+    """Why node ``node_id`` must not open ``pchannel`` at ``term`` on request
+    (the Manager's OpenWAL), given the pchannel's current record; None: it may.
+
+    A node serves only what its record names it to serve, at the record's
+    term: opening at any other term would fence the backend at a term the
+    coordinator never gave out (and wedge the pchannel until its terms catch
+    up), or serve a pchannel another node owns.
+    """
+    if record is None or record.node != node_id or record.state not in SERVES:
+        owner = record.node if record is not None and record.state in SERVES else ""
+        return errors.NotOwner(
+            f"node {node_id} may not open {pchannel} at term {term}: {says(record)}",
+            owner=owner,
+            term=0 if record is None else record.term,
+        )
+    if term < record.term:
+        return errors.Fenced(
+            f"cannot open {pchannel} at term {term}: {says(record)}",
+            term=term,
+            current_term=record.term,
+        )
+    if term > record.term:
+        return errors.InvalidArgument(
+            f"cannot open {pchannel} at term {term}: {says(record)}; "
+            "only the coordinator gives out terms"
+        )
+    return None
+
+
+def refuse_close(
+    pchannel: str, term: int, record: Assignment | None, node_id: str, held_term: int | None
+) -> errors.HeadraceError | None:
+    """Why node ``node_id`` (holding ``held_term``, None: nothing) must not close
+    ``pchannel`` at ``term`` on request (the Manager's CloseWAL); None: it may.
+
+    A close names the term it closes. While the record says this node serves
+    the pchannel, nothing else would ever reopen it, so a close is refused:
+    a pchannel leaves a node through its record (UNASSIGNING, written by the
+    coordinator's move or drain), never by closing the WAL under the record.
+    """
+    if term <= 0:
+        return errors.InvalidArgument(
+            f"closing {pchannel} needs the term of the WAL to close ({says(record)})"
+        )
+    if record is not None and record.node == node_id and record.state in SERVES:
+        if term < record.term:
+            return errors.Fenced(
+                f"cannot close {pchannel} at term {term}: {says(record)}",
+                term=term,
+                current_term=record.term,
+            )
+        return errors.InvalidArgument(
+            f"node {node_id} may not close {pchannel}: {says(record)}, so this node must "
+            "serve it; move or drain it through the coordinator, which unassigns it first"
+        )
+    if held_term is not None and held_term > term:
+        return errors.Fenced(
+            f"{pchannel} is held at term {held_term}; cannot close term {term}",
+            term=term,
+            current_term=held_term,
+        )
+    if held_term is not None and held_term < term:
+        return errors.InvalidArgument(
+            f"{pchannel} is held at term {held_term}, not {term} ({says(record)})"
+        )
+    return None
+
+
+async def read_assignment(metastore: Metastore, keys: Keys, pchannel: str) -> Assignment | None:
+    """The current record of ``pchannel`` in the metastore; CorruptData if malformed."""
+    kv = await metastore.get(keys.pchannel(pchannel))
+    return None if kv is None else parse_record(Assignment, kv.value)
+
+
 def retry_delay(attempt: int, base: float, cap: float) -> float:
     """Seconds to wait before retry number ``attempt`` (1, 2, ...): ``base``
     doubling each time, at most ``cap`` (pure)."""
@@ -108,11 +200,14 @@ class Reactor:
         keys: Keys,
         manager: WALManager,
         address: str,
+        on_failure: OnFailure,
         *,
         retry_seconds: float = 0.5,
         max_retry_seconds: float = 10.0,
         session_lease: Callable[[], int] = lambda: 0,
     ) -> None:
+        self.on_failure = on_failure
+        """Told when one of the reactor's tasks fails: the node cannot follow its records."""
         self.session_lease = session_lease
         """The lease of the node's current session, stamped on ASSIGNED records."""
         self.metastore = metastore
@@ -139,8 +234,12 @@ class Reactor:
         self._watch: Watch | None = None
 
     async def run(self) -> None:
-        """List and watch until :meth:`stop` (or cancelled); survive metastore outages."""
-        healer = asyncio.create_task(self._heal(), name=f"{self.node_id}-heal")
+        """List and watch until :meth:`stop` (or cancelled); survive metastore outages.
+
+        Any error other than a Headrace one (a defect) ends it: the node's
+        supervision of this task reports it.
+        """
+        healer = self._guarded(self._heal(), f"{self.node_id}-heal")
         try:
             while not self._stopping.is_set():
                 try:
@@ -153,10 +252,11 @@ class Reactor:
                     async with asyncio.timeout(self.retry_seconds):
                         await self._stopping.wait()
         finally:
-            tasks = [healer, *self._workers.values(), *self._retries]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_settle(
+                [healer, *self._workers.values(), *self._retries],
+                what=f"node {self.node_id}: stopping the assignment reactor",
+                logger=log,
+            )
 
     async def _relist(self) -> int:
         keys = self.keys
@@ -276,8 +376,8 @@ class Reactor:
         self._pending[pchannel] = (kv, generation)
         worker = self._workers.get(pchannel)
         if worker is None or worker.done():
-            self._workers[pchannel] = asyncio.create_task(
-                self._work(pchannel), name=f"react-{pchannel}"
+            self._workers[pchannel] = self._guarded(
+                self._work(pchannel), f"{self.node_id}-react-{pchannel}"
             )
 
     async def _work(self, pchannel: str) -> None:
@@ -313,9 +413,13 @@ class Reactor:
             if self._generation.get(pchannel) == generation:
                 self._submit(pchannel, kv)
 
-        task = asyncio.create_task(retry())
+        task = self._guarded(retry(), f"{self.node_id}-retry-{pchannel}")
         self._retries.add(task)
         task.add_done_callback(self._retries.discard)
+
+    def _guarded(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task of the reactor's that ends when its work is done (or on stop)."""
+        return guarded_task(coro, name, self.on_failure, finishable=True, logger=log)
 
     async def _react(self, pchannel: str, kv: KeyValue | None) -> None:
         record = None if kv is None else parse_record(Assignment, kv.value)

@@ -5,6 +5,18 @@ metastore and the WAL backend, serves gRPC, registers the node's session
 (NodeInfo under ``Keys.node(node_id)``) and follows the assignment records.
 ``stop()`` shuts down gracefully: stop taking work, finish in-flight appends,
 drain and close every WAL, revoke the session, stop the server.
+
+The node's long-running tasks (the assignment reactor, the session
+supervisor) are guarded (:mod:`headrace.guarded`). If one fails, the node
+cannot keep its promise to follow its assignment records: the failure is
+logged with its traceback, health turns NOT_SERVING for good, :attr:`ended`
+is set (:attr:`fatal` says why), and :func:`run_node` stops the node and
+raises it, so the process exits non-zero and its supervisor (the standalone,
+Kubernetes) starts a fresh one.
+Restarting the task in place was rejected: the failure is a defect that left
+the reactor's per-pchannel state and the held WALs in a state nobody planned
+for, and a fresh process rebuilds everything from the records (its WALs are
+fenced by the next term if the coordinator moves them meanwhile).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import headrace
 from headrace import errors, runtime
 from headrace.cluster import DEFAULT_CLUSTER, Keys, NodeInfo
+from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, wait_any
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.metastore.session import Session
@@ -101,6 +114,10 @@ class StreamingNode:
         self.address = ""
         self.health = health_aio.HealthServicer()
         self.registered = asyncio.Event()
+        self.ended = asyncio.Event()
+        """Set when the node stopped serving on its own (see :attr:`fatal`)."""
+        self.fatal: errors.HeadraceError | None = None
+        """Why the node stopped on its own: a long-running task of it failed."""
         self._server: grpc.aio.Server | None = None
         self._session: Session | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -131,12 +148,24 @@ class StreamingNode:
                 self.keys,
                 self.manager,
                 self.address,
+                self._on_task_failure,
                 session_lease=self._session_lease,
             )
             await self._register()
             self._tasks = [
-                asyncio.create_task(self.reactor.run(), name=f"{cfg.node_id}-reactor"),
-                asyncio.create_task(self._supervise_session(), name=f"{cfg.node_id}-session"),
+                guarded_task(
+                    self.reactor.run(),
+                    f"{cfg.node_id}-reactor",
+                    self._on_task_failure,
+                    finishable=True,  # it returns only once stopped
+                    logger=log,
+                ),
+                guarded_task(
+                    self._supervise_session(),
+                    f"{cfg.node_id}-session",
+                    self._on_task_failure,
+                    logger=log,
+                ),
             ]
         except BaseException:
             await self._release()
@@ -157,7 +186,10 @@ class StreamingNode:
         self.producer_service = ProducerService(self.manager, cfg.limits)
         self.consumer_service = ConsumerService(self.manager, cfg.limits)
         rpc.add_services(
-            server, self.producer_service, self.consumer_service, ManagerService(self.manager)
+            server,
+            self.producer_service,
+            self.consumer_service,
+            ManagerService(self.manager, self.metastore, self.keys),
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
@@ -169,6 +201,20 @@ class StreamingNode:
         self._server = server
         await server.start()
         self.address = advertised_address(cfg.listen, port, cfg.advertise_host)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def _on_task_failure(self, failure: TaskFailure) -> None:
+        """A long-running task failed: stop serving for good (see the module doc)."""
+        if self.fatal is None:
+            self.fatal = errors.HeadraceError(
+                f"node {self.config.node_id} stopped: {failure.describe()}"
+            )
+            log.critical(
+                "node %s can no longer follow its assignments (%s); it must be restarted",
+                self.config.node_id,
+                failure.describe(),
+            )
+        self.ended.set()
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def _set_health(self, status: int) -> None:
@@ -194,7 +240,8 @@ class StreamingNode:
             value=self.node_info().to_json(),
         )
         self.registered.set()
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        if self.fatal is None:
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     async def _supervise_session(self) -> None:
         """On a lost session: close every WAL (fenced anyway), register anew."""
@@ -231,9 +278,7 @@ class StreamingNode:
         if self.reactor is not None:
             await self.reactor.stop()
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_settle(tasks, what=f"stopping node {self.config.node_id}", logger=log)
         if self.manager is not None:
             await self.manager.close_all(drain=False)
         if self._session is not None:
@@ -256,7 +301,11 @@ class StreamingNode:
 
 
 async def run_node(config: NodeConfig, stop: asyncio.Event | None = None) -> None:
-    """Run a node until ``stop`` is set (or SIGTERM/SIGINT if none is given)."""
+    """Run a node until ``stop`` is set (or SIGTERM/SIGINT if none is given).
+
+    If a long-running task of the node fails, the node is stopped and a
+    HeadraceError naming the failure is raised (the CLI exits non-zero).
+    """
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -266,6 +315,8 @@ async def run_node(config: NodeConfig, stop: asyncio.Event | None = None) -> Non
     node = StreamingNode(config)
     await node.start()
     try:
-        await stop.wait()
+        await wait_any((stop, node.ended))
     finally:
         await node.stop()
+    if node.fatal is not None:
+        raise node.fatal

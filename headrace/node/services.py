@@ -18,8 +18,12 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from headrace import errors
+from headrace.cluster import Keys
+from headrace.guarded import cancel_and_settle
 from headrace.message.types import LogEntry, Message
+from headrace.metastore.contract import Metastore
 from headrace.node import convert
+from headrace.node.assignments import read_assignment, refuse_close, refuse_open
 from headrace.node.errors import abort, as_headrace, to_proto
 from headrace.node.walmanager import OpenFailure, WALManager
 from headrace.proto import rpc
@@ -82,8 +86,7 @@ class ProducerService(rpc.ProducerServicer):
                 if failure is not None:
                     await abort(context, failure)
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            await cancel_and_settle([reader], what="ending a Produce stream", logger=log)
 
     def _open(self, first: pb.ProduceRequest) -> pb.ProducerOpened:
         if first.WhichOneof("request") != "open":
@@ -288,8 +291,14 @@ class ConsumerService(rpc.ConsumerServicer):
 
 
 class ManagerService(rpc.ManagerServicer):
-    def __init__(self, manager: WALManager) -> None:
+    """Opens and closes WALs on request, only as the pchannel's assignment
+    record says (read from the metastore at each call): see
+    :func:`~headrace.node.assignments.refuse_open` and ``refuse_close``."""
+
+    def __init__(self, manager: WALManager, metastore: Metastore, keys: Keys) -> None:
         self.manager = manager
+        self.metastore = metastore
+        self.keys = keys
 
     async def OpenWAL(
         self,
@@ -297,14 +306,10 @@ class ManagerService(rpc.ManagerServicer):
         context: Context[pb.OpenWALRequest, pb.OpenWALResponse],
     ) -> pb.OpenWALResponse:
         try:
-            recorded = self.manager.recorded_term(request.pchannel)
-            if request.term < recorded:
-                raise errors.Fenced(
-                    f"{request.pchannel} is recorded at term {recorded}; "
-                    f"cannot open term {request.term}",
-                    term=request.term,
-                    current_term=recorded,
-                )
+            record = await read_assignment(self.metastore, self.keys, request.pchannel)
+            refusal = refuse_open(request.pchannel, request.term, record, self.manager.node_id)
+            if refusal is not None:
+                raise refusal
             wal = await self.manager.open(request.pchannel, request.term)
         except Exception as exc:
             await abort(context, as_headrace(exc))
@@ -316,15 +321,19 @@ class ManagerService(rpc.ManagerServicer):
         context: Context[pb.CloseWALRequest, pb.CloseWALResponse],
     ) -> pb.CloseWALResponse:
         try:
-            held_term = self.manager.held_term(request.pchannel)
-            if held_term is not None and request.term and request.term < held_term:
-                raise errors.Fenced(
-                    f"{request.pchannel} is held at term {held_term}; "
-                    f"cannot close term {request.term}",
-                    term=request.term,
-                    current_term=held_term,
-                )
-            await self.manager.close(request.pchannel, drain=True)
+            record = await read_assignment(self.metastore, self.keys, request.pchannel)
+            refusal = refuse_close(
+                request.pchannel,
+                request.term,
+                record,
+                self.manager.node_id,
+                self.manager.held_term(request.pchannel),
+            )
+            if refusal is not None:
+                raise refusal
+            # Only a WAL at the requested term or below: one opened meanwhile
+            # under a newer record stays.
+            await self.manager.close(request.pchannel, drain=True, below_term=request.term + 1)
         except Exception as exc:
             await abort(context, as_headrace(exc))
         return pb.CloseWALResponse()

@@ -212,10 +212,6 @@ class WALManager:
     def not_owner(self, pchannel: str) -> NotOwnerAt:
         return not_owner_hint(pchannel, self.node_id, self.directory)
 
-    def recorded_term(self, pchannel: str) -> int:
-        record = self.directory.assignments.get(pchannel)
-        return 0 if record is None else record.term
-
     async def open(self, pchannel: str, term: int) -> WAL:
         """Serve ``pchannel`` under ``term``; idempotent for the term held.
 

@@ -19,10 +19,12 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 
 from headrace import errors
+from headrace.guarded import TaskFailure, guarded_task
 from headrace.message import codec
 from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
@@ -43,6 +45,8 @@ from headrace.wal.interceptors.planning import (
     unsettle,
 )
 from headrace.wal.interceptors.txn import TXN_ID_BYTES
+
+log = logging.getLogger(__name__)
 
 
 def system_context(msg_type: MessageType, properties: Mapping[str, str]) -> AppendContext:
@@ -107,8 +111,34 @@ class Appender:
         return self._stamp.last_timetick
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"wal-appender-{self._cfg.pchannel}"
+        self._task = guarded_task(
+            self._run(),
+            f"wal-appender-{self._cfg.pchannel}",
+            self._on_loop_failure,
+            finishable=True,  # it returns once stopped or failed
+            logger=log,
+        )
+
+    def fail(self, error: errors.HeadraceError) -> None:
+        """Stop writing: a task the WAL depends on failed. The loop fails what is
+        queued; the WAL turns UNAVAILABLE (the node reopens it)."""
+        if self.failure is None:
+            self.failure = error
+        self._wake()
+
+    async def on_task_failure(self, failure: TaskFailure) -> None:
+        """For a guarded task the appender depends on (sync ticks, recovery)."""
+        self.fail(self._stopped_by(failure))
+
+    async def _on_loop_failure(self, failure: TaskFailure) -> None:
+        # The loop itself is gone: fail its queue here, or the callers would wait forever.
+        self.fail(self._stopped_by(failure))
+        self._fail_pending(self.failure or self._stopped_by(failure))
+
+    def _stopped_by(self, failure: TaskFailure) -> errors.HeadraceError:
+        return errors.Unavailable(
+            f"the WAL of {self._cfg.pchannel} (term {self._cfg.term}) stopped writing: "
+            f"{failure.describe()}"
         )
 
     async def stop(self) -> None:
@@ -354,7 +384,13 @@ class Appender:
             unsettle(batch)
             self._stamp.dirty = True
             settle_failed(requests, error)
-            self._recovery = asyncio.get_running_loop().create_task(self._recover())
+            self._recovery = guarded_task(
+                self._recover(),
+                f"wal-recovery-{self._cfg.pchannel}",
+                self.on_task_failure,
+                finishable=True,
+                logger=log,
+            )
         else:  # a backend bug must not stop the WAL silently
             unsettle(batch)
             self.failure = errors.HeadraceError(f"backend append failed unexpectedly: {error!r}")

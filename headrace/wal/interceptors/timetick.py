@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from headrace import errors
+from headrace.guarded import guarded_task
 from headrace.wal.interceptors.appender import Appender, AppenderConfig, system_context
 
 __all__ = ["Appender", "AppenderConfig", "TimetickSync", "system_context"]
@@ -35,7 +36,14 @@ class TimetickSync:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="wal-timetick-sync")
+        # A sync task that fails stops the WAL's writing (it turns UNAVAILABLE
+        # and is reopened): without ticks, tail readers would wait forever.
+        self._task = guarded_task(
+            self._run(),
+            "wal-timetick-sync",
+            self._appender.on_task_failure,
+            finishable=True,  # it returns once the appender failed
+        )
 
     async def stop(self) -> None:
         if self._task is not None:

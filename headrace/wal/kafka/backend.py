@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from headrace import errors
+from headrace.guarded import settle
 from headrace.message.ids import MessageID
 from headrace.wal.contract import (
     Backend,
@@ -131,7 +132,10 @@ class KafkaBackend(Backend):
         if self._closed:
             return
         self._closed = True
-        await asyncio.gather(*(c.close() for c in list(self._clients)), return_exceptions=True)
+        await settle(
+            (c.close() for c in list(self._clients)),
+            what="closing the clients of the Kafka backend",
+        )
         self._executor.shutdown(wait=False)
 
     def describe(self) -> dict[str, Any]:

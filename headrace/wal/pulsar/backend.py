@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from headrace import errors
+from headrace.guarded import settle
 from headrace.message.ids import MessageID
 from headrace.wal.contract import Backend, BackendReader, BackendWriter, Record, StartPosition
 from headrace.wal.pulsar import client
@@ -111,7 +112,10 @@ class PulsarBackend(Backend):
         if self._closed:
             return
         self._closed = True
-        await asyncio.gather(*(c.close() for c in list(self._clients)), return_exceptions=True)
+        await settle(
+            (c.close() for c in list(self._clients)),
+            what="closing the clients of the Pulsar backend",
+        )
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._client.close)
         self._executor.shutdown(wait=False)
