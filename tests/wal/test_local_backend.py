@@ -118,6 +118,72 @@ async def test_corruption_in_a_closed_segment(tmp_path: Path) -> None:
     await backend.close()
 
 
+def damage(path: Path, offset: int, how: str) -> None:
+    """Damage the frame at ``offset`` of ``path``: flip a body byte, cut the
+    file there (a truncation in the middle of the log), or overwrite the frame
+    header with garbage."""
+    data = bytearray(path.read_bytes())
+    if how == "bad-crc":
+        data[offset + FRAME.size] ^= 0xFF
+    elif how == "garbage":
+        data[offset : offset + FRAME.size] = b"\xa5" * FRAME.size
+    else:
+        raise AssertionError(how)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["bad-crc", "garbage"])
+async def test_a_writer_refused_by_damage_leaves_the_records_before_it_readable(
+    tmp_path: Path, how: str
+) -> None:
+    """Opening a writer on a log damaged in the middle fails with the file and
+    offset; it must not leave a stored term behind that makes readers wait
+    forever for a segment that will never come."""
+    await write(tmp_path, [b"record-%d" % i for i in range(10)])
+    (path,) = segment_paths(tmp_path)
+    offset = frame_offsets(path)[3]
+    damage(path, offset, how)
+
+    writer_side = LocalBackend(str(tmp_path))
+    with pytest.raises(errors.CorruptData) as refused:
+        await writer_side.open_writer(P, 2)
+    assert (refused.value.path, refused.value.offset) == (str(path), offset)
+    with pytest.raises(errors.CorruptData, match=f"byte offset {offset}"):
+        await writer_side.open_writer(P, 3)
+    for backend in (writer_side, LocalBackend(str(tmp_path))):
+        reader = await backend.open_reader(P, StartPosition.earliest())
+        assert [r.data for r in await read_n(reader, 3)] == [b"record-%d" % i for i in range(3)]
+        with pytest.raises(errors.CorruptData) as corrupt:
+            async with asyncio.timeout(10):
+                await reader.next_batch(timeout=5)
+        assert (corrupt.value.path, corrupt.value.offset) == (str(path), offset)
+        await reader.close()
+        await backend.close()
+
+
+async def test_a_log_cut_short_in_a_closed_segment_is_corrupt_not_a_torn_tail(
+    tmp_path: Path,
+) -> None:
+    """A closed segment shorter than its successor recorded is damage in the
+    middle of the log: readers get the records before the cut, then CORRUPT."""
+    await write(tmp_path, [b"a", b"b", b"c", b"d"])
+    await write(tmp_path, [b"e"], term=2)
+    first, _second = segment_paths(tmp_path)
+    offset = frame_offsets(first)[2]
+    cut = offset + 5
+    with first.open("r+b") as fh:
+        fh.truncate(cut)
+    backend = LocalBackend(str(tmp_path))
+    reader = await backend.open_reader(P, StartPosition.earliest())
+    assert [r.data for r in await read_n(reader, 2)] == [b"a", b"b"]
+    with pytest.raises(errors.CorruptData) as corrupt:
+        async with asyncio.timeout(10):
+            await reader.next_batch(timeout=5)
+    assert corrupt.value.path == str(first)
+    assert corrupt.value.offset == offset
+    await backend.close()
+
+
 async def test_stale_writer_cannot_publish_after_new_owner(tmp_path: Path) -> None:
     old_node, new_node, observer = (LocalBackend(str(tmp_path)) for _ in range(3))
     stale = await old_node.open_writer(P, 1)

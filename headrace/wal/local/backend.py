@@ -83,6 +83,14 @@ class LocalSettings:
             )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Checked:
+    """A segment found valid up to byte position and LSN ``end``."""
+
+    name: SegmentName
+    end: tuple[int, int]
+
+
 def create(**settings: Any) -> LocalBackend:
     """Registry factory: ``root``, ``fsync``, ``fsync_interval_ms``, ``segment_bytes``."""
     known = {field.name for field in dataclasses.fields(LocalSettings)}
@@ -139,6 +147,10 @@ class LocalBackend(Backend):
             raise errors.InvalidArgument(f"term must be a non-negative integer, got {term!r}")
         channel = self._channel(pchannel)
         async with channel.opening:
+            # Damage is found before the term is stored: a refused writer must
+            # not leave a term behind whose segment never comes, which would
+            # make every reader wait instead of reading up to the damage.
+            checked = await _blocking(self._check_head, channel)
             await _blocking(self._store_term, channel, term)
             previous = self._writers.pop(pchannel, None)
             if previous is not None:
@@ -150,7 +162,7 @@ class LocalBackend(Backend):
                         current_term=term,
                     )
                 )
-            current = await _blocking(self._start_segment, channel, term)
+            current = await _blocking(self._start_segment, channel, term, checked)
             writer = LocalWriter(channel, term, current, self._writer_settings, self._writer_closed)
             self._writers[pchannel] = writer
             return writer
@@ -168,8 +180,31 @@ class LocalBackend(Backend):
         finally:
             os.close(fd)
 
-    def _start_segment(self, channel: Channel, term: int) -> OpenSegment:
-        """Measure the newest segment and start the next one (blocking)."""
+    @staticmethod
+    def _check_head(channel: Channel) -> _Checked | None:
+        """How far the newest segment is valid (blocking); CorruptData if a
+        damaged record is followed by valid ones (not a torn tail)."""
+        if not os.path.isdir(channel.directory):
+            return None
+        head = channel.load_chain().head
+        if head is None:
+            return None
+        fd = scan.open_segment(head)
+        if fd is None:
+            return None
+        try:
+            return _Checked(head.name, scan.scan_end(fd, head))
+        finally:
+            os.close(fd)
+
+    def _start_segment(
+        self, channel: Channel, term: int, checked: _Checked | None = None
+    ) -> OpenSegment:
+        """Measure the newest segment and start the next one (blocking).
+
+        ``checked``: how far the newest segment was found valid before the
+        term was stored; measuring goes on from there.
+        """
         chain = channel.load_chain()
         head = chain.head
         prev: SegmentName | None = None
@@ -185,8 +220,9 @@ class LocalBackend(Backend):
             fd = scan.open_segment(head)
             if fd is None:
                 raise errors.Unavailable(f"{head.path} vanished while opening a writer; retry")
+            start = checked.end if checked is not None and checked.name == head.name else None
             try:
-                prev_len, base = scan.scan_end(fd, head)
+                prev_len, base = scan.scan_end(fd, head, start)
             finally:
                 os.close(fd)
             prev = head.name

@@ -41,8 +41,11 @@ def read_chunk(
 
 def corrupt_frame(path: str, pos: int, lsn: int, why: str) -> errors.CorruptData:
     return errors.CorruptData(
-        f"{path}: record {lsn} at byte offset {pos} is corrupt ({why}); "
-        "records are never skipped: restore the segment file from a copy"
+        f"{path}: record {lsn} at byte offset {pos} is corrupt ({why}); records are never "
+        "skipped: restore the segment file from a copy, or keep the records before it with "
+        "`headrace wal repair`",
+        path=path,
+        offset=pos,
     )
 
 
@@ -75,20 +78,23 @@ def strict_failure(link: Link, parsed: Parsed) -> errors.CorruptData:
     if parsed.stop is Stop.END:
         return errors.CorruptData(
             f"{link.path}: ends at byte offset {parsed.pos} but {link.limit} bytes of it "
-            "were recorded as valid"
+            "were recorded as valid",
+            path=link.path,
+            offset=parsed.pos,
         )
     why = "cut off inside the record" if parsed.stop is Stop.PARTIAL else "CRC or LSN mismatch"
     return corrupt_frame(link.path, parsed.pos, parsed.lsn, why)
 
 
-def scan_end(fd: int, link: Link) -> tuple[int, int]:
+def scan_end(fd: int, link: Link, start: tuple[int, int] | None = None) -> tuple[int, int]:
     """Byte position and LSN of the end of the segment's valid records.
 
     A bounded segment must be valid up to its limit exactly. The head ends at
     its last complete valid record: a partial or bad last record is a torn
-    tail; a bad record followed by valid ones raises CorruptData.
+    tail; a bad record followed by valid ones raises CorruptData. ``start``:
+    a position and LSN this segment was already found valid up to.
     """
-    pos, lsn = HEADER_SIZE, link.base_lsn
+    pos, lsn = start if start is not None else (HEADER_SIZE, link.base_lsn)
     while True:
         parsed = read_chunk(fd, pos, lsn, link.limit, ALL, with_bounds=False)
         if parsed.lsn > lsn:
