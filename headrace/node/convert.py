@@ -18,8 +18,7 @@ from headrace.message.types import (
     validate_vchannel,
 )
 from headrace.proto import streaming_pb2 as pb
-from headrace.wal.api import AppendResult, DeliverPolicy, ReadOptions
-from headrace.wal.framework import WAL
+from headrace.wal.api import AppendResult, DeliverPolicy, HostedWAL, ReadOptions
 from headrace.wal.scanner import Scanner
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
@@ -149,7 +148,7 @@ def consume_header(
     return header
 
 
-def wal_info(wal: WAL) -> pb.WALInfo:
+def wal_info(wal: HostedWAL) -> pb.WALInfo:
     last_id = wal.last_id
     return pb.WALInfo(
         pchannel=wal.pchannel,

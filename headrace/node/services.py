@@ -24,8 +24,7 @@ from headrace.node.errors import abort, as_headrace, to_proto
 from headrace.node.walmanager import OpenFailure, WALManager
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
-from headrace.wal.api import AppendResult, WALState
-from headrace.wal.framework import WAL
+from headrace.wal.api import AppendResult, HostedWAL, WALState
 from headrace.wal.scanner import Scanner
 
 log = logging.getLogger(__name__)
@@ -258,7 +257,7 @@ class ConsumerService(rpc.ConsumerServicer):
     async def _fill(
         self,
         scanner: Scanner,
-        wal: WAL,
+        wal: HostedWAL,
         stats: ConsumeStats,
         bounds: tuple[int, int],
         carry: collections.deque[LogEntry],

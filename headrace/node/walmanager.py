@@ -11,6 +11,13 @@ node keeps running: the last failure is kept in :attr:`WALManager.failures`
 answers UNAVAILABLE (retryable) while the pchannel is assigned here, and the
 assignment reactor retries the open with backoff. Every open is bounded by
 :func:`open_bound` so an unreachable broker cannot hang it.
+
+A WAL whose log turns out to be damaged (CorruptData while opening) is held
+as a :class:`DamagedWAL` in state CORRUPT: the pchannel stays assigned here,
+readable up to the damage, and refuses appends with the CORRUPT error naming
+the file and offset; the node's other pchannels are not affected. Opening it
+again is tried only as :class:`DamageRetry` allows (every few minutes at
+most), so a repaired log is picked up without the node spinning on a damaged one.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig
 from headrace.node.errors import NotOwnerAt
 from headrace.tso import TimestampAllocator
-from headrace.wal.api import WALState
+from headrace.wal.api import HostedWAL, WALState
 from headrace.wal.contract import Backend
+from headrace.wal.damaged import DamagedWAL
 from headrace.wal.framework import WAL, WALOptions
 
 log = logging.getLogger(__name__)
@@ -81,6 +89,22 @@ def next_failure(
     return dataclasses.replace(previous, error=error, attempts=previous.attempts + 1, last=now)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DamageRetry:
+    """How often a damaged log is opened again: ``base_s`` after the first
+    failure, doubling with each further one, at most ``cap_s`` apart."""
+
+    base_s: float = 5.0
+    cap_s: float = 300.0
+
+    def delay(self, attempts: int) -> float:
+        return min(self.cap_s, self.base_s * 2.0 ** min(max(attempts, 1) - 1, 30))
+
+    def due(self, failure: OpenFailure, now: float) -> bool:
+        """Whether the next open of the damaged log may start at ``now`` (pure)."""
+        return now - failure.last >= self.delay(failure.attempts)
+
+
 @dataclasses.dataclass(slots=True)
 class Directory:
     """The cluster state this node learned from the metastore watch."""
@@ -127,6 +151,7 @@ class WALManager:
         options: WALOptions,
         *,
         open_timeout_s: float | None = None,
+        damage_retry: DamageRetry = DamageRetry(),
     ) -> None:
         self.node_id = node_id
         self.backend = backend
@@ -136,9 +161,12 @@ class WALManager:
             open_timeout_s if open_timeout_s is not None else open_bound(backend.describe())
         )
         """Bound of one open (None: unbounded)."""
+        self.damage_retry = damage_retry
         self.directory = Directory()
-        self._held: dict[str, WAL] = {}
+        self._held: dict[str, HostedWAL] = {}
         self._failures: dict[str, OpenFailure] = {}
+        self._damaged: dict[str, OpenFailure] = {}
+        """Failed opens of held damaged logs (for pacing their retries)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._accepting = True
 
@@ -146,7 +174,7 @@ class WALManager:
         return self._locks.setdefault(pchannel, asyncio.Lock())
 
     @property
-    def held(self) -> Mapping[str, WAL]:
+    def held(self) -> Mapping[str, HostedWAL]:
         return self._held
 
     def held_term(self, pchannel: str) -> int | None:
@@ -163,7 +191,7 @@ class WALManager:
         its held WAL turned UNAVAILABLE, or opening it failed (nothing held)."""
         wal = self._held.get(pchannel)
         if wal is not None:
-            return wal.term == term and wal.state is WALState.UNAVAILABLE
+            return wal.term == term and self._needs_reopen(pchannel, wal)
         failure = self._failures.get(pchannel)
         return failure is not None and failure.term == term
 
@@ -171,21 +199,33 @@ class WALManager:
         """The held WALs a backend failure made UNAVAILABLE (none once shutting down)."""
         if not self._accepting:
             return []
-        return [name for name, wal in self._held.items() if wal.state is WALState.UNAVAILABLE]
+        return [name for name, wal in self._held.items() if self._needs_reopen(name, wal)]
+
+    def _needs_reopen(self, pchannel: str, wal: HostedWAL) -> bool:
+        """A held WAL failed in its backend, or is a damaged log due for another try."""
+        state = wal.state
+        if state is WALState.UNAVAILABLE:
+            return True
+        damaged = self._damaged.get(pchannel)
+        return (
+            state is WALState.CORRUPT
+            and damaged is not None
+            and self.damage_retry.due(damaged, time.time())
+        )
 
     def forget_failure(self, pchannel: str) -> None:
         """The pchannel is no longer to be opened here: stop reporting its failure."""
         self._failures.pop(pchannel, None)
 
-    def get(self, pchannel: str) -> WAL:
-        """The serving WAL of ``pchannel``.
+    def get(self, pchannel: str) -> HostedWAL:
+        """The serving (or damaged, read-only) WAL of ``pchannel``.
 
         Unavailable (retryable) while it is assigned here but cannot be
         opened, or failed in its backend and is being reopened; else NotOwner
         (with hint) if it is not served here.
         """
         wal = self._held.get(pchannel)
-        if wal is not None and wal.state is WALState.SERVING and self._accepting:
+        if wal is not None and wal.state in _HOSTING and self._accepting:
             return wal
         if wal is not None and wal.state is WALState.UNAVAILABLE and self._accepting:
             raise errors.Unavailable(
@@ -216,11 +256,12 @@ class WALManager:
         record = self.directory.assignments.get(pchannel)
         return 0 if record is None else record.term
 
-    async def open(self, pchannel: str, term: int) -> WAL:
+    async def open(self, pchannel: str, term: int) -> HostedWAL:
         """Serve ``pchannel`` under ``term``; idempotent for the term held.
 
         A term lower than the one held raises Fenced; a higher one replaces
-        the held WAL (fenced by the backend anyway).
+        the held WAL (fenced by the backend anyway). A damaged log is held
+        (and returned) as a :class:`DamagedWAL`; a held one is opened again.
         """
         if not self._accepting:
             raise errors.Unavailable(f"node {self.node_id} is shutting down")
@@ -241,6 +282,8 @@ class WALManager:
             except errors.Fenced:
                 self._failures.pop(pchannel, None)
                 raise
+            except errors.CorruptData as exc:
+                return self._hold_damaged(pchannel, term, exc)
             except errors.HeadraceError as exc:
                 failure = next_failure(
                     self._failures.get(pchannel), pchannel, term, exc, time.time()
@@ -256,9 +299,28 @@ class WALManager:
                 )
                 raise
             self._failures.pop(pchannel, None)
+            self._damaged.pop(pchannel, None)
             self._held[pchannel] = wal
             log.info("node %s serves %s at term %d", self.node_id, pchannel, term)
             return wal
+
+    def _hold_damaged(self, pchannel: str, term: int, damage: errors.CorruptData) -> DamagedWAL:
+        self._failures.pop(pchannel, None)
+        failure = next_failure(self._damaged.get(pchannel), pchannel, term, damage, time.time())
+        self._damaged[pchannel] = failure
+        wal = DamagedWAL(self.backend, pchannel, term, damage, read_batch=self.options.read_batch)
+        self._held[pchannel] = wal
+        log.error(
+            "node %s holds %s at term %d as CORRUPT (readable up to the damage, no appends; "
+            "attempt %d, next try in %.0f s): %s",
+            self.node_id,
+            pchannel,
+            term,
+            failure.attempts,
+            self.damage_retry.delay(failure.attempts),
+            damage,
+        )
+        return wal
 
     async def _open_bounded(self, pchannel: str, term: int) -> WAL:
         """WAL.open within :attr:`open_timeout_s`; every failure a Headrace error."""
@@ -295,10 +357,11 @@ class WALManager:
                 del self._failures[pchannel]
             if held is None or (below_term is not None and held.term >= below_term):
                 return False
+            self._damaged.pop(pchannel, None)
             await self._close_held(pchannel, held, drain=drain)
             return True
 
-    async def _close_held(self, pchannel: str, held: WAL, *, drain: bool) -> None:
+    async def _close_held(self, pchannel: str, held: HostedWAL, *, drain: bool) -> None:
         try:
             if drain:
                 await held.drain()
@@ -320,6 +383,10 @@ class WALManager:
         """Refuse new work, then drain and close every WAL."""
         self._accepting = False
         await self.close_all(drain=True)
+
+
+_HOSTING = frozenset((WALState.SERVING, WALState.CORRUPT))
+"""States in which a held WAL answers requests (a damaged one refuses appends)."""
 
 
 def _where(backend: Backend) -> str:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Protocol
 
+from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
+
+if TYPE_CHECKING:
+    from headrace.wal.scanner import Scanner
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,3 +69,37 @@ class WALState(enum.Enum):
     DRAINING = "DRAINING"
     CLOSED = "CLOSED"
     UNAVAILABLE = "UNAVAILABLE"
+    CORRUPT = "CORRUPT"
+    """The log is damaged: readable up to the damage, takes no appends."""
+
+
+class HostedWAL(Protocol):
+    """What a node hosts for a pchannel: a serving framework WAL, or a damaged
+    log kept readable up to its damage (:mod:`headrace.wal.damaged`)."""
+
+    @property
+    def pchannel(self) -> str: ...
+
+    @property
+    def term(self) -> int: ...
+
+    @property
+    def state(self) -> WALState: ...
+
+    @property
+    def last_timetick(self) -> int: ...
+
+    @property
+    def last_id(self) -> MessageID | None: ...
+
+    async def append_many(
+        self, msgs: Sequence[Message]
+    ) -> list[AppendResult | errors.HeadraceError]: ...
+
+    def read(self, options: ReadOptions) -> Scanner: ...
+
+    async def drain(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def stats(self) -> dict[str, object]: ...
