@@ -22,11 +22,13 @@ from headrace.cluster import route
 from headrace.message import codec
 from headrace.message.types import Message, MessageType
 from headrace.node.server import NodeConfig, StreamingNode
+from headrace.node.walmanager import DamageRetry
 from headrace.tso import LocalTSO
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.local import LocalBackend, files
+from headrace.wal.local.repair import repair
 from headrace.wal.local.segment import FRAME, HEADER_SIZE
-from tests.node.harness import HANG_GUARD, Cluster, make_cluster
+from tests.node.harness import HANG_GUARD, Cluster, make_cluster, until
 
 PCHANNELS = ["pchannel-000", "pchannel-001"]
 BAD, GOOD = PCHANNELS
@@ -150,3 +152,40 @@ async def test_a_damaged_log_stops_only_its_pchannel_at_the_damage(
     await asyncio.sleep(1.0)
     assert files.list_segments(str(root / BAD)) == segments
     assert node.manager.get(BAD).state.value == "CORRUPT"
+
+
+async def test_after_repair_beside_the_node_it_serves_again_with_the_prefix(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    root = tmp_path / "wal"
+    bad_vchannel = vchannel_of(BAD)
+    await write_log(root, bad_vchannel, 12)
+    path, offset, before = damage_middle(root)
+    await cluster.configure(PCHANNELS)
+    node = await start_local_node(cluster, root)
+    await cluster.assign(BAD, "node-a", 1)
+    assert node.manager.get(BAD).state.value == "CORRUPT"
+
+    report = repair(str(root), BAD)  # the CORRUPT pchannel holds no writer
+    assert report.damage is not None and report.damage.offset == offset
+    node.manager.damage_retry = DamageRetry(base_s=0.05, cap_s=0.05)
+
+    def serving() -> bool:
+        held = node.manager.held.get(BAD)
+        return held is not None and held.state.value == "SERVING"
+
+    await until(serving)
+    async with HeadraceClient(cluster.url, cluster.keys.cluster) as client:
+        producer = client.producer()
+        await producer.send(bad_vchannel, b"after repair")
+        await producer.close()
+        got: list[bytes] = []
+        async with client.consume(bad_vchannel, start="earliest") as consumer:
+            async with asyncio.timeout(HANG_GUARD):
+                while not got or got[-1] != b"after repair":
+                    entry = await consumer.next(timeout=HANG_GUARD)
+                    assert entry is not None
+                    if entry.message.type is MessageType.INSERT:
+                        got.append(entry.message.payload)
+    assert got == [*before, b"after repair"]
+    assert report.damage.path == str(path) and report.moved

@@ -126,6 +126,8 @@ class LocalBackend(Backend):
         self._writer_settings = WriterSettings(fsync, fsync_interval_ms / 1000.0, segment_bytes)
         self._channels: dict[str, Channel] = {}
         self._writers: dict[str, LocalWriter] = {}
+        self._locks: dict[str, int] = {}
+        """Per pchannel written here: the directory lock its writers hold (shared)."""
         self._readers: weakref.WeakSet[LocalReader] = weakref.WeakSet()
         self._closed = False
 
@@ -147,29 +149,49 @@ class LocalBackend(Backend):
             raise errors.InvalidArgument(f"term must be a non-negative integer, got {term!r}")
         channel = self._channel(pchannel)
         async with channel.opening:
-            # Damage is found before the term is stored: a refused writer must
-            # not leave a term behind whose segment never comes, which would
-            # make every reader wait instead of reading up to the damage.
-            checked = await _blocking(self._check_head, channel)
-            await _blocking(self._store_term, channel, term)
-            previous = self._writers.pop(pchannel, None)
-            if previous is not None:
-                await previous.supersede(
-                    errors.Fenced(
-                        f"pchannel {pchannel}: writer of term {previous.term} was replaced by "
-                        f"a writer of term {term}",
-                        term=previous.term,
-                        current_term=term,
-                    )
+            if pchannel not in self._locks:
+                self._locks[pchannel] = await _blocking(self._lock_directory, channel)
+            try:
+                return await self._open_writer(channel, term)
+            finally:
+                if pchannel not in self._writers:
+                    os.close(self._locks.pop(pchannel))
+
+    @staticmethod
+    def _lock_directory(channel: Channel) -> int:
+        files.ensure_dir(channel.directory)
+        fd = files.lock_directory(channel.directory, exclusive=False)
+        assert fd is not None  # a shared lock is waited for
+        return fd
+
+    async def _open_writer(self, channel: Channel, term: int) -> LocalWriter:
+        pchannel = channel.pchannel
+        # Damage is found before the term is stored: a refused writer must
+        # not leave a term behind whose segment never comes, which would
+        # make every reader wait instead of reading up to the damage.
+        checked = await _blocking(self._check_head, channel)
+        await _blocking(self._store_term, channel, term)
+        previous = self._writers.pop(pchannel, None)
+        if previous is not None:
+            await previous.supersede(
+                errors.Fenced(
+                    f"pchannel {pchannel}: writer of term {previous.term} was replaced by "
+                    f"a writer of term {term}",
+                    term=previous.term,
+                    current_term=term,
                 )
-            current = await _blocking(self._start_segment, channel, term, checked)
-            writer = LocalWriter(channel, term, current, self._writer_settings, self._writer_closed)
-            self._writers[pchannel] = writer
-            return writer
+            )
+        current = await _blocking(self._start_segment, channel, term, checked)
+        writer = LocalWriter(channel, term, current, self._writer_settings, self._writer_closed)
+        self._writers[pchannel] = writer
+        return writer
 
     def _writer_closed(self, writer: LocalWriter) -> None:
         if self._writers.get(writer.pchannel) is writer:
             del self._writers[writer.pchannel]
+            lock = self._locks.pop(writer.pchannel, None)
+            if lock is not None:
+                os.close(lock)
 
     def _store_term(self, channel: Channel, term: int) -> None:
         files.ensure_dir(channel.directory)

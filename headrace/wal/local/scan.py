@@ -51,6 +51,13 @@ def corrupt_frame(path: str, pos: int, lsn: int, why: str) -> errors.CorruptData
 
 def check_bad_tail(fd: int, path: str, pos: int, lsn: int) -> None:
     """A bad frame at ``pos`` is a torn tail unless valid records follow it."""
+    if valid_records_follow(fd, pos, lsn):
+        raise corrupt_frame(path, pos, lsn, "CRC or LSN mismatch, valid records follow")
+
+
+def valid_records_follow(fd: int, pos: int, lsn: int) -> bool:
+    """Whether a valid record ``lsn + 1`` lies behind the bad frame at ``pos``
+    (damage in the middle of the log, not a torn tail)."""
     chunks, offset = [], pos
     while chunk := os.pread(fd, CHUNK_BYTES, offset):
         chunks.append(chunk)
@@ -60,9 +67,25 @@ def check_bad_tail(fd: int, path: str, pos: int, lsn: int) -> None:
     if len(rest) >= FRAME.size:
         length = FRAME.unpack_from(view, 0)[0]
         if segment.frame_valid_at(view, FRAME.size + length, lsn + 1):
-            raise corrupt_frame(path, pos, lsn, "CRC or LSN mismatch, valid records follow")
-    if segment.find_valid_frame(rest, 0, lsn + 1) is not None:
-        raise corrupt_frame(path, pos, lsn, "CRC or LSN mismatch, valid records follow")
+            return True
+    return segment.find_valid_frame(rest, 0, lsn + 1) is not None
+
+
+def find_damage(fd: int, link: Link) -> tuple[int, int] | None:
+    """Byte position and LSN of the first damaged record of the segment, or
+    None: a segment with a successor must be valid up to its recorded length;
+    the head may end in a torn tail (cut away when a writer opens)."""
+    pos, lsn = HEADER_SIZE, link.base_lsn
+    while True:
+        parsed = read_chunk(fd, pos, lsn, link.limit, ALL, with_bounds=False)
+        if parsed.lsn > lsn:
+            pos, lsn = parsed.pos, parsed.lsn
+            continue
+        if link.limit is not None:
+            return None if pos == link.limit else (pos, lsn)
+        if parsed.stop is Stop.BAD and valid_records_follow(fd, pos, lsn):
+            return pos, lsn
+        return None
 
 
 def open_segment(link: Link) -> int | None:
