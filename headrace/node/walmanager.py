@@ -16,7 +16,7 @@ A WAL whose log turns out to be damaged (CorruptData while opening) is held
 as a :class:`DamagedWAL` in state CORRUPT: the pchannel stays assigned here,
 readable up to the damage, and refuses appends with the CORRUPT error naming
 the file and offset; the node's other pchannels are not affected. Opening it
-again is tried only as :class:`DamageRetry` allows (every few minutes at
+again is tried only as :class:`DamageRetry` allows (every two minutes at
 most), so a repaired log is picked up without the node spinning on a damaged one.
 """
 
@@ -95,7 +95,7 @@ class DamageRetry:
     failure, doubling with each further one, at most ``cap_s`` apart."""
 
     base_s: float = 5.0
-    cap_s: float = 300.0
+    cap_s: float = 120.0
 
     def delay(self, attempts: int) -> float:
         return min(self.cap_s, self.base_s * 2.0 ** min(max(attempts, 1) - 1, 30))
