@@ -20,7 +20,7 @@ from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.wal import registry
 from headrace.wal.contract import BackendWriter, StartPosition
-from headrace.wal.local import LocalBackend, LocalMessageID, files, segment
+from headrace.wal.local import LocalBackend, LocalMessageID, files, segment, space
 from headrace.wal.local.dump import iter_dump
 from headrace.wal.local.segment import FRAME, HEADER_SIZE
 from headrace.wal.local.writer import WriterSettings
@@ -421,6 +421,42 @@ async def test_failed_write_acknowledges_nothing_and_cuts_back(
     assert await writer.append([b"next"]) == [LocalMessageID(1)]
     assert [r.data for r in await read_all(backend, P, 2)] == [b"kept", b"next"]
     await backend.close()
+
+
+async def test_appends_stop_at_the_free_space_reserve_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below the reserve, appends fail with STORAGE_FULL (retryable, naming the
+    file) before a byte is written, and resume once space is free again."""
+    free = {"bytes": 1 << 30}
+    monkeypatch.setattr(space, "free_space", lambda directory: (free["bytes"], 1 << 34))
+    monkeypatch.setattr(space, "READ_EVERY_S", 0.0)  # no waiting for the next reading
+    backend = LocalBackend(str(tmp_path), reserve_bytes=1 << 20)
+    writer = await backend.open_writer(P, 1)
+    assert await writer.append([b"kept"]) == [LocalMessageID(0)]
+    (path,) = segment_paths(tmp_path)
+    size = path.stat().st_size
+    free["bytes"] = (1 << 20) + 50
+    for _ in range(2):
+        with pytest.raises(errors.StorageFull) as full:
+            await writer.append([b"x" * 100])
+        assert full.value.retryable
+        assert str(path) in full.value.message and "free" in full.value.message
+    assert path.stat().st_size == size
+    free["bytes"] = 1 << 30
+    assert await writer.append([b"next"]) == [LocalMessageID(1)]
+    assert [r.data for r in await read_all(backend, P, 2)] == [b"kept", b"next"]
+    await backend.close()
+
+
+def test_default_reserve_is_a_share_of_the_disk_capped() -> None:
+    assert space.default_reserve(8 << 20) == (8 << 20) // 20
+    assert space.default_reserve(1 << 40) == space.RESERVE_MAX
+    last = space.Reading(free=100 << 20, reserve=10 << 20, at=0.0)
+    assert not space.needs_reading(last, 1024, now=0.5)
+    assert space.needs_reading(last, 1024, now=1.5), "read at least once a second"
+    near = space.Reading(free=20 << 20, reserve=10 << 20, at=0.0)
+    assert space.needs_reading(near, 1024, now=0.1), "near the reserve, read before each write"
 
 
 _FULL_DISK_CHILD = r"""

@@ -50,6 +50,9 @@ class LocalSettings:
     fsync: str = "batch"
     fsync_interval_ms: float = 5.0
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    reserve_bytes: int | None = None
+    """Free space appends leave on the file system (None: 5% of it, at most
+    64 MiB; 0: none), see :mod:`headrace.wal.local.space`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, str) or not self.root:
@@ -81,6 +84,13 @@ class LocalSettings:
                 f"local WAL: segment_bytes must be between {MIN_SEGMENT_BYTES} and 2**40, "
                 f"got {size}"
             )
+        reserve = self.reserve_bytes
+        if reserve is not None and (
+            isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0
+        ):
+            raise errors.InvalidArgument(
+                f"local WAL: reserve_bytes must be a non-negative integer, got {reserve!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,7 +102,8 @@ class _Checked:
 
 
 def create(**settings: Any) -> LocalBackend:
-    """Registry factory: ``root``, ``fsync``, ``fsync_interval_ms``, ``segment_bytes``."""
+    """Registry factory: ``root``, ``fsync``, ``fsync_interval_ms``, ``segment_bytes``,
+    ``reserve_bytes``."""
     known = {field.name for field in dataclasses.fields(LocalSettings)}
     unknown = sorted(set(settings) - known)
     if unknown:
@@ -121,9 +132,12 @@ class LocalBackend(Backend):
         fsync: str = "batch",
         fsync_interval_ms: float = 5.0,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        reserve_bytes: int | None = None,
     ) -> None:
-        self.settings = LocalSettings(root, fsync, fsync_interval_ms, segment_bytes)
-        self._writer_settings = WriterSettings(fsync, fsync_interval_ms / 1000.0, segment_bytes)
+        self.settings = LocalSettings(root, fsync, fsync_interval_ms, segment_bytes, reserve_bytes)
+        self._writer_settings = WriterSettings(
+            fsync, fsync_interval_ms / 1000.0, segment_bytes, reserve_bytes
+        )
         self._channels: dict[str, Channel] = {}
         self._writers: dict[str, LocalWriter] = {}
         self._locks: dict[str, int] = {}
