@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from headrace import cluster, errors, runtime
 from headrace.coordinator import coordinator as coord_mod
@@ -134,6 +135,59 @@ def node_command(cfg: StandaloneConfig, node_id: str) -> list[str]:
     return [*argv, "--exit-with-parent"]
 
 
+class NodeLog:
+    """Where a node process's output goes: its log file, and the standalone's
+    own stderr while the file cannot be written (a full disk), with a notice
+    saying so, so that a node's errors are never lost silently."""
+
+    def __init__(self, path: Path, label: str, fallback: BinaryIO) -> None:
+        self.path = path
+        self._label = label
+        self._fallback = fallback
+        self._fd: int | None = None
+        self.failure: str = ""
+        """Why the file cannot be written now (empty while it can)."""
+
+    def write(self, data: bytes) -> None:
+        try:
+            if self._fd is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            self._divert(f"{exc.strerror or exc}", data)
+            return
+        if self.failure:
+            self.failure = ""
+            self._notice(f"writing {self.path} works again")
+
+    def _divert(self, reason: str, data: bytes) -> None:
+        if self.failure != reason:
+            self.failure = reason
+            self._notice(f"cannot write {self.path} ({reason}); its output follows here")
+        self._fallback.write(f"[{self._label}] ".encode() + data)
+        self._fallback.flush()
+
+    def _notice(self, what: str) -> None:
+        self._fallback.write(f"headrace standalone: {self._label} log: {what}\n".encode())
+        self._fallback.flush()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+async def pump(stream: asyncio.StreamReader, sink: NodeLog) -> None:
+    """Copy a node's output to its log until the process closes it (the node
+    would block on a full pipe if this stopped reading)."""
+    while chunk := await stream.read(1 << 16):
+        sink.write(chunk)
+
+
 class NodeProcess:
     """One supervised node process."""
 
@@ -142,21 +196,33 @@ class NodeProcess:
         self.node_id = node_id
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.log = NodeLog(cfg.log_dir / f"{node_id}.log", node_id, sys.stderr.buffer)
+        self._pump: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.cfg.log_dir / f"{self.node_id}.log"
-        with log_path.open("ab") as log_file:
-            self.proc = await asyncio.create_subprocess_exec(
-                *node_command(self.cfg, self.node_id),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-            )
+        self.proc = await asyncio.create_subprocess_exec(
+            *node_command(self.cfg, self.node_id),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        assert self.proc.stdout is not None
+        self._pump = asyncio.create_task(
+            pump(self.proc.stdout, self.log), name=f"{self.node_id}-log"
+        )
+
+    async def _pumped(self) -> None:
+        """Wait (briefly) until the exited process's last output is in its log."""
+        task, self._pump = self._pump, None
+        if task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(task, 5.0)
 
     async def stop(self, timeout: float = 15.0) -> None:
         proc = self.proc
         if proc is None or proc.returncode is not None:
+            await self._pumped()
+            self.log.close()
             return
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
@@ -167,6 +233,9 @@ class NodeProcess:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+        finally:
+            await self._pumped()
+            self.log.close()
 
     async def supervise(self, stop: asyncio.Event) -> None:
         """Keep the process running until ``stop`` is set."""
@@ -182,6 +251,7 @@ class NodeProcess:
             if stop.is_set():
                 wait_exit.cancel()
                 return
+            await self._pumped()
             code = self.proc.returncode
             log.warning(
                 "node %s exited with code %s; see %s",

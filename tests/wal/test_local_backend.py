@@ -453,8 +453,8 @@ def test_default_reserve_is_a_share_of_the_disk_capped() -> None:
     assert space.default_reserve(8 << 20) == (8 << 20) // 20
     assert space.default_reserve(1 << 40) == space.RESERVE_MAX
     last = space.Reading(free=100 << 20, reserve=10 << 20, at=0.0)
-    assert not space.needs_reading(last, 1024, now=0.5)
-    assert space.needs_reading(last, 1024, now=1.5), "read at least once a second"
+    assert not space.needs_reading(last, 1024, now=0.1)
+    assert space.needs_reading(last, 1024, now=1.5), "read again after READ_EVERY_S"
     near = space.Reading(free=20 << 20, reserve=10 << 20, at=0.0)
     assert space.needs_reading(near, 1024, now=0.1), "near the reserve, read before each write"
 

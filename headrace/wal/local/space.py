@@ -8,7 +8,7 @@ while the node keeps its session and its pchannels, instead of the node
 losing them because the metastore cannot write. Appends resume by themselves
 once space is freed.
 
-Free space is read with ``statvfs`` at most once a second while it is well
+Free space is read with ``statvfs`` at most four times a second while it is well
 above the reserve, and before every write once it is near it.
 """
 
@@ -25,7 +25,7 @@ RESERVE_SHARE = 20
 """The default reserve is 1/20 of the file system, at most RESERVE_MAX."""
 NEAR = 16 * 1024 * 1024
 """Within this much of the reserve, free space is read before every write."""
-READ_EVERY_S = 1.0
+READ_EVERY_S = 0.25
 
 
 def default_reserve(total_bytes: int) -> int:
