@@ -104,6 +104,15 @@ async def test_full_disk_gives_storage_full_and_recovers_exactly_once(small_fs: 
             assert isinstance(full, errors.StorageFull), repr(full)
             assert full.retryable and str(data / "wal") in full.message
 
+            # The CLI warns at the first refusal and exits 1 with the error.
+            produced = cli(
+                "produce", "--metastore", running.url, "--vchannel", "v", "--count", "2",
+                "--size", "20000",
+            )  # fmt: skip
+            assert produced.returncode == 1, produced
+            assert "first_error=STORAGE_FULL" in produced.stdout
+            assert "STORAGE_FULL" in produced.stderr  # the warning at the first refusal
+
             status = json.loads(cli("status", "--metastore", running.url, "--json").stdout)
             (row,) = status["pchannels"]
             assert (row["state"], row["wal_state"]) == ("ASSIGNED", "SERVING")
