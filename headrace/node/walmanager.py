@@ -12,7 +12,8 @@ answers UNAVAILABLE (retryable) while the pchannel is assigned here, and the
 assignment reactor retries the open with backoff. Every open is bounded by
 :func:`open_bound` so an unreachable broker cannot hang it.
 
-A WAL whose log turns out to be damaged (CorruptData while opening) is held
+A WAL whose log turns out to be damaged (CorruptData while opening, or a
+reader of a serving WAL finding a damaged record) is held
 as a :class:`DamagedWAL` in state CORRUPT: the pchannel stays assigned here,
 readable up to the damage, and refuses appends with the CORRUPT error naming
 the file and offset; the node's other pchannels are not affected. Opening it
@@ -206,6 +207,8 @@ class WALManager:
         state = wal.state
         if state is WALState.UNAVAILABLE:
             return True
+        if state is WALState.CORRUPT and isinstance(wal, WAL):
+            return True  # a reader found damage: hold it as a DamagedWAL now
         damaged = self._damaged.get(pchannel)
         return (
             state is WALState.CORRUPT
@@ -276,7 +279,10 @@ class WALManager:
                     )
                 if held.term == term and held.state is WALState.SERVING:
                     return held
+                known = held.damage if isinstance(held, WAL) and held.term == term else None
                 await self._close_held(pchannel, held, drain=False)
+                if known is not None:
+                    return self._hold_damaged(pchannel, term, known)
             try:
                 wal = await self._open_bounded(pchannel, term)
             except errors.Fenced:

@@ -24,6 +24,7 @@ from headrace.message.types import Message, MessageType
 from headrace.node.server import NodeConfig, StreamingNode
 from headrace.node.walmanager import DamageRetry
 from headrace.tso import LocalTSO
+from headrace.wal.damaged import DamagedWAL
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.local import LocalBackend, files
 from headrace.wal.local.repair import repair
@@ -60,9 +61,9 @@ async def write_log(root: Path, vchannel: str, count: int) -> None:
 
 
 def damage_middle(root: Path) -> tuple[Path, int, list[bytes]]:
-    """Flip a byte in the body of the middle INSERT record; its file, offset and
-    the payloads of the INSERTs before it."""
-    (name,) = files.list_segments(str(root / BAD))
+    """Flip a byte in the body of the middle INSERT record of the first segment;
+    its file, offset and the payloads of the INSERTs before it."""
+    name = files.list_segments(str(root / BAD))[0]
     path = root / BAD / name.filename
     inserts = [
         (offset, codec.decode(body))
@@ -189,3 +190,57 @@ async def test_after_repair_beside_the_node_it_serves_again_with_the_prefix(
                         got.append(entry.message.payload)
     assert got == [*before, b"after repair"]
     assert report.damage.path == str(path) and report.moved
+
+
+async def test_damage_a_consumer_finds_makes_the_pchannel_corrupt(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Damage outside what opening reads: the WAL serves until a consumer
+    reaches it; then the pchannel turns CORRUPT (its writer released, so
+    repair can run beside the node)."""
+    root = tmp_path / "wal"
+    bad_vchannel = vchannel_of(BAD)
+    await write_log(root, bad_vchannel, 12)
+    backend = LocalBackend(str(root))
+    wal = await WAL.open(backend, BAD, 2, tso=LocalTSO(), options=OPTIONS)
+    await wal.append(Message(MessageType.INSERT, bad_vchannel, b"term 2"))
+    await wal.close()
+    await backend.close()
+    path, offset, before = damage_middle(root)
+
+    await cluster.configure(PCHANNELS)
+    node = await start_local_node(cluster, root)
+    await cluster.assign(BAD, "node-a", 3)
+    assert node.manager.get(BAD).state.value == "SERVING"
+
+    async with HeadraceClient(cluster.url, cluster.keys.cluster) as client:
+        got: list[bytes] = []
+        async with client.consume(bad_vchannel, start="earliest") as consumer:
+            with pytest.raises(errors.CorruptData):
+                async with asyncio.timeout(HANG_GUARD):
+                    while True:
+                        entry = await consumer.next(timeout=HANG_GUARD)
+                        assert entry is not None
+                        if entry.message.type is MessageType.INSERT:
+                            got.append(entry.message.payload)
+        assert got == before
+
+        def corrupt_without_writer() -> bool:
+            held = node.manager.held.get(BAD)
+            return isinstance(held, DamagedWAL)
+
+        await until(corrupt_without_writer)
+        manager = ManagerClient(node.address)
+        try:
+            listed = {w.pchannel: w for w in (await manager.list_wals()).wals}
+        finally:
+            await manager.close()
+        assert listed[BAD].state == "CORRUPT"
+        assert listed[BAD].stats["corrupt_file"] == str(path)
+        assert listed[BAD].stats["corrupt_offset"] == str(offset)
+        producer = client.producer()
+        with pytest.raises(errors.CorruptData):
+            await producer.send(bad_vchannel, b"refused")
+        await producer.close()
+    report = repair(str(root), BAD)
+    assert report.damage is not None and report.damage.offset == offset
