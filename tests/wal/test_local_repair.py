@@ -141,3 +141,33 @@ async def test_cli_repair_prints_what_it_did_and_exits_2_on_bad_input(tmp_path: 
     assert await reader.next_batch(timeout=0.1) == []
     await backend.close()
     assert files.list_segments(str(tmp_path / P))
+
+
+async def test_a_damaged_segment_header_moves_that_segment_and_the_later_ones_aside(
+    tmp_path: Path,
+) -> None:
+    await write(tmp_path, [b"a", b"b"])
+    await write(tmp_path, [b"c"], term=2)
+    await write(tmp_path, [b"d"], term=3)
+    first, second, third = segment_paths(tmp_path)
+    data = bytearray(second.read_bytes())
+    data[20] ^= 0xFF  # inside the header: its CRC fails
+    second.write_bytes(bytes(data))
+    later = {second.name: bytes(data), third.name: third.read_bytes()}
+
+    backend = LocalBackend(str(tmp_path))
+    with pytest.raises(errors.CorruptData) as refused:
+        await backend.open_writer(P, 4)
+    assert (refused.value.path, refused.value.offset) == (str(second), 0)
+    await backend.close()
+
+    report = repair(str(tmp_path), P)
+    assert report.damage is not None
+    assert (report.damage.path, report.damage.offset, report.damage.lsn) == (str(second), 0, 2)
+    assert files_under(Path(report.quarantine)) == later
+    assert segment_paths(tmp_path) == [first]
+    backend = LocalBackend(str(tmp_path))
+    writer = await backend.open_writer(P, 4)
+    assert await writer.append([b"next"]) == [LocalMessageID(2)]
+    assert [r.data for r in await read_all(backend, P, 3)] == [b"a", b"b", b"next"]
+    await backend.close()

@@ -25,7 +25,7 @@ import os
 import time
 
 from headrace import errors
-from headrace.wal.local import files, scan
+from headrace.wal.local import files, scan, segment
 from headrace.wal.local.backend import PCHANNEL_PATTERN
 from headrace.wal.local.chain import Chain
 from headrace.wal.local.channel import Channel
@@ -106,40 +106,88 @@ def find_first_damage(chain: Chain) -> tuple[int, Damage] | None:
     return None
 
 
+class _Aside:
+    """The quarantine directory of one repair, created at its first use."""
+
+    def __init__(self, directory: str, now: float) -> None:
+        self.directory = directory
+        self.path = ""
+        self.moved: list[str] = []
+        self.moved_bytes = 0
+        self._stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+
+    def _ensure(self, lsn: int) -> str:
+        if not self.path:
+            self.path = os.path.join(self.directory, f"quarantine-{self._stamp}-lsn{lsn}")
+            os.mkdir(self.path)
+            files.fsync_dir(self.directory)
+        return self.path
+
+    def cut(self, damage: Damage, name: SegmentName) -> None:
+        """Copy the segment from the damaged record on aside (synced), then cut it there."""
+        tail_name = f"{name.filename}.from-{damage.offset}"
+        target = os.path.join(self._ensure(damage.lsn), tail_name)
+        self.moved_bytes += _copy_tail(damage.path, damage.offset, target)
+        self.moved.append(tail_name)
+        fd = os.open(damage.path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, damage.offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def move(self, names: list[SegmentName], lsn: int) -> None:
+        for name in names:
+            source = os.path.join(self.directory, name.filename)
+            self.moved_bytes += os.stat(source).st_size
+            os.rename(source, os.path.join(self._ensure(lsn), name.filename))
+            self.moved.append(name.filename)
+
+    def sync(self) -> None:
+        if self.path:
+            files.fsync_dir(self.path)
+            files.fsync_dir(self.directory)
+
+
+def damaged_header(channel: Channel) -> Damage | None:
+    """The first segment whose header cannot be read, if any: the log cannot
+    be assembled past it."""
+    try:
+        channel.load_chain()
+    except errors.CorruptData as exc:
+        name = segment.parse_name(os.path.basename(exc.path))
+        if name is None or os.path.dirname(exc.path) != channel.directory:
+            raise
+        return Damage(exc.path, exc.offset, name.base_lsn)
+    return None
+
+
 def _repair_locked(channel: Channel, now: float) -> RepairReport:
     directory = channel.directory
+    aside = _Aside(directory, now)
+    damage = damaged_header(channel)
+    if damage is not None:
+        # A segment whose header is damaged, and every segment after it, go aside.
+        bad = segment.parse_name(os.path.basename(damage.path))
+        assert bad is not None
+        later = [n for n in files.list_segments(directory) if n.head_key >= bad.head_key]
+        aside.move(later, damage.lsn)
+        channel.forget(later)
     chain = channel.load_chain()
     found = find_first_damage(chain)
-    if found is None:
+    if found is not None:
+        index, damage = found
+        head = chain.links[index].name
+        aside.cut(damage, head)
+        # Every segment that could otherwise still take over the log: the later
+        # links of the chain and any segment that sorts after the new head.
+        aside.move(_after(files.list_segments(directory), head), damage.lsn)
+    aside.sync()
+    if damage is None:
         return RepairReport(channel.pchannel, directory, None)
-    index, damage = found
-    head = chain.links[index].name
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    quarantine = os.path.join(directory, f"quarantine-{stamp}-lsn{damage.lsn}")
-    os.mkdir(quarantine)
-    files.fsync_dir(directory)
-    moved: list[str] = []
-    # 1. The damaged segment's bytes from the damaged record on: copied, synced,
-    #    then cut off the segment (which becomes the head).
-    tail_name = f"{head.filename}.from-{damage.offset}"
-    moved_bytes = _copy_tail(damage.path, damage.offset, os.path.join(quarantine, tail_name))
-    moved.append(tail_name)
-    fd = os.open(damage.path, os.O_WRONLY)
-    try:
-        os.ftruncate(fd, damage.offset)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    # 2. Every segment that could otherwise still take over the log: the later
-    #    links of the chain and any segment that sorts after the new head.
-    for name in _after(files.list_segments(directory), head):
-        source = os.path.join(directory, name.filename)
-        moved_bytes += os.stat(source).st_size
-        os.rename(source, os.path.join(quarantine, name.filename))
-        moved.append(name.filename)
-    files.fsync_dir(quarantine)
-    files.fsync_dir(directory)
-    return RepairReport(channel.pchannel, directory, damage, quarantine, tuple(moved), moved_bytes)
+    return RepairReport(
+        channel.pchannel, directory, damage, aside.path, tuple(aside.moved), aside.moved_bytes
+    )
 
 
 def _after(names: list[SegmentName], head: SegmentName) -> list[SegmentName]:
