@@ -449,6 +449,57 @@ async def test_appends_stop_at_the_free_space_reserve_and_resume(
     await backend.close()
 
 
+async def test_enospc_from_the_sync_acknowledges_nothing_and_cuts_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Variant: the write went through but the sync (group commit) failed."""
+    backend = LocalBackend(str(tmp_path), fsync="interval", reserve_bytes=0)
+    writer = await backend.open_writer(P, 1)
+    await writer.append([b"kept"])
+    (path,) = segment_paths(tmp_path)
+    size = path.stat().st_size
+    real_sync = files.sync_data
+    calls = {"n": 0}
+
+    def first_sync_fails(fd: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_sync(fd)
+
+    monkeypatch.setattr(files, "sync_data", first_sync_fails)
+    with pytest.raises(errors.StorageFull) as full:
+        await writer.append([b"lost"])
+    assert full.value.retryable and str(path) in full.value.message
+    assert path.stat().st_size == size
+    assert await writer.append([b"next"]) == [LocalMessageID(1)]
+    assert [r.data for r in await read_all(backend, P, 2)] == [b"kept", b"next"]
+    await backend.close()
+
+
+async def test_enospc_when_rolling_a_segment_acknowledges_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Variant: the segment is full and the next one cannot be created."""
+    backend = LocalBackend(str(tmp_path), segment_bytes=128, reserve_bytes=0)
+    writer = await backend.open_writer(P, 1)
+    await writer.append([b"x" * 100])
+    real_create = files.create_segment
+
+    def no_space(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "create_segment", no_space)
+    with pytest.raises(errors.StorageFull, match="creating a segment"):
+        await writer.append([b"lost"])
+    assert len(segment_paths(tmp_path)) == 1
+    monkeypatch.setattr(files, "create_segment", real_create)
+    assert await writer.append([b"next"]) == [LocalMessageID(1)]
+    assert len(segment_paths(tmp_path)) == 2
+    assert [r.data for r in await read_all(backend, P, 2)] == [b"x" * 100, b"next"]
+    await backend.close()
+
+
 def test_default_reserve_is_a_share_of_the_disk_capped() -> None:
     assert space.default_reserve(8 << 20) == (8 << 20) // 20
     assert space.default_reserve(1 << 40) == space.RESERVE_MAX
