@@ -189,7 +189,8 @@ class WALManager:
 
     def broken(self, pchannel: str, term: int) -> bool:
         """Whether this node lost ``pchannel`` at ``term`` to a backend failure:
-        its held WAL turned UNAVAILABLE, or opening it failed (nothing held)."""
+        its held WAL turned UNAVAILABLE (or is damaged and due for another
+        try), or opening it failed (nothing held)."""
         wal = self._held.get(pchannel)
         if wal is not None:
             return wal.term == term and self._needs_reopen(pchannel, wal)
@@ -197,7 +198,8 @@ class WALManager:
         return failure is not None and failure.term == term
 
     def failed_held(self) -> list[str]:
-        """The held WALs a backend failure made UNAVAILABLE (none once shutting down)."""
+        """The held WALs to open again (none once shutting down): those a backend
+        failure made UNAVAILABLE, and damaged ones as :class:`DamageRetry` allows."""
         if not self._accepting:
             return []
         return [name for name, wal in self._held.items() if self._needs_reopen(name, wal)]
