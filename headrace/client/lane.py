@@ -91,8 +91,16 @@ def expiry_error(
     return current
 
 
-def _new_cause(previous: errors.HeadraceError | None, current: errors.HeadraceError) -> bool:
-    """Whether a retry's error differs in kind from the one before (pure)."""
+_ROUTING = (errors.NotOwner, errors.Fenced, errors.Closed)
+"""Errors of an owner change, which retries ride out as a matter of course."""
+
+
+def worth_a_warning(previous: errors.HeadraceError | None, current: errors.HeadraceError) -> bool:
+    """Whether a retry's error is logged as a warning (pure): the first of a
+    kind that is not an owner change (a full disk, an unreachable node), so a
+    user waiting for the deadline sees why."""
+    if isinstance(current, _ROUTING):
+        return False
     return previous is None or previous.code is not current.code
 
 
@@ -166,7 +174,7 @@ class Lane:
                 self._fail_all(error)
                 continue
             log.log(
-                logging.WARNING if _new_cause(last_error, error) else logging.INFO,
+                logging.WARNING if worth_a_warning(last_error, error) else logging.INFO,
                 "producing to %s at %s: %s; retrying until the messages' deadline",
                 self.pchannel,
                 owner.address,

@@ -16,7 +16,7 @@ import pytest
 
 from headrace import errors
 from headrace.client import HeadraceClient
-from headrace.client.lane import expiry_error
+from headrace.client.lane import expiry_error, worth_a_warning
 from headrace.client.producer import ProducerOptions
 from headrace.message.types import MessageType
 from headrace.node.server import NodeConfig, StreamingNode
@@ -108,3 +108,12 @@ def test_the_expiry_error_is_what_the_owner_answered() -> None:
     assert expiry_error(full, moved, cut_by_deadline=False) is full
     assert expiry_error(moved, full, cut_by_deadline=False) is full
     assert expiry_error(moved, timeout, cut_by_deadline=False) is timeout
+
+
+def test_retries_warn_once_per_kind_of_trouble_not_for_owner_changes() -> None:
+    full = errors.StorageFull("disk full")
+    assert worth_a_warning(None, full)
+    assert not worth_a_warning(full, errors.StorageFull("still full"))
+    assert worth_a_warning(full, errors.Unavailable("node unreachable"))
+    assert not worth_a_warning(None, errors.NotOwner("moved"))
+    assert not worth_a_warning(full, errors.Fenced("newer term"))
