@@ -59,9 +59,18 @@ class MessageTooLarge(InvalidArgument):
 
 
 class CorruptData(HeadraceError):
-    """Stored or received bytes fail their checksum or cannot be decoded."""
+    """Stored or received bytes fail their checksum or cannot be decoded.
+
+    ``path`` and ``offset`` locate the damage when it is in a file (empty and
+    -1 otherwise).
+    """
 
     code = ErrorCode.CORRUPT
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
 
 
 class NotOwner(HeadraceError):

@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import headrace
 from headrace import cluster, errors, runtime
@@ -180,17 +180,70 @@ LOG_TAIL_LINES = 15
 LOG_TAIL_BYTES = 64 * 1024
 
 
-def log_tail(path: Path, start: int, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
-    """The last ``lines`` lines written to ``path`` after byte offset ``start``."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(start, size - LOG_TAIL_BYTES))
-            data = f.read()
-    except OSError as exc:
-        return (f"(cannot read the log: {exc})",)
-    text = data.decode("utf-8", errors="replace").splitlines()
-    return tuple(text[-lines:])
+class NodeLog:
+    """Where a node process's output goes: its log file, and the standalone's
+    own stderr while the file cannot be written (a full disk), with a notice
+    saying so, so that a node's errors are never lost silently."""
+
+    def __init__(self, path: Path, label: str, fallback: BinaryIO) -> None:
+        self.path = path
+        self._label = label
+        self._fallback = fallback
+        self._fd: int | None = None
+        self.failure: str = ""
+        """Why the file cannot be written now (empty while it can)."""
+        self._recent = bytearray()
+        """The current process's last LOG_TAIL_BYTES of output (for its exit report)."""
+
+    def begin(self) -> None:
+        """A new process starts writing: its exit report shows only its own lines."""
+        self._recent.clear()
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+        """The last ``lines`` lines the current process wrote."""
+        text = self._recent.decode("utf-8", errors="replace").splitlines()
+        return tuple(text[-lines:])
+
+    def write(self, data: bytes) -> None:
+        self._recent += data
+        del self._recent[:-LOG_TAIL_BYTES]
+        try:
+            if self._fd is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            self._divert(f"{exc.strerror or exc}", data)
+            return
+        if self.failure:
+            self.failure = ""
+            self._notice(f"writing {self.path} works again")
+
+    def _divert(self, reason: str, data: bytes) -> None:
+        if self.failure != reason:
+            self.failure = reason
+            self._notice(f"cannot write {self.path} ({reason}); its output follows here")
+        self._fallback.write(f"[{self._label}] ".encode() + data)
+        self._fallback.flush()
+
+    def _notice(self, what: str) -> None:
+        self._fallback.write(f"headrace standalone: {self._label} log: {what}\n".encode())
+        self._fallback.flush()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+async def pump(stream: asyncio.StreamReader, sink: NodeLog) -> None:
+    """Copy a node's output to its log until the process closes it (the node
+    would block on a full pipe if this stopped reading)."""
+    while chunk := await stream.read(1 << 16):
+        sink.write(chunk)
 
 
 class NodeProcess:
@@ -201,33 +254,44 @@ class NodeProcess:
         self.node_id = node_id
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
-        self.log_start = 0
-        """Where the current process's lines begin in its log file."""
+        self.log = NodeLog(self.log_path, node_id, sys.stderr.buffer)
+        self._pump: asyncio.Task[None] | None = None
 
     @property
     def log_path(self) -> Path:
         return self.cfg.log_dir / f"{self.node_id}.log"
 
     async def start(self) -> None:
-        self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log_file:
-            self.log_start = log_file.tell()
-            self.proc = await asyncio.create_subprocess_exec(
-                *node_command(self.cfg, self.node_id),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-                env=node_environment(os.environ),
-            )
+        self.log.begin()
+        self.proc = await asyncio.create_subprocess_exec(
+            *node_command(self.cfg, self.node_id),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=node_environment(os.environ),
+        )
+        assert self.proc.stdout is not None
+        self._pump = asyncio.create_task(
+            pump(self.proc.stdout, self.log), name=f"{self.node_id}-log"
+        )
+
+    async def _pumped(self) -> None:
+        """Wait (briefly) until the exited process's last output is in its log."""
+        task, self._pump = self._pump, None
+        if task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(task, 5.0)
 
     def exit_report(self) -> NodeExit:
         """How the current process ended (call after it exited)."""
         code = self.proc.returncode if self.proc is not None else None
-        return NodeExit(self.node_id, code, self.log_path, log_tail(self.log_path, self.log_start))
+        return NodeExit(self.node_id, code, self.log_path, self.log.tail())
 
     async def stop(self, timeout: float = 15.0) -> None:
         proc = self.proc
         if proc is None or proc.returncode is not None:
+            await self._pumped()
+            self.log.close()
             return
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
@@ -238,6 +302,9 @@ class NodeProcess:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+        finally:
+            await self._pumped()
+            self.log.close()
 
     async def supervise(
         self, stop: asyncio.Event, ready: asyncio.Event, failed: asyncio.Future[NodeExit]
@@ -259,6 +326,7 @@ class NodeProcess:
             if stop.is_set():
                 wait_exit.cancel()
                 return
+            await self._pumped()
             report = self.exit_report()
             if not ready.is_set():
                 if not failed.done():

@@ -1,8 +1,10 @@
-"""``headrace status``, ``move``, ``drain``, ``undrain``, ``balancer`` and ``wal dump``."""
+"""``headrace status``, ``move``, ``drain``, ``undrain``, ``balancer``, ``wal dump``
+and ``wal repair``."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 from headrace import errors
 from headrace.client import api as client_api
 from headrace.wal.local import dump as local_dump
+from headrace.wal.local import repair as local_repair
 
 
 def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
@@ -111,4 +114,24 @@ async def wal_dump(args: argparse.Namespace) -> int:
             )
         if args.limit and count >= args.limit:
             break
+    return 0
+
+
+def add_wal_repair(wal_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    r = wal_sub.add_parser(
+        "repair",
+        help="keep the valid prefix of a damaged local WAL, move the rest aside (never deletes)",
+    )
+    r.add_argument("--dir", required=True, help="the local WAL root directory")
+    r.add_argument("--pchannel", required=True)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(handler=wal_repair)
+
+
+async def wal_repair(args: argparse.Namespace) -> int:
+    report = local_repair.repair(args.dir, args.pchannel)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report)))
+    else:
+        print(report.summary())
     return 0

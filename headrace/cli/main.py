@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--json", action="store_true")
     d.set_defaults(handler=admin.wal_dump)
+    admin.add_wal_repair(wal_sub)
 
     p = sub.add_parser("bench", help="benchmarks (print JSON)")
     bench.add_bench_args(p)

@@ -52,12 +52,51 @@ class _Stream:
     error: errors.HeadraceError | None = None
     broken: bool = False
     """The stream itself failed: outcomes of in-flight batches are unknown."""
+    cut_by_deadline: bool = False
+    """It ended because the oldest in-flight message reached its deadline."""
     acked: int = 0
 
     def fail(self, error: errors.HeadraceError, *, broken: bool = False) -> None:
         if self.error is None:
             self.error = error
         self.broken = self.broken or broken
+
+
+def expiry_error(
+    previous: errors.HeadraceError | None,
+    current: errors.HeadraceError,
+    *,
+    cut_by_deadline: bool,
+) -> errors.HeadraceError:
+    """The error that messages reaching their deadline fail with, after an
+    attempt failed with ``current`` and the earlier ones (since the last
+    acknowledgement) with ``previous`` (pure).
+
+    What an owner answered stays the cause when the deadline itself cut the
+    last attempt short ("did not answer in time"), and a full disk stays the
+    cause over the routing errors that can follow it (an owner that lost its
+    session because its metastore shares the disk answers NOT_OWNER).
+    """
+    if previous is None:
+        return current
+    if cut_by_deadline:
+        return previous
+    if isinstance(previous, errors.StorageFull) and not isinstance(current, errors.StorageFull):
+        return previous
+    return current
+
+
+_ROUTING = (errors.NotOwner, errors.Fenced, errors.Closed)
+"""Errors of an owner change, which retries ride out as a matter of course."""
+
+
+def worth_a_warning(previous: errors.HeadraceError | None, current: errors.HeadraceError) -> bool:
+    """Whether a retry's error is logged as a warning (pure): the first of a
+    kind that is not an owner change (a full disk, an unreachable node), so a
+    user waiting for the deadline sees why."""
+    if isinstance(current, _ROUTING):
+        return False
+    return previous is None or previous.code is not current.code
 
 
 class Lane:
@@ -132,15 +171,23 @@ class Lane:
             if not error.retryable:
                 self._fail_all(error)
                 continue
-            log.info("producing to %s at %s: %s; retrying", self.pchannel, owner.address, error)
-            last_error = error
+            log.log(
+                logging.WARNING if worth_a_warning(last_error, error) else logging.INFO,
+                "producing to %s at %s: %s; retrying until the messages' deadline",
+                self.pchannel,
+                owner.address,
+                error,
+            )
+            last_error = expiry_error(
+                None if stream.acked else last_error, error, cut_by_deadline=stream.cut_by_deadline
+            )
             avoid = owner
             backoff = (
                 self.options.retry_backoff
                 if stream.acked
                 else min(backoff * 2, self.options.max_retry_backoff)
             )
-            self._expire(error)
+            self._expire(last_error)
 
     async def _find_owner(self, avoid: Owner | None, backoff: float) -> Owner:
         """The owner to try next: preferably another than ``avoid``."""
@@ -266,6 +313,7 @@ class Lane:
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
             except TimeoutError:
+                stream.cut_by_deadline = True
                 stream.fail(
                     errors.Unavailable(f"{stream.owner.address} did not answer in time"),
                     broken=True,

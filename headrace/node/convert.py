@@ -19,7 +19,7 @@ from headrace.message.types import (
 )
 from headrace.proto import streaming_pb2 as pb
 from headrace.wal.api import AppendResult, DeliverPolicy, ReadOptions
-from headrace.wal.framework import WAL
+from headrace.wal.hosted import HostedWAL
 from headrace.wal.scanner import Scanner
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
@@ -149,7 +149,7 @@ def consume_header(
     return header
 
 
-def wal_info(wal: WAL) -> pb.WALInfo:
+def wal_info(wal: HostedWAL) -> pb.WALInfo:
     last_id = wal.last_id
     return pb.WALInfo(
         pchannel=wal.pchannel,

@@ -29,7 +29,7 @@ from headrace.node.walmanager import OpenFailure, WALManager
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 from headrace.wal.api import AppendResult, WALState
-from headrace.wal.framework import WAL
+from headrace.wal.hosted import HostedWAL
 from headrace.wal.scanner import Scanner
 
 log = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ class ConsumerService(rpc.ConsumerServicer):
     async def _fill(
         self,
         scanner: Scanner,
-        wal: WAL,
+        wal: HostedWAL,
         stats: ConsumeStats,
         bounds: tuple[int, int],
         carry: collections.deque[LogEntry],

@@ -11,6 +11,14 @@ node keeps running: the last failure is kept in :attr:`WALManager.failures`
 answers UNAVAILABLE (retryable) while the pchannel is assigned here, and the
 assignment reactor retries the open with backoff. Every open is bounded by
 :func:`open_bound` so an unreachable broker cannot hang it.
+
+A WAL whose log turns out to be damaged (CorruptData while opening, or a
+reader of a serving WAL finding a damaged record) is held
+as a :class:`DamagedWAL` in state CORRUPT: the pchannel stays assigned here,
+readable up to the damage, and refuses appends with the CORRUPT error naming
+the file and offset; the node's other pchannels are not affected. Opening it
+again is tried only as :class:`DamageRetry` allows (every two minutes at
+most), so a repaired log is picked up without the node spinning on a damaged one.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from headrace.node.errors import NotOwnerAt
 from headrace.tso import TimestampAllocator
 from headrace.wal.api import WALState
 from headrace.wal.contract import Backend
+from headrace.wal.damaged import DamagedWAL
 from headrace.wal.framework import WAL, WALOptions
+from headrace.wal.hosted import HostedWAL
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +91,22 @@ def next_failure(
     return dataclasses.replace(previous, error=error, attempts=previous.attempts + 1, last=now)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DamageRetry:
+    """How often a damaged log is opened again: ``base_s`` after the first
+    failure, doubling with each further one, at most ``cap_s`` apart."""
+
+    base_s: float = 5.0
+    cap_s: float = 120.0
+
+    def delay(self, attempts: int) -> float:
+        return min(self.cap_s, self.base_s * 2.0 ** min(max(attempts, 1) - 1, 30))
+
+    def due(self, failure: OpenFailure, now: float) -> bool:
+        """Whether the next open of the damaged log may start at ``now`` (pure)."""
+        return now - failure.last >= self.delay(failure.attempts)
+
+
 @dataclasses.dataclass(slots=True)
 class Directory:
     """The cluster state this node learned from the metastore watch."""
@@ -127,6 +153,7 @@ class WALManager:
         options: WALOptions,
         *,
         open_timeout_s: float | None = None,
+        damage_retry: DamageRetry = DamageRetry(),
     ) -> None:
         self.node_id = node_id
         self.backend = backend
@@ -136,9 +163,12 @@ class WALManager:
             open_timeout_s if open_timeout_s is not None else open_bound(backend.describe())
         )
         """Bound of one open (None: unbounded)."""
+        self.damage_retry = damage_retry
         self.directory = Directory()
-        self._held: dict[str, WAL] = {}
+        self._held: dict[str, HostedWAL] = {}
         self._failures: dict[str, OpenFailure] = {}
+        self._damaged: dict[str, OpenFailure] = {}
+        """Failed opens of held damaged logs (for pacing their retries)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._accepting = True
 
@@ -146,7 +176,7 @@ class WALManager:
         return self._locks.setdefault(pchannel, asyncio.Lock())
 
     @property
-    def held(self) -> Mapping[str, WAL]:
+    def held(self) -> Mapping[str, HostedWAL]:
         return self._held
 
     def held_term(self, pchannel: str) -> int | None:
@@ -160,32 +190,48 @@ class WALManager:
 
     def broken(self, pchannel: str, term: int) -> bool:
         """Whether this node lost ``pchannel`` at ``term`` to a backend failure:
-        its held WAL turned UNAVAILABLE, or opening it failed (nothing held)."""
+        its held WAL turned UNAVAILABLE (or is damaged and due for another
+        try), or opening it failed (nothing held)."""
         wal = self._held.get(pchannel)
         if wal is not None:
-            return wal.term == term and wal.state is WALState.UNAVAILABLE
+            return wal.term == term and self._needs_reopen(pchannel, wal)
         failure = self._failures.get(pchannel)
         return failure is not None and failure.term == term
 
     def failed_held(self) -> list[str]:
-        """The held WALs a backend failure made UNAVAILABLE (none once shutting down)."""
+        """The held WALs to open again (none once shutting down): those a backend
+        failure made UNAVAILABLE, and damaged ones as :class:`DamageRetry` allows."""
         if not self._accepting:
             return []
-        return [name for name, wal in self._held.items() if wal.state is WALState.UNAVAILABLE]
+        return [name for name, wal in self._held.items() if self._needs_reopen(name, wal)]
+
+    def _needs_reopen(self, pchannel: str, wal: HostedWAL) -> bool:
+        """A held WAL failed in its backend, or is a damaged log due for another try."""
+        state = wal.state
+        if state is WALState.UNAVAILABLE:
+            return True
+        if state is WALState.CORRUPT and isinstance(wal, WAL):
+            return True  # a reader found damage: hold it as a DamagedWAL now
+        damaged = self._damaged.get(pchannel)
+        return (
+            state is WALState.CORRUPT
+            and damaged is not None
+            and self.damage_retry.due(damaged, time.time())
+        )
 
     def forget_failure(self, pchannel: str) -> None:
         """The pchannel is no longer to be opened here: stop reporting its failure."""
         self._failures.pop(pchannel, None)
 
-    def get(self, pchannel: str) -> WAL:
-        """The serving WAL of ``pchannel``.
+    def get(self, pchannel: str) -> HostedWAL:
+        """The serving (or damaged, read-only) WAL of ``pchannel``.
 
         Unavailable (retryable) while it is assigned here but cannot be
         opened, or failed in its backend and is being reopened; else NotOwner
         (with hint) if it is not served here.
         """
         wal = self._held.get(pchannel)
-        if wal is not None and wal.state is WALState.SERVING and self._accepting:
+        if wal is not None and wal.state in _HOSTING and self._accepting:
             return wal
         if wal is not None and wal.state is WALState.UNAVAILABLE and self._accepting:
             raise errors.Unavailable(
@@ -212,11 +258,12 @@ class WALManager:
     def not_owner(self, pchannel: str) -> NotOwnerAt:
         return not_owner_hint(pchannel, self.node_id, self.directory)
 
-    async def open(self, pchannel: str, term: int) -> WAL:
+    async def open(self, pchannel: str, term: int) -> HostedWAL:
         """Serve ``pchannel`` under ``term``; idempotent for the term held.
 
         A term lower than the one held raises Fenced; a higher one replaces
-        the held WAL (fenced by the backend anyway).
+        the held WAL (fenced by the backend anyway). A damaged log is held
+        (and returned) as a :class:`DamagedWAL`; a held one is opened again.
         """
         if not self._accepting:
             raise errors.Unavailable(f"node {self.node_id} is shutting down")
@@ -231,12 +278,17 @@ class WALManager:
                     )
                 if held.term == term and held.state is WALState.SERVING:
                     return held
+                known = held.damage if isinstance(held, WAL) and held.term == term else None
                 await self._close_held(pchannel, held, drain=False)
+                if known is not None:
+                    return self._hold_damaged(pchannel, term, known)
             try:
                 wal = await self._open_bounded(pchannel, term)
             except errors.Fenced:
                 self._failures.pop(pchannel, None)
                 raise
+            except errors.CorruptData as exc:
+                return self._hold_damaged(pchannel, term, exc)
             except errors.HeadraceError as exc:
                 failure = next_failure(
                     self._failures.get(pchannel), pchannel, term, exc, time.time()
@@ -252,9 +304,28 @@ class WALManager:
                 )
                 raise
             self._failures.pop(pchannel, None)
+            self._damaged.pop(pchannel, None)
             self._held[pchannel] = wal
             log.info("node %s serves %s at term %d", self.node_id, pchannel, term)
             return wal
+
+    def _hold_damaged(self, pchannel: str, term: int, damage: errors.CorruptData) -> DamagedWAL:
+        self._failures.pop(pchannel, None)
+        failure = next_failure(self._damaged.get(pchannel), pchannel, term, damage, time.time())
+        self._damaged[pchannel] = failure
+        wal = DamagedWAL(self.backend, pchannel, term, damage, read_batch=self.options.read_batch)
+        self._held[pchannel] = wal
+        log.error(
+            "node %s holds %s at term %d as CORRUPT (readable up to the damage, no appends; "
+            "attempt %d, next try in %.0f s): %s",
+            self.node_id,
+            pchannel,
+            term,
+            failure.attempts,
+            self.damage_retry.delay(failure.attempts),
+            damage,
+        )
+        return wal
 
     async def _open_bounded(self, pchannel: str, term: int) -> WAL:
         """WAL.open within :attr:`open_timeout_s`; every failure a Headrace error."""
@@ -291,10 +362,11 @@ class WALManager:
                 del self._failures[pchannel]
             if held is None or (below_term is not None and held.term >= below_term):
                 return False
+            self._damaged.pop(pchannel, None)
             await self._close_held(pchannel, held, drain=drain)
             return True
 
-    async def _close_held(self, pchannel: str, held: WAL, *, drain: bool) -> None:
+    async def _close_held(self, pchannel: str, held: HostedWAL, *, drain: bool) -> None:
         try:
             if drain:
                 await held.drain()
@@ -316,6 +388,10 @@ class WALManager:
         """Refuse new work, then drain and close every WAL."""
         self._accepting = False
         await self.close_all(drain=True)
+
+
+_HOSTING = frozenset((WALState.SERVING, WALState.CORRUPT))
+"""States in which a held WAL answers requests (a damaged one refuses appends)."""
 
 
 def _where(backend: Backend) -> str:

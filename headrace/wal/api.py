@@ -64,3 +64,5 @@ class WALState(enum.Enum):
     DRAINING = "DRAINING"
     CLOSED = "CLOSED"
     UNAVAILABLE = "UNAVAILABLE"
+    CORRUPT = "CORRUPT"
+    """The log is damaged: readable up to the damage, takes no appends."""

@@ -28,6 +28,7 @@ from headrace.tso import TimestampAllocator
 from headrace.wal.api import AppendResult, ReadOptions, WALState
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
 from headrace.wal.contract import Backend, BackendWriter, Record, StartPosition
+from headrace.wal.damaged import damage_stats
 from headrace.wal.interceptors.chain import AppendContext, build_chain
 from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
 from headrace.wal.interceptors.lock import LockInterceptor
@@ -202,6 +203,9 @@ class WAL:
         self._idle = asyncio.Event()
         self._idle.set()
         self._lifecycle = asyncio.Lock()
+        self.damage: errors.CorruptData | None = None
+        """A damaged record a reader found in the log: the WAL takes no more
+        appends (they would land behind records no reader can pass)."""
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -356,6 +360,13 @@ class WAL:
 
     def _refusal(self) -> errors.HeadraceError | None:
         state = self._state
+        damage = self.damage
+        if state is WALState.SERVING and damage is not None:
+            return errors.CorruptData(
+                f"pchannel {self.pchannel} takes no appends, its log is damaged: {damage.message}",
+                path=damage.path,
+                offset=damage.offset,
+            )
         if state is WALState.SERVING:
             return None
         if state is WALState.UNAVAILABLE and self._appender.failure is not None:
@@ -376,7 +387,12 @@ class WAL:
             self._buffer,
             batch_size=self._opts.read_batch,
             max_txn_bytes=self._opts.max_txn_bytes,
+            on_corrupt=self._note_damage,
         )
+
+    def _note_damage(self, damage: errors.CorruptData) -> None:
+        if self.damage is None and self._state is WALState.SERVING:
+            self.damage = damage
 
     # -- state -------------------------------------------------------------
 
@@ -384,6 +400,8 @@ class WAL:
     def state(self) -> WALState:
         if self._state is WALState.SERVING and self._appender.failure is not None:
             self._mark_failed()
+        if self._state is WALState.SERVING and self.damage is not None:
+            return WALState.CORRUPT
         return self._state
 
     @property
@@ -396,6 +414,9 @@ class WAL:
 
     def stats(self) -> dict[str, object]:
         last_id = self._appender.last_id
+        if self.damage is not None:
+            damaged = damage_stats(self.state, self.term, self.damage)
+            return {"last_id": str(last_id) if last_id is not None else "", **damaged}
         return {
             "last_id": str(last_id) if last_id is not None else "",
             "last_timetick": self._appender.last_timetick,

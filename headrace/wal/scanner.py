@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
+from collections.abc import Callable
 from typing import Literal
 
 from headrace import errors
@@ -51,8 +52,12 @@ class Scanner:
         *,
         batch_size: int = DEFAULT_READ_BATCH,
         max_txn_bytes: int = DEFAULT_MAX_TXN_BYTES,
+        on_corrupt: Callable[[errors.CorruptData], None] | None = None,
     ) -> None:
+        """``on_corrupt``: told when the backend finds a damaged record (the
+        error is raised to the reader all the same)."""
         self._backend = backend
+        self._on_corrupt = on_corrupt
         self._pchannel = pchannel
         self._opts = options
         self._buffer = buffer
@@ -276,6 +281,10 @@ class Scanner:
             block = await self._reader.next_block(self._batch, timeout=wait)
         except errors.Truncated as exc:
             raise await self._named_truncation(exc) from None
+        except errors.CorruptData as exc:
+            if self._on_corrupt is not None:
+                self._on_corrupt(exc)
+            raise
         if not block.ids:
             return False
         # A block the backend verified skips the messages' own CRC (it covers

@@ -20,7 +20,7 @@ from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.wal import registry
 from headrace.wal.contract import BackendWriter, StartPosition
-from headrace.wal.local import LocalBackend, LocalMessageID, files, segment
+from headrace.wal.local import LocalBackend, LocalMessageID, files, segment, space
 from headrace.wal.local.dump import iter_dump
 from headrace.wal.local.segment import FRAME, HEADER_SIZE
 from headrace.wal.local.writer import WriterSettings
@@ -115,6 +115,72 @@ async def test_corruption_in_a_closed_segment(tmp_path: Path) -> None:
     reader = await backend.open_reader(P, StartPosition.earliest())
     with pytest.raises(errors.CorruptData, match=f"byte offset {offset}"):
         await read_n(reader, 4)
+    await backend.close()
+
+
+def damage(path: Path, offset: int, how: str) -> None:
+    """Damage the frame at ``offset`` of ``path``: flip a body byte, cut the
+    file there (a truncation in the middle of the log), or overwrite the frame
+    header with garbage."""
+    data = bytearray(path.read_bytes())
+    if how == "bad-crc":
+        data[offset + FRAME.size] ^= 0xFF
+    elif how == "garbage":
+        data[offset : offset + FRAME.size] = b"\xa5" * FRAME.size
+    else:
+        raise AssertionError(how)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["bad-crc", "garbage"])
+async def test_a_writer_refused_by_damage_leaves_the_records_before_it_readable(
+    tmp_path: Path, how: str
+) -> None:
+    """Opening a writer on a log damaged in the middle fails with the file and
+    offset; it must not leave a stored term behind that makes readers wait
+    forever for a segment that will never come."""
+    await write(tmp_path, [b"record-%d" % i for i in range(10)])
+    (path,) = segment_paths(tmp_path)
+    offset = frame_offsets(path)[3]
+    damage(path, offset, how)
+
+    writer_side = LocalBackend(str(tmp_path))
+    with pytest.raises(errors.CorruptData) as refused:
+        await writer_side.open_writer(P, 2)
+    assert (refused.value.path, refused.value.offset) == (str(path), offset)
+    with pytest.raises(errors.CorruptData, match=f"byte offset {offset}"):
+        await writer_side.open_writer(P, 3)
+    for backend in (writer_side, LocalBackend(str(tmp_path))):
+        reader = await backend.open_reader(P, StartPosition.earliest())
+        assert [r.data for r in await read_n(reader, 3)] == [b"record-%d" % i for i in range(3)]
+        with pytest.raises(errors.CorruptData) as corrupt:
+            async with asyncio.timeout(10):
+                await reader.next_batch(timeout=5)
+        assert (corrupt.value.path, corrupt.value.offset) == (str(path), offset)
+        await reader.close()
+        await backend.close()
+
+
+async def test_a_log_cut_short_in_a_closed_segment_is_corrupt_not_a_torn_tail(
+    tmp_path: Path,
+) -> None:
+    """A closed segment shorter than its successor recorded is damage in the
+    middle of the log: readers get the records before the cut, then CORRUPT."""
+    await write(tmp_path, [b"a", b"b", b"c", b"d"])
+    await write(tmp_path, [b"e"], term=2)
+    first, _second = segment_paths(tmp_path)
+    offset = frame_offsets(first)[2]
+    cut = offset + 5
+    with first.open("r+b") as fh:
+        fh.truncate(cut)
+    backend = LocalBackend(str(tmp_path))
+    reader = await backend.open_reader(P, StartPosition.earliest())
+    assert [r.data for r in await read_n(reader, 2)] == [b"a", b"b"]
+    with pytest.raises(errors.CorruptData) as corrupt:
+        async with asyncio.timeout(10):
+            await reader.next_batch(timeout=5)
+    assert corrupt.value.path == str(first)
+    assert corrupt.value.offset == offset
     await backend.close()
 
 
@@ -355,6 +421,93 @@ async def test_failed_write_acknowledges_nothing_and_cuts_back(
     assert await writer.append([b"next"]) == [LocalMessageID(1)]
     assert [r.data for r in await read_all(backend, P, 2)] == [b"kept", b"next"]
     await backend.close()
+
+
+async def test_appends_stop_at_the_free_space_reserve_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below the reserve, appends fail with STORAGE_FULL (retryable, naming the
+    file) before a byte is written, and resume once space is free again."""
+    free = {"bytes": 1 << 30}
+    monkeypatch.setattr(space, "free_space", lambda directory: (free["bytes"], 1 << 34))
+    monkeypatch.setattr(space, "READ_EVERY_S", 0.0)  # no waiting for the next reading
+    backend = LocalBackend(str(tmp_path), reserve_bytes=1 << 20)
+    writer = await backend.open_writer(P, 1)
+    assert await writer.append([b"kept"]) == [LocalMessageID(0)]
+    (path,) = segment_paths(tmp_path)
+    size = path.stat().st_size
+    free["bytes"] = (1 << 20) + 50
+    for _ in range(2):
+        with pytest.raises(errors.StorageFull) as full:
+            await writer.append([b"x" * 100])
+        assert full.value.retryable
+        assert str(path) in full.value.message and "free" in full.value.message
+    assert path.stat().st_size == size
+    free["bytes"] = 1 << 30
+    assert await writer.append([b"next"]) == [LocalMessageID(1)]
+    assert [r.data for r in await read_all(backend, P, 2)] == [b"kept", b"next"]
+    await backend.close()
+
+
+async def test_enospc_from_the_sync_acknowledges_nothing_and_cuts_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Variant: the write went through but the sync (group commit) failed."""
+    backend = LocalBackend(str(tmp_path), fsync="interval", reserve_bytes=0)
+    writer = await backend.open_writer(P, 1)
+    await writer.append([b"kept"])
+    (path,) = segment_paths(tmp_path)
+    size = path.stat().st_size
+    real_sync = files.sync_data
+    calls = {"n": 0}
+
+    def first_sync_fails(fd: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_sync(fd)
+
+    monkeypatch.setattr(files, "sync_data", first_sync_fails)
+    with pytest.raises(errors.StorageFull) as full:
+        await writer.append([b"lost"])
+    assert full.value.retryable and str(path) in full.value.message
+    assert path.stat().st_size == size
+    assert await writer.append([b"next"]) == [LocalMessageID(1)]
+    assert [r.data for r in await read_all(backend, P, 2)] == [b"kept", b"next"]
+    await backend.close()
+
+
+async def test_enospc_when_rolling_a_segment_acknowledges_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Variant: the segment is full and the next one cannot be created."""
+    backend = LocalBackend(str(tmp_path), segment_bytes=128, reserve_bytes=0)
+    writer = await backend.open_writer(P, 1)
+    await writer.append([b"x" * 100])
+    real_create = files.create_segment
+
+    def no_space(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "create_segment", no_space)
+    with pytest.raises(errors.StorageFull, match="creating a segment"):
+        await writer.append([b"lost"])
+    assert len(segment_paths(tmp_path)) == 1
+    monkeypatch.setattr(files, "create_segment", real_create)
+    assert await writer.append([b"next"]) == [LocalMessageID(1)]
+    assert len(segment_paths(tmp_path)) == 2
+    assert [r.data for r in await read_all(backend, P, 2)] == [b"x" * 100, b"next"]
+    await backend.close()
+
+
+def test_default_reserve_is_a_share_of_the_disk_capped() -> None:
+    assert space.default_reserve(8 << 20) == (8 << 20) // 20
+    assert space.default_reserve(1 << 40) == space.RESERVE_MAX
+    last = space.Reading(free=100 << 20, reserve=10 << 20, at=0.0)
+    assert not space.needs_reading(last, 1024, now=0.1)
+    assert space.needs_reading(last, 1024, now=1.5), "read again after READ_EVERY_S"
+    near = space.Reading(free=20 << 20, reserve=10 << 20, at=0.0)
+    assert space.needs_reading(near, 1024, now=0.1), "near the reserve, read before each write"
 
 
 _FULL_DISK_CHILD = r"""

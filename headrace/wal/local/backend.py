@@ -50,6 +50,9 @@ class LocalSettings:
     fsync: str = "batch"
     fsync_interval_ms: float = 5.0
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    reserve_bytes: int | None = None
+    """Free space appends leave on the file system (None: 5% of it, at most
+    64 MiB; 0: none), see :mod:`headrace.wal.local.space`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, str) or not self.root:
@@ -81,10 +84,26 @@ class LocalSettings:
                 f"local WAL: segment_bytes must be between {MIN_SEGMENT_BYTES} and 2**40, "
                 f"got {size}"
             )
+        reserve = self.reserve_bytes
+        if reserve is not None and (
+            isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0
+        ):
+            raise errors.InvalidArgument(
+                f"local WAL: reserve_bytes must be a non-negative integer, got {reserve!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Checked:
+    """A segment found valid up to byte position and LSN ``end``."""
+
+    name: SegmentName
+    end: tuple[int, int]
 
 
 def create(**settings: Any) -> LocalBackend:
-    """Registry factory: ``root``, ``fsync``, ``fsync_interval_ms``, ``segment_bytes``."""
+    """Registry factory: ``root``, ``fsync``, ``fsync_interval_ms``, ``segment_bytes``,
+    ``reserve_bytes``."""
     known = {field.name for field in dataclasses.fields(LocalSettings)}
     unknown = sorted(set(settings) - known)
     if unknown:
@@ -113,11 +132,16 @@ class LocalBackend(Backend):
         fsync: str = "batch",
         fsync_interval_ms: float = 5.0,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        reserve_bytes: int | None = None,
     ) -> None:
-        self.settings = LocalSettings(root, fsync, fsync_interval_ms, segment_bytes)
-        self._writer_settings = WriterSettings(fsync, fsync_interval_ms / 1000.0, segment_bytes)
+        self.settings = LocalSettings(root, fsync, fsync_interval_ms, segment_bytes, reserve_bytes)
+        self._writer_settings = WriterSettings(
+            fsync, fsync_interval_ms / 1000.0, segment_bytes, reserve_bytes
+        )
         self._channels: dict[str, Channel] = {}
         self._writers: dict[str, LocalWriter] = {}
+        self._locks: dict[str, int] = {}
+        """Per pchannel written here: the directory lock its writers hold (shared)."""
         self._readers: weakref.WeakSet[LocalReader] = weakref.WeakSet()
         self._closed = False
 
@@ -139,25 +163,49 @@ class LocalBackend(Backend):
             raise errors.InvalidArgument(f"term must be a non-negative integer, got {term!r}")
         channel = self._channel(pchannel)
         async with channel.opening:
-            await _blocking(self._store_term, channel, term)
-            previous = self._writers.pop(pchannel, None)
-            if previous is not None:
-                await previous.supersede(
-                    errors.Fenced(
-                        f"pchannel {pchannel}: writer of term {previous.term} was replaced by "
-                        f"a writer of term {term}",
-                        term=previous.term,
-                        current_term=term,
-                    )
+            if pchannel not in self._locks:
+                self._locks[pchannel] = await _blocking(self._lock_directory, channel)
+            try:
+                return await self._open_writer(channel, term)
+            finally:
+                if pchannel not in self._writers:
+                    os.close(self._locks.pop(pchannel))
+
+    @staticmethod
+    def _lock_directory(channel: Channel) -> int:
+        files.ensure_dir(channel.directory)
+        fd = files.lock_directory(channel.directory, exclusive=False)
+        assert fd is not None  # a shared lock is waited for
+        return fd
+
+    async def _open_writer(self, channel: Channel, term: int) -> LocalWriter:
+        pchannel = channel.pchannel
+        # Damage is found before the term is stored: a refused writer must
+        # not leave a term behind whose segment never comes, which would
+        # make every reader wait instead of reading up to the damage.
+        checked = await _blocking(self._check_head, channel)
+        await _blocking(self._store_term, channel, term)
+        previous = self._writers.pop(pchannel, None)
+        if previous is not None:
+            await previous.supersede(
+                errors.Fenced(
+                    f"pchannel {pchannel}: writer of term {previous.term} was replaced by "
+                    f"a writer of term {term}",
+                    term=previous.term,
+                    current_term=term,
                 )
-            current = await _blocking(self._start_segment, channel, term)
-            writer = LocalWriter(channel, term, current, self._writer_settings, self._writer_closed)
-            self._writers[pchannel] = writer
-            return writer
+            )
+        current = await _blocking(self._start_segment, channel, term, checked)
+        writer = LocalWriter(channel, term, current, self._writer_settings, self._writer_closed)
+        self._writers[pchannel] = writer
+        return writer
 
     def _writer_closed(self, writer: LocalWriter) -> None:
         if self._writers.get(writer.pchannel) is writer:
             del self._writers[writer.pchannel]
+            lock = self._locks.pop(writer.pchannel, None)
+            if lock is not None:
+                os.close(lock)
 
     def _store_term(self, channel: Channel, term: int) -> None:
         files.ensure_dir(channel.directory)
@@ -168,8 +216,31 @@ class LocalBackend(Backend):
         finally:
             os.close(fd)
 
-    def _start_segment(self, channel: Channel, term: int) -> OpenSegment:
-        """Measure the newest segment and start the next one (blocking)."""
+    @staticmethod
+    def _check_head(channel: Channel) -> _Checked | None:
+        """How far the newest segment is valid (blocking); CorruptData if a
+        damaged record is followed by valid ones (not a torn tail)."""
+        if not os.path.isdir(channel.directory):
+            return None
+        head = channel.load_chain().head
+        if head is None:
+            return None
+        fd = scan.open_segment(head)
+        if fd is None:
+            return None
+        try:
+            return _Checked(head.name, scan.scan_end(fd, head))
+        finally:
+            os.close(fd)
+
+    def _start_segment(
+        self, channel: Channel, term: int, checked: _Checked | None = None
+    ) -> OpenSegment:
+        """Measure the newest segment and start the next one (blocking).
+
+        ``checked``: how far the newest segment was found valid before the
+        term was stored; measuring goes on from there.
+        """
         chain = channel.load_chain()
         head = chain.head
         prev: SegmentName | None = None
@@ -185,8 +256,9 @@ class LocalBackend(Backend):
             fd = scan.open_segment(head)
             if fd is None:
                 raise errors.Unavailable(f"{head.path} vanished while opening a writer; retry")
+            start = checked.end if checked is not None and checked.name == head.name else None
             try:
-                prev_len, base = scan.scan_end(fd, head)
+                prev_len, base = scan.scan_end(fd, head, start)
             finally:
                 os.close(fd)
             prev = head.name

@@ -140,6 +140,29 @@ def term_lock(directory: str) -> Iterator[bool]:
         os.close(fd)
 
 
+def lock_directory(directory: str, *, exclusive: bool) -> int | None:
+    """A descriptor of ``directory`` that holds its ``flock``, or None if
+    ``exclusive`` was asked for and somebody holds it.
+
+    Writers hold it shared (waiting for a repair in progress); ``headrace wal
+    repair`` takes it exclusively without waiting, so it never changes the
+    files of a pchannel a node is writing. Closing the descriptor releases it.
+    """
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if exclusive:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_marker(directory: str) -> int:
     """First LSN still readable (0 when nothing was truncated)."""
     path = os.path.join(directory, TRUNCATED_FILE)

@@ -194,7 +194,9 @@ class LocalReader(BackendReader):
         if link.end_lsn is not None and self._lsn != link.end_lsn:
             raise errors.CorruptData(
                 f"{link.path}: ends with record {self._lsn - 1} but its successor starts "
-                f"at {link.end_lsn}"
+                f"at {link.end_lsn}",
+                path=link.path,
+                offset=self._pos,
             )
         return None
 

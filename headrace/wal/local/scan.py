@@ -41,13 +41,23 @@ def read_chunk(
 
 def corrupt_frame(path: str, pos: int, lsn: int, why: str) -> errors.CorruptData:
     return errors.CorruptData(
-        f"{path}: record {lsn} at byte offset {pos} is corrupt ({why}); "
-        "records are never skipped: restore the segment file from a copy"
+        f"{path}: record {lsn} at byte offset {pos} is corrupt ({why}); records are never "
+        "skipped: restore the segment file from a copy, or keep the records before it with "
+        "`headrace wal repair`",
+        path=path,
+        offset=pos,
     )
 
 
 def check_bad_tail(fd: int, path: str, pos: int, lsn: int) -> None:
     """A bad frame at ``pos`` is a torn tail unless valid records follow it."""
+    if valid_records_follow(fd, pos, lsn):
+        raise corrupt_frame(path, pos, lsn, "CRC or LSN mismatch, valid records follow")
+
+
+def valid_records_follow(fd: int, pos: int, lsn: int) -> bool:
+    """Whether a valid record ``lsn + 1`` lies behind the bad frame at ``pos``
+    (damage in the middle of the log, not a torn tail)."""
     chunks, offset = [], pos
     while chunk := os.pread(fd, CHUNK_BYTES, offset):
         chunks.append(chunk)
@@ -57,9 +67,25 @@ def check_bad_tail(fd: int, path: str, pos: int, lsn: int) -> None:
     if len(rest) >= FRAME.size:
         length = FRAME.unpack_from(view, 0)[0]
         if segment.frame_valid_at(view, FRAME.size + length, lsn + 1):
-            raise corrupt_frame(path, pos, lsn, "CRC or LSN mismatch, valid records follow")
-    if segment.find_valid_frame(rest, 0, lsn + 1) is not None:
-        raise corrupt_frame(path, pos, lsn, "CRC or LSN mismatch, valid records follow")
+            return True
+    return segment.find_valid_frame(rest, 0, lsn + 1) is not None
+
+
+def find_damage(fd: int, link: Link) -> tuple[int, int] | None:
+    """Byte position and LSN of the first damaged record of the segment, or
+    None: a segment with a successor must be valid up to its recorded length;
+    the head may end in a torn tail (cut away when a writer opens)."""
+    pos, lsn = HEADER_SIZE, link.base_lsn
+    while True:
+        parsed = read_chunk(fd, pos, lsn, link.limit, ALL, with_bounds=False)
+        if parsed.lsn > lsn:
+            pos, lsn = parsed.pos, parsed.lsn
+            continue
+        if link.limit is not None:
+            return None if pos == link.limit else (pos, lsn)
+        if parsed.stop is Stop.BAD and valid_records_follow(fd, pos, lsn):
+            return pos, lsn
+        return None
 
 
 def open_segment(link: Link) -> int | None:
@@ -75,20 +101,23 @@ def strict_failure(link: Link, parsed: Parsed) -> errors.CorruptData:
     if parsed.stop is Stop.END:
         return errors.CorruptData(
             f"{link.path}: ends at byte offset {parsed.pos} but {link.limit} bytes of it "
-            "were recorded as valid"
+            "were recorded as valid",
+            path=link.path,
+            offset=parsed.pos,
         )
     why = "cut off inside the record" if parsed.stop is Stop.PARTIAL else "CRC or LSN mismatch"
     return corrupt_frame(link.path, parsed.pos, parsed.lsn, why)
 
 
-def scan_end(fd: int, link: Link) -> tuple[int, int]:
+def scan_end(fd: int, link: Link, start: tuple[int, int] | None = None) -> tuple[int, int]:
     """Byte position and LSN of the end of the segment's valid records.
 
     A bounded segment must be valid up to its limit exactly. The head ends at
     its last complete valid record: a partial or bad last record is a torn
-    tail; a bad record followed by valid ones raises CorruptData.
+    tail; a bad record followed by valid ones raises CorruptData. ``start``:
+    a position and LSN this segment was already found valid up to.
     """
-    pos, lsn = HEADER_SIZE, link.base_lsn
+    pos, lsn = start if start is not None else (HEADER_SIZE, link.base_lsn)
     while True:
         parsed = read_chunk(fd, pos, lsn, link.limit, ALL, with_bounds=False)
         if parsed.lsn > lsn:

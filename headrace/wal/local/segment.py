@@ -104,13 +104,19 @@ def encode_header(header: SegmentHeader) -> bytes:
 def decode_header(data: bytes, path: str) -> SegmentHeader:
     """Decode and check a header read from ``path``; CorruptData if it is bad."""
     if len(data) < HEADER_SIZE:
-        raise errors.CorruptData(f"{path}: segment header is {len(data)} bytes, expected 64")
+        raise errors.CorruptData(
+            f"{path}: segment header is {len(data)} bytes, expected 64", path=path, offset=0
+        )
     (crc,) = _CRC.unpack_from(data, _HEADER.size)
     if zlib.crc32(data[: _HEADER.size]) != crc:
-        raise errors.CorruptData(f"{path}: segment header CRC mismatch at byte offset 0")
+        raise errors.CorruptData(
+            f"{path}: segment header CRC mismatch at byte offset 0", path=path, offset=0
+        )
     magic, version, flags, term, base, seq, pbase, pterm, pseq, prev_len = _HEADER.unpack_from(data)
     if magic != MAGIC:
-        raise errors.CorruptData(f"{path}: not a Headrace WAL segment (magic {magic!r})")
+        raise errors.CorruptData(
+            f"{path}: not a Headrace WAL segment (magic {magic!r})", path=path, offset=0
+        )
     if version != FORMAT_VERSION:
         raise errors.CorruptData(
             f"{path}: segment format version {version} is not supported "

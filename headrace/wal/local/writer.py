@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.wal.contract import BackendWriter
-from headrace.wal.local import files, segment
+from headrace.wal.local import files, segment, space
 from headrace.wal.local.channel import Channel
 from headrace.wal.local.segment import SegmentHeader, SegmentName
 
@@ -34,6 +34,8 @@ class WriterSettings:
     appends wait for the next periodic sync, so many calls share one."""
     fsync_interval: float
     segment_bytes: int
+    reserve_bytes: int | None = None
+    """Free space the writer leaves on the file system (None: :func:`space.default_reserve`)."""
 
     @property
     def sync_writes(self) -> bool:
@@ -125,6 +127,7 @@ class LocalWriter(BackendWriter):
         self._announced: _Announced | None = None
         """Ids :meth:`next_ids` announced for the next call."""
         self._names = {current.name}
+        self._space = space.SpaceGuard(channel.directory, settings.reserve_bytes)
         """Segments this writer created (to recognise its own ``channel.active``)."""
         self._publish(current.name, current.length, current.next_lsn)
 
@@ -327,6 +330,7 @@ class LocalWriter(BackendWriter):
             current = self._roll()
         path = os.path.join(self._channel.directory, current.name.filename)
         try:
+            self._space.check(len(frames), path)
             files.write_all(current.fd, frames, current.length)
             if not self._settings.sync_writes:
                 files.sync_data(current.fd)
