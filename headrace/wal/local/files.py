@@ -1,8 +1,9 @@
 """Blocking file operations of the local WAL (run them in a worker thread).
 
-The term file ``TERM`` holds the highest term that opened a writer; it is
-rewritten in place (a 12-byte ``pwrite`` plus ``fsync``), so writers can check
-it with one ``pread`` on a descriptor they keep. The ``TRUNCATED`` marker holds
+The term file ``TERM`` holds the identity (term, epoch) of the newest writer
+(see :mod:`.fence`); it is rewritten in place (a 20-byte ``pwrite`` plus
+``fsync``), so writers can check it with one ``pread`` on a descriptor they
+keep. The ``TRUNCATED`` marker holds
 the first LSN still readable and is replaced atomically.
 """
 
@@ -19,7 +20,7 @@ import zlib
 from collections.abc import Iterator
 
 from headrace import errors
-from headrace.wal.local import segment
+from headrace.wal.local import fence, segment
 from headrace.wal.local.segment import SegmentHeader, SegmentName
 
 TERM_FILE = "TERM"
@@ -84,7 +85,7 @@ def _decode_value(data: bytes, path: str) -> int:
 
 
 def open_term_file(directory: str, *, write: bool) -> int:
-    """Descriptor of the term file; created (empty, meaning term 0) for writers."""
+    """Descriptor of the term file; created (empty: no writer yet) for writers."""
     path = os.path.join(directory, TERM_FILE)
     if not write:
         return os.open(path, os.O_RDONLY)
@@ -95,28 +96,26 @@ def open_term_file(directory: str, *, write: bool) -> int:
     return fd
 
 
-def read_term(fd: int, path: str) -> int:
-    return _decode_value(os.pread(fd, _VALUE.size + 1, 0), path)
+def read_fence(fd: int, path: str) -> fence.Fence:
+    """The writer identity stored in the term file."""
+    return fence.decode(os.pread(fd, fence.ENCODED_SIZE + 1, 0), path)
 
 
-def advance_term(fd: int, path: str, term: int, pchannel: str) -> None:
-    """Store ``term`` durably unless a higher one is stored (then Fenced).
+def claim_fence(fd: int, path: str, term: int, pchannel: str) -> fence.Fence:
+    """Store a new writer identity under ``term`` durably and return it.
 
-    A short ``flock`` makes the compare and the write one step across
-    processes; it is held for microseconds, never while writing records.
+    Fenced if a higher term is stored. A short ``flock`` makes the read, the
+    decision and the write one step across processes; it is held for the
+    time of one directory listing and one fsync, never while writing records.
     """
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        stored = read_term(fd, path)
-        if term < stored:
-            raise errors.Fenced(
-                f"pchannel {pchannel}: term {term} is older than the stored term {stored}",
-                term=term,
-                current_term=stored,
-            )
-        if term > stored:
-            os.pwrite(fd, _encode_value(term), 0)
-            os.fsync(fd)
+        stored = read_fence(fd, path)
+        floor = max((name.seq for name in list_segments(os.path.dirname(path))), default=0)
+        claimed = fence.claim(stored, term, floor, pchannel)
+        os.pwrite(fd, fence.encode(claimed), 0)
+        os.fsync(fd)
+        return claimed
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -219,7 +218,8 @@ def create_segment(directory: str, header: SegmentHeader, *, sync_writes: bool =
     With ``sync_writes`` (and where the platform has ``O_DSYNC``) every write
     through the descriptor is durable when it returns, as if followed by
     ``fdatasync``: one system call per write instead of two.
-    Raises FileExistsError if the name is taken.
+    CorruptData if the name is taken: a name holds its writer's identity,
+    which no other open shares.
     """
     final = header.name.filename
     tmp = os.path.join(directory, _tmp_name(final))
@@ -229,6 +229,12 @@ def create_segment(directory: str, header: SegmentHeader, *, sync_writes: bool =
         os.write(fd, segment.encode_header(header))
         os.fsync(fd)
         os.link(tmp, os.path.join(directory, final))
+    except FileExistsError:
+        os.close(fd)
+        raise errors.CorruptData(
+            f"{os.path.join(directory, final)} exists already: the identity "
+            f"{header.fence.describe()} was given to two writers"
+        ) from None
     except BaseException:
         os.close(fd)
         raise
