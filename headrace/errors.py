@@ -129,6 +129,11 @@ class Conflict(HeadraceError):
     code = ErrorCode.CONFLICT
 
 
+class InUse(Conflict):
+    """Something only one live process may hold (a data directory, a node id)
+    is held by another; retrying cannot succeed while that process lives."""
+
+
 class Closed(HeadraceError):
     """The object was closed; a new one must be opened."""
 

@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(handler(args))
     except KeyboardInterrupt:
         return 130
-    except errors.InvalidArgument as exc:
+    except (errors.InvalidArgument, errors.InUse) as exc:
         print(f"headrace: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except errors.HeadraceError as exc:

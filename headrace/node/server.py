@@ -3,6 +3,13 @@
 :class:`StreamingNode` ties the parts together. ``start()`` opens the
 metastore and the WAL backend, serves gRPC, registers the node's session
 (NodeInfo under ``Keys.node(node_id)``) and follows the assignment records.
+
+A node id is held by one live process at a time: registration binds the key
+only if no other live session holds it, waiting :func:`registration_wait` for
+the lease of a crashed predecessor to expire, and otherwise fails with
+:class:`headrace.errors.InUse` (the CLI exits with status 2). Two processes of
+one node id would follow the same assignments and write the same WALs under
+the same terms.
 ``stop()`` shuts down gracefully: stop taking work, finish in-flight appends,
 drain and close every WAL, revoke the session, stop the server.
 """
@@ -25,9 +32,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import headrace
 from headrace import errors, runtime
 from headrace.cluster import DEFAULT_CLUSTER, Keys, NodeInfo
-from headrace.metastore.contract import Metastore
+from headrace.metastore.contract import KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
-from headrace.metastore.session import Session
+from headrace.metastore.session import Session, start_exclusive
 from headrace.node.assignments import Reactor
 from headrace.node.services import ConsumerService, Limits, ManagerService, ProducerService
 from headrace.node.walmanager import WALManager
@@ -73,6 +80,31 @@ class NodeConfig:
             raise errors.InvalidArgument(f"session ttl must be positive, got {self.session_ttl}")
 
 
+REGISTRATION_MARGIN_S = 2.0
+"""Beyond one TTL, how long a held node id is waited for: stores round TTLs up
+(etcd to whole seconds, with a minimum) and expire leases a little late."""
+
+
+def registration_wait(session_ttl: float) -> float:
+    """Seconds a starting node waits for another session's key of its id to go (pure)."""
+    return session_ttl + REGISTRATION_MARGIN_S
+
+
+def duplicate_node(node_id: str, holder: KeyValue, waited: float) -> errors.InUse:
+    """The error of a node whose id a live session holds (pure)."""
+    try:
+        info = NodeInfo.from_json(holder.value)
+    except errors.CorruptData:
+        who = "another process"
+    else:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.started_at))
+        who = f"the node at {info.address} (version {info.version}, started {started})"
+    return errors.InUse(
+        f"node id {node_id!r} is held by {who}, whose session (lease {holder.lease:x}) stayed "
+        f"alive for the {waited:g} s this process waited; stop that node or use another --node-id"
+    )
+
+
 def advertised_address(listen: str, port: int, advertise_host: str) -> str:
     """The address other processes use to reach a server bound to ``listen``."""
     host = listen.rpartition(":")[0]
@@ -104,6 +136,10 @@ class StreamingNode:
         self._server: grpc.aio.Server | None = None
         self._session: Session | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.ended = asyncio.Event()
+        """Set when the node stopped serving on its own (see :attr:`fatal`)."""
+        self.fatal: errors.HeadraceError | None = None
+        """Why the node stopped on its own: another live process took its id."""
         self.manager: WALManager | None = None
         self.producer_service: ProducerService | None = None
         self.consumer_service: ConsumerService | None = None
@@ -186,13 +222,24 @@ class StreamingNode:
     def _session_lease(self) -> int:
         return self._session.lease if self._session is not None else 0
 
-    async def _register(self) -> None:
-        self._session = await Session.start(
+    async def _register(self, replaces: int = 0) -> None:
+        """Bind the node id to a new session; InUse if a live session holds it.
+
+        ``replaces``: the lease of this process's own lost session.
+        """
+        cfg = self.config
+        wait = registration_wait(cfg.session_ttl)
+        outcome = await start_exclusive(
             self.metastore,
-            ttl=self.config.session_ttl,
-            key=self.keys.node(self.config.node_id),
+            ttl=cfg.session_ttl,
+            key=self.keys.node(cfg.node_id),
             value=self.node_info().to_json(),
+            wait_s=wait,
+            replaces=replaces,
         )
+        if isinstance(outcome, KeyValue):
+            raise duplicate_node(cfg.node_id, outcome, wait)
+        self._session = outcome
         self.registered.set()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
@@ -211,8 +258,13 @@ class StreamingNode:
                 await session.close()
             while True:
                 try:
-                    await self._register()
+                    await self._register(replaces=session.lease)
                     break
+                except errors.InUse as exc:
+                    log.error("node %s stops: %s", self.config.node_id, exc)
+                    self.fatal = exc
+                    self.ended.set()
+                    return
                 except errors.HeadraceError as exc:
                     log.warning("node %s: registering again failed: %s", self.config.node_id, exc)
                     await asyncio.sleep(min(1.0, self.config.session_ttl / 4))
@@ -256,7 +308,11 @@ class StreamingNode:
 
 
 async def run_node(config: NodeConfig, stop: asyncio.Event | None = None) -> None:
-    """Run a node until ``stop`` is set (or SIGTERM/SIGINT if none is given)."""
+    """Run a node until ``stop`` is set (or SIGTERM/SIGINT if none is given).
+
+    InUse if another live process holds the node id (at start, or after this
+    one lost its session and another took the id meanwhile).
+    """
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -266,6 +322,12 @@ async def run_node(config: NodeConfig, stop: asyncio.Event | None = None) -> Non
     node = StreamingNode(config)
     await node.start()
     try:
-        await stop.wait()
+        stopping = asyncio.create_task(stop.wait())
+        ended = asyncio.create_task(node.ended.wait())
+        await asyncio.wait({stopping, ended}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stopping, ended):
+            task.cancel()
     finally:
         await node.stop()
+    if node.fatal is not None:
+        raise node.fatal
