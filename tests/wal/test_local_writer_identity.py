@@ -270,3 +270,77 @@ async def reopened_log_all(root: Path, term: int) -> list[bytes]:
             log += [r.data for r in await reader.next_batch()]
     await backend.close()
     return log[:-1]
+
+
+_PAUSED_HOLDER = r"""
+import fcntl, os, signal, sys
+from headrace.wal.local import files
+
+directory, which = sys.argv[1], sys.argv[2]
+if which == "marker":
+    lock = files.marker_lock(directory)
+    lock.__enter__()
+else:
+    fd = os.open(os.path.join(directory, files.TERM_FILE), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+async def _paused_holder(directory: Path, which: str) -> asyncio.subprocess.Process:
+    """A process that took a lock of the pchannel's directory and was SIGSTOPped."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _PAUSED_HOLDER, str(directory), which, stdout=asyncio.subprocess.PIPE
+    )
+    assert process.stdout is not None
+    async with asyncio.timeout(60):
+        assert (await process.stdout.readline()).strip() == b"locked"
+    return process
+
+
+async def test_owner_paused_while_truncating_does_not_block_a_new_owner(tmp_path: Path) -> None:
+    old = LocalBackend(str(tmp_path))
+    writer = await old.open_writer(P, 1)
+    ids = await writer.append([b"a", b"b", b"c"])
+    paused = await _paused_holder(tmp_path / P, "marker")
+    try:
+        new = LocalBackend(str(tmp_path))
+        async with asyncio.timeout(files.LOCK_WAIT):
+            owner = await new.open_writer(P, 2)
+            await owner.append([b"d"])
+        with pytest.raises(errors.Fenced):
+            await writer.append([b"stale"])
+        with pytest.raises(errors.Unavailable, match="stayed locked by another process"):
+            await new.truncate(P, ids[1])
+    finally:
+        await _stop(paused)
+    await new.truncate(P, ids[1])
+    assert [r.data for r in await read_all(new, P, 3)] == [b"b", b"c", b"d"]
+    await old.close()
+    await new.close()
+
+
+async def test_opener_paused_inside_its_claim_delays_a_new_owner_only_boundedly(
+    tmp_path: Path,
+) -> None:
+    """The term file's lock is held for one pwrite and fsync; a process paused
+    right there makes other opens fail with a retryable error, not hang."""
+    first = LocalBackend(str(tmp_path))
+    await (await first.open_writer(P, 1)).append([b"a"])
+    paused = await _paused_holder(tmp_path / P, "term")
+    try:
+        second = LocalBackend(str(tmp_path))
+        async with asyncio.timeout(files.LOCK_WAIT * 4):
+            with pytest.raises(
+                errors.Unavailable, match="stayed locked by another process"
+            ) as info:
+                await second.open_writer(P, 2)
+        assert info.value.retryable
+    finally:
+        await _stop(paused)
+    owner = await second.open_writer(P, 2)
+    await owner.append([b"b"])
+    assert [r.data for r in await read_all(second, P, 2)] == [b"a", b"b"]
+    await first.close()
+    await second.close()

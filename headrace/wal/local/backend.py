@@ -291,7 +291,7 @@ class LocalBackend(Backend):
         if not chain.links:
             return
         cut = min(lsn, self._end_lsn(channel, chain))
-        with files.term_lock(channel.directory):
+        with files.marker_lock(channel.directory):
             marker = files.read_marker(channel.directory)
             if cut > marker:
                 files.write_marker(channel.directory, cut)

@@ -25,6 +25,7 @@ from headrace.wal.local.segment import SegmentHeader, SegmentName
 
 TERM_FILE = "TERM"
 TRUNCATED_FILE = "TRUNCATED"
+MARKER_LOCK_FILE = "TRUNCATED.lock"
 _VALUE = struct.Struct("<QI")
 _STALE_TMP_SECONDS = 60.0
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
@@ -101,18 +102,42 @@ def read_fence(fd: int, path: str) -> fence.Fence:
     return fence.decode(os.pread(fd, fence.ENCODED_SIZE + 1, 0), path)
 
 
+LOCK_WAIT = 5.0
+"""Longest wait for a term or marker lock. Holders keep them for a few system
+calls; one held longer belongs to a paused (SIGSTOPped) or stuck process, and
+the caller gets a retryable error instead of hanging with it."""
+_LOCK_POLL = 0.005
+
+
+def _lock(fd: int, path: str) -> None:
+    """``flock`` ``fd`` exclusively within :data:`LOCK_WAIT` (else Unavailable)."""
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise errors.Unavailable(
+                    f"{path} stayed locked by another process for {LOCK_WAIT:g} s (a paused or "
+                    "stuck process?); retry"
+                ) from None
+            time.sleep(_LOCK_POLL)
+
+
 def claim_fence(fd: int, path: str, term: int, pchannel: str) -> fence.Fence:
     """Store a new writer identity under ``term`` durably and return it.
 
     Fenced if a higher term is stored. A short ``flock`` makes the read, the
-    decision and the write one step across processes; it is held for the
-    time of one directory listing and one fsync, never while writing records.
+    decision and the write one step across processes; it is held for one
+    ``pwrite`` and ``fsync``, never while writing records or truncating. The
+    segments are listed before it is taken: a segment created later belongs
+    to an identity already stored.
     """
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    floor = max((name.seq for name in list_segments(os.path.dirname(path))), default=0)
+    _lock(fd, path)
     try:
-        stored = read_fence(fd, path)
-        floor = max((name.seq for name in list_segments(os.path.dirname(path))), default=0)
-        claimed = fence.claim(stored, term, floor, pchannel)
+        claimed = fence.claim(read_fence(fd, path), term, floor, pchannel)
         os.pwrite(fd, fence.encode(claimed), 0)
         os.fsync(fd)
         return claimed
@@ -121,20 +146,19 @@ def claim_fence(fd: int, path: str, term: int, pchannel: str) -> fence.Fence:
 
 
 @contextlib.contextmanager
-def term_lock(directory: str) -> Iterator[bool]:
-    """Hold the term file's lock (yields False if there is no term file yet).
+def marker_lock(directory: str) -> Iterator[None]:
+    """Hold the lock that orders updates of the truncation marker.
 
-    Each holder opens its own descriptor: ``flock`` excludes other open file
+    A file of its own (``TRUNCATED.lock``), so an owner paused while
+    truncating never holds up a new owner's claim of the term file. Each
+    holder opens its own descriptor: ``flock`` excludes other open file
     descriptions, in this process as in others.
     """
+    path = os.path.join(directory, MARKER_LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fd = os.open(os.path.join(directory, TERM_FILE), os.O_RDONLY)
-    except FileNotFoundError:
-        yield False
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield True
+        _lock(fd, path)
+        yield
     finally:
         os.close(fd)
 
