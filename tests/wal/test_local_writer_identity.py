@@ -23,12 +23,16 @@ from pathlib import Path
 import pytest
 
 from headrace import errors
+from headrace.tso import LocalTSO
+from headrace.wal.api import WALState
 from headrace.wal.contract import BackendWriter, StartPosition
+from headrace.wal.framework import WAL
 from headrace.wal.local import LocalBackend, files, segment
 from headrace.wal.local.fence import Fence
 from headrace.wal.local.writer import LocalWriter
 
 from .conformance import read_all, read_n
+from .test_framework import QUIET, backend_log, insert
 
 P = "p0"
 
@@ -344,3 +348,48 @@ async def test_opener_paused_inside_its_claim_delays_a_new_owner_only_boundedly(
     assert [r.data for r in await read_all(second, P, 2)] == [b"a", b"b"]
     await first.close()
     await second.close()
+
+
+async def test_framework_wals_of_two_processes_with_one_term_keep_every_acknowledged_message(
+    tmp_path: Path,
+) -> None:
+    """The issue's scenario on the framework WAL: two node processes hold one
+    pchannel under one term, both appending; after a restart every message
+    either of them acknowledged is in the log."""
+    first_process, second_process = LocalBackend(str(tmp_path)), LocalBackend(str(tmp_path))
+    first = await WAL.open(first_process, P, 4, tso=LocalTSO(), options=QUIET)
+    acked: list[bytes] = []
+    hundred = asyncio.Event()
+
+    async def produce(wal: WAL, name: str, count: int) -> None:
+        for i in range(count):
+            payload = b"%s-%d" % (name.encode(), i)
+            try:
+                await wal.append(insert(payload=payload))
+            except errors.Fenced:
+                return
+            acked.append(payload)
+            if len(acked) == 100:
+                hundred.set()
+            await asyncio.sleep(0)
+
+    producing = asyncio.create_task(produce(first, "first", 300))
+    async with asyncio.timeout(30):
+        await hundred.wait()
+    second = await WAL.open(second_process, P, 4, tso=LocalTSO(), options=QUIET)
+    await produce(second, "second", 300)
+    await producing
+    first_state = first.state
+    for wal in (first, second):
+        await wal.close()
+    for backend in (first_process, second_process):
+        await backend.close()
+
+    restarted = LocalBackend(str(tmp_path))
+    wal = await WAL.open(restarted, P, 5, tso=LocalTSO(), options=QUIET)
+    logged = {e.message.payload for e in await backend_log(restarted, P)}
+    await wal.close()
+    await restarted.close()
+    assert [p for p in acked if p not in logged] == []
+    assert sum(p.startswith(b"second-") for p in acked) == 300
+    assert first_state is WALState.UNAVAILABLE  # fenced by the second open
