@@ -24,6 +24,7 @@ class ErrorCode(enum.Enum):
     CORRUPT = "CORRUPT"
     NOT_FOUND = "NOT_FOUND"
     CONFLICT = "CONFLICT"
+    IN_USE = "IN_USE"
     STORAGE_FULL = "STORAGE_FULL"
     CLOSED = "CLOSED"
     TXN_ABORTED = "TXN_ABORTED"
@@ -138,6 +139,13 @@ class Conflict(HeadraceError):
     code = ErrorCode.CONFLICT
 
 
+class InUse(HeadraceError):
+    """Something only one live process may hold (a data directory, a node id)
+    is held by another; retrying cannot succeed while that process lives."""
+
+    code = ErrorCode.IN_USE
+
+
 class Closed(HeadraceError):
     """The object was closed; a new one must be opened."""
 
@@ -177,6 +185,7 @@ _BY_CODE: dict[ErrorCode, type[HeadraceError]] = {
     ErrorCode.CORRUPT: CorruptData,
     ErrorCode.NOT_FOUND: NotFound,
     ErrorCode.CONFLICT: Conflict,
+    ErrorCode.IN_USE: InUse,
     ErrorCode.STORAGE_FULL: StorageFull,
     ErrorCode.CLOSED: Closed,
     ErrorCode.TXN_ABORTED: TxnAborted,

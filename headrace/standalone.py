@@ -2,9 +2,21 @@
 
 One foreground process owns a data directory::
 
+    DIR/LOCK         held (flock) by the standalone while it runs; holds its pid
     DIR/meta.db      SQLite metastore (shared with the node processes)
     DIR/wal/         local WAL backend root (one sub-directory per pchannel)
     DIR/logs/        one log file per node process
+
+A second standalone on a directory in use fails at once with
+:class:`headrace.errors.InUse` naming the holder's pid (the CLI exits with
+status 2), before it opens or starts anything. The lock goes with the holding
+process, however it ends. It also guards ``meta.db`` as the standalone's
+metastore: the SQLite file itself takes no exclusive lock, because the node
+processes, the CLI (``produce``, ``status``, ...) and clients legitimately
+share it. What must be unique on it is protected where it lives: one
+coordinator leads by election, a node id is held by one live session (see
+:mod:`headrace.node.server`), and every WAL writer is fenced by term and
+writer identity.
 
 With ``wal="kafka"`` or ``"pulsar"`` the WALs live in that broker instead, and
 the node processes get the broker flags ``wal_args`` (built and checked by the
@@ -37,7 +49,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import headrace
-from headrace import cluster, errors, runtime
+from headrace import cluster, dirlock, errors, runtime
 from headrace.coordinator import coordinator as coord_mod
 from headrace.metastore import factory
 from headrace.metastore.contract import Metastore
@@ -405,10 +417,18 @@ async def wait_all_assigned(
 async def run_standalone(
     cfg: StandaloneConfig, stop: asyncio.Event, *, announce: bool = True
 ) -> int:
-    """Run until ``stop`` is set; return the process exit code."""
+    """Run until ``stop`` is set; return the process exit code.
+
+    InUse if another standalone runs on the data directory.
+    """
     cfg.validate()
-    runtime.tune_process()
     prepare_data_dir(cfg)
+    with dirlock.hold(cfg.data_dir, "headrace standalone"):
+        return await _run_locked(cfg, stop, announce=announce)
+
+
+async def _run_locked(cfg: StandaloneConfig, stop: asyncio.Event, *, announce: bool) -> int:
+    runtime.tune_process()
     store = await factory.open_metastore(cfg.metastore_url)
     coordinator = coord_mod.Coordinator(
         store,

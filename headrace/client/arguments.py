@@ -33,9 +33,7 @@ def _type_name(value: object) -> str:
 def instance(value: object, cls: type[T], what: str) -> T:
     """``value`` if it is a ``cls``."""
     if not isinstance(value, cls):
-        raise errors.InvalidArgument(
-            f"{what} must be a {cls.__name__}, {_got(value)}"
-        )
+        raise errors.InvalidArgument(f"{what} must be a {cls.__name__}, {_got(value)}")
     return value
 
 
@@ -46,9 +44,7 @@ def vchannel(value: object) -> str:
 
 def pchannel(value: object) -> str:
     if not isinstance(value, str) or not value:
-        raise errors.InvalidArgument(
-            f"pchannel must be a non-empty str, {_got(value)}"
-        )
+        raise errors.InvalidArgument(f"pchannel must be a non-empty str, {_got(value)}")
     return value
 
 
@@ -59,9 +55,7 @@ def payload(value: object) -> bytes:
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     hint = "; encode text first, e.g. text.encode()" if isinstance(value, str) else ""
-    raise errors.InvalidArgument(
-        f"payload must be bytes, {_got(value)}{hint}"
-    )
+    raise errors.InvalidArgument(f"payload must be bytes, {_got(value)}{hint}")
 
 
 def _any_message_type(value: object, what: str) -> MessageType:
@@ -70,9 +64,7 @@ def _any_message_type(value: object, what: str) -> MessageType:
         return value
     if isinstance(value, int | str) and not isinstance(value, bool):
         return MessageType.parse(value)
-    raise errors.InvalidArgument(
-        f"{what} must be a MessageType, {_got(value)}"
-    )
+    raise errors.InvalidArgument(f"{what} must be a MessageType, {_got(value)}")
 
 
 def message_type(value: object) -> MessageType:
@@ -86,9 +78,7 @@ def message_type(value: object) -> MessageType:
 def message_types(value: object) -> frozenset[MessageType]:
     """The types a consumer asks for: a collection of MessageType (or codes, names)."""
     if isinstance(value, str | bytes) or not isinstance(value, Collection):
-        raise errors.InvalidArgument(
-            f"types must be a collection of MessageType, {_got(value)}"
-        )
+        raise errors.InvalidArgument(f"types must be a collection of MessageType, {_got(value)}")
     return frozenset(_any_message_type(item, "each of types") for item in value)
 
 
@@ -97,9 +87,7 @@ def properties(value: object) -> Mapping[str, str]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise errors.InvalidArgument(
-            f"properties must be a mapping of str to str, {_got(value)}"
-        )
+        raise errors.InvalidArgument(f"properties must be a mapping of str to str, {_got(value)}")
     for key, item in value.items():
         if not isinstance(key, str) or not isinstance(item, str):
             raise errors.InvalidArgument(
@@ -110,9 +98,7 @@ def properties(value: object) -> Mapping[str, str]:
 
 def txn_id(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise errors.InvalidArgument(
-            f"txn_id must be a non-negative int, {_got(value)}"
-        )
+        raise errors.InvalidArgument(f"txn_id must be a non-negative int, {_got(value)}")
     return value
 
 
@@ -133,9 +119,7 @@ def messages(value: Iterable[Message]) -> list[Message]:
     """The items of an iterable of messages; each is checked when it is sent,
     as the type says nothing at run time."""
     if isinstance(value, Message | str | bytes) or not isinstance(value, Iterable):
-        raise errors.InvalidArgument(
-            f"messages must be an iterable of Message, {_got(value)}"
-        )
+        raise errors.InvalidArgument(f"messages must be an iterable of Message, {_got(value)}")
     return list(value)
 
 
@@ -173,7 +157,5 @@ def count(value: object, what: str) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise errors.InvalidArgument(
-            f"{what} must be a non-negative int or None, {_got(value)}"
-        )
+        raise errors.InvalidArgument(f"{what} must be a non-negative int or None, {_got(value)}")
     return value

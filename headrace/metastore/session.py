@@ -2,7 +2,9 @@
 election on top of it.
 
 A :class:`Session` grants a lease of ``ttl`` seconds, optionally puts a key
-bound to it (a node's registration), and renews it every ``ttl / 3`` seconds.
+bound to it, and renews it every ``ttl / 3`` seconds. :func:`start_exclusive`
+binds a key only one live session may hold (a node's registration: a second
+process with the same node id is refused).
 A renewal that fails because the store does not answer is retried until the
 lease would have expired; then (or at once, when the store says the lease is
 gone) the session is *lost*: :attr:`Session.lost` is set and ``on_lost`` runs.
@@ -28,6 +30,7 @@ from headrace.metastore.contract import (
     Delete,
     EventType,
     Get,
+    KeyValue,
     LeaseExpired,
     Metastore,
     Put,
@@ -92,6 +95,33 @@ class Session:
         except LeaseExpired:
             await self._mark_lost("the store no longer knows the lease")
             raise
+
+    async def claim(self, key: str, value: bytes, *, replaces: int = 0) -> KeyValue | None:
+        """Put ``key`` bound to this session unless another lease holds it.
+
+        None once the key is this session's; else the key as its holder put
+        it. A key bound to ``replaces`` (an earlier, lost lease of the same
+        holder) is taken over rather than waited for.
+        """
+        mine = {self.lease, replaces} - {0}
+        while True:
+            if self.lost.is_set():
+                raise LeaseExpired(f"session lease {self.lease:x} is lost")
+            result = await self.store.txn(
+                [Compare.absent(key)], [Put(key, value, self.lease)], [Get(key)]
+            )
+            if result.succeeded:
+                return None
+            holder = result.gets[0][0] if result.gets and result.gets[0] else None
+            if holder is None:
+                continue  # deleted between the transactions' reads: try again
+            if holder.lease not in mine:
+                return holder
+            taken = await self.store.txn(
+                [Compare.lease_is(key, holder.lease)], [Put(key, value, self.lease)]
+            )
+            if taken.succeeded:
+                return None
 
     async def _keep_alive_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -167,6 +197,54 @@ class Session:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+EXCLUSIVE_POLL = 0.1
+"""Seconds between looks at a held key while waiting for its lease to go."""
+
+
+async def start_exclusive(
+    store: Metastore,
+    *,
+    ttl: float,
+    key: str,
+    value: bytes,
+    wait_s: float,
+    replaces: int = 0,
+) -> Session | KeyValue:
+    """A session that alone holds ``key``, or the key of the live holder.
+
+    A key bound to another lease is waited for up to ``wait_s`` seconds: a
+    crashed holder's lease expires within its TTL and the key goes with it,
+    while a live holder keeps renewing its lease. The result is the session
+    once ``key`` is bound to it, else (the session closed again) the key as
+    its holder still holds it. ``replaces``: see :meth:`Session.claim`.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    session = await Session.start(store, ttl=ttl)
+    try:
+        while True:
+            holder = await session.claim(key, value, replaces=replaces)
+            if holder is None:
+                return session
+            if not await _released(store, key, holder.lease, deadline):
+                await session.close()
+                return holder
+    except BaseException:
+        await session.close()
+        raise
+
+
+async def _released(store: Metastore, key: str, lease: int, deadline: float) -> bool:
+    """Whether ``key`` stops being bound to ``lease`` before ``deadline`` (loop time)."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        await asyncio.sleep(EXCLUSIVE_POLL)
+        current = await store.get(key)
+        if current is None or current.lease != lease:
+            return True
+    return False
 
 
 class Election:

@@ -30,6 +30,7 @@ STATUS_OF_CODE: dict[errors.ErrorCode, grpc.StatusCode] = {
     errors.ErrorCode.CORRUPT: grpc.StatusCode.DATA_LOSS,
     errors.ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     errors.ErrorCode.CONFLICT: grpc.StatusCode.ABORTED,
+    errors.ErrorCode.IN_USE: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ErrorCode.STORAGE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.ErrorCode.CLOSED: grpc.StatusCode.UNAVAILABLE,
     errors.ErrorCode.TXN_ABORTED: grpc.StatusCode.ABORTED,

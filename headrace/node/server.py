@@ -3,6 +3,13 @@
 :class:`StreamingNode` ties the parts together. ``start()`` opens the
 metastore and the WAL backend, serves gRPC, registers the node's session
 (NodeInfo under ``Keys.node(node_id)``) and follows the assignment records.
+
+A node id is held by one live process at a time: registration binds the key
+only if no other live session holds it, waiting :func:`registration_wait` for
+the lease of a crashed predecessor to expire, and otherwise fails with
+:class:`headrace.errors.InUse` (the CLI exits with status 2). Two processes of
+one node id would follow the same assignments and write the same WALs under
+the same terms.
 ``stop()`` shuts down gracefully: stop taking work, finish in-flight appends,
 drain and close every WAL, revoke the session, stop the server.
 
@@ -38,9 +45,9 @@ import headrace
 from headrace import errors, runtime
 from headrace.cluster import DEFAULT_CLUSTER, Keys, NodeInfo
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, wait_any
-from headrace.metastore.contract import Metastore
+from headrace.metastore.contract import KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
-from headrace.metastore.session import Session
+from headrace.metastore.session import Session, start_exclusive
 from headrace.node.assignments import Reactor
 from headrace.node.services import ConsumerService, Limits, ManagerService, ProducerService
 from headrace.node.walmanager import WALManager
@@ -86,6 +93,31 @@ class NodeConfig:
             raise errors.InvalidArgument(f"session ttl must be positive, got {self.session_ttl}")
 
 
+REGISTRATION_MARGIN_S = 2.0
+"""Beyond one TTL, how long a held node id is waited for: stores round TTLs up
+(etcd to whole seconds, with a minimum) and expire leases a little late."""
+
+
+def registration_wait(session_ttl: float) -> float:
+    """Seconds a starting node waits for another session's key of its id to go (pure)."""
+    return session_ttl + REGISTRATION_MARGIN_S
+
+
+def duplicate_node(node_id: str, holder: KeyValue, waited: float) -> errors.InUse:
+    """The error of a node whose id a live session holds (pure)."""
+    try:
+        info = NodeInfo.from_json(holder.value)
+    except errors.CorruptData:
+        who = "another process"
+    else:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.started_at))
+        who = f"the node at {info.address} (version {info.version}, started {started})"
+    return errors.InUse(
+        f"node id {node_id!r} is held by {who}, whose session (lease {holder.lease:x}) stayed "
+        f"alive for the {waited:g} s this process waited; stop that node or use another --node-id"
+    )
+
+
 def advertised_address(listen: str, port: int, advertise_host: str) -> str:
     """The address other processes use to reach a server bound to ``listen``."""
     host = listen.rpartition(":")[0]
@@ -117,7 +149,8 @@ class StreamingNode:
         self.ended = asyncio.Event()
         """Set when the node stopped serving on its own (see :attr:`fatal`)."""
         self.fatal: errors.HeadraceError | None = None
-        """Why the node stopped on its own: a long-running task of it failed."""
+        """Why the node stopped on its own: a long-running task of it failed, or
+        another live process took its id."""
         self._server: grpc.aio.Server | None = None
         self._session: Session | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -164,6 +197,7 @@ class StreamingNode:
                     self._supervise_session(),
                     f"{cfg.node_id}-session",
                     self._on_task_failure,
+                    finishable=True,  # returns only once another process took the id
                     logger=log,
                 ),
             ]
@@ -232,13 +266,24 @@ class StreamingNode:
     def _session_lease(self) -> int:
         return self._session.lease if self._session is not None else 0
 
-    async def _register(self) -> None:
-        self._session = await Session.start(
+    async def _register(self, replaces: int = 0) -> None:
+        """Bind the node id to a new session; InUse if a live session holds it.
+
+        ``replaces``: the lease of this process's own lost session.
+        """
+        cfg = self.config
+        wait = registration_wait(cfg.session_ttl)
+        outcome = await start_exclusive(
             self.metastore,
-            ttl=self.config.session_ttl,
-            key=self.keys.node(self.config.node_id),
+            ttl=cfg.session_ttl,
+            key=self.keys.node(cfg.node_id),
             value=self.node_info().to_json(),
+            wait_s=wait,
+            replaces=replaces,
         )
+        if isinstance(outcome, KeyValue):
+            raise duplicate_node(cfg.node_id, outcome, wait)
+        self._session = outcome
         self.registered.set()
         if self.fatal is None:
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -258,8 +303,13 @@ class StreamingNode:
                 await session.close()
             while True:
                 try:
-                    await self._register()
+                    await self._register(replaces=session.lease)
                     break
+                except errors.InUse as exc:
+                    log.error("node %s stops: %s", self.config.node_id, exc)
+                    self.fatal = exc
+                    self.ended.set()
+                    return
                 except errors.HeadraceError as exc:
                     log.warning("node %s: registering again failed: %s", self.config.node_id, exc)
                     await asyncio.sleep(min(1.0, self.config.session_ttl / 4))
@@ -305,6 +355,8 @@ async def run_node(config: NodeConfig, stop: asyncio.Event | None = None) -> Non
 
     If a long-running task of the node fails, the node is stopped and a
     HeadraceError naming the failure is raised (the CLI exits non-zero).
+    InUse if another live process holds the node id (at start, or after this
+    one lost its session and another took the id meanwhile).
     """
     if stop is None:
         stop = asyncio.Event()

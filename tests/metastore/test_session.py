@@ -17,7 +17,7 @@ from headrace.metastore.contract import (
     TxnResult,
     Watch,
 )
-from headrace.metastore.session import Election, Session
+from headrace.metastore.session import Election, Session, start_exclusive
 
 from .conftest import OpenStore
 
@@ -178,3 +178,53 @@ async def test_lost_session_stops_a_campaign(store: Metastore, prefix: str) -> N
             await waiting
     await candidate_session.close()
     await leader.session.close()
+
+
+async def test_exclusive_key_is_refused_while_its_holder_lives(
+    open_store: OpenStore, prefix: str
+) -> None:
+    """A second process asking for a key a live session holds (a node id) gets
+    the holder back after waiting, and the holder is not disturbed."""
+    key = prefix + "node-1"
+    first_store, second_store = await open_store(), await open_store()
+    holder = await start_exclusive(first_store, ttl=1.0, key=key, value=b"first", wait_s=0.0)
+    assert isinstance(holder, Session)
+    refused = await start_exclusive(second_store, ttl=1.0, key=key, value=b"second", wait_s=2.5)
+    assert isinstance(refused, KeyValue)
+    assert (refused.value, refused.lease) == (b"first", holder.lease)
+    current = await second_store.get(key)
+    assert current is not None and (current.value, current.lease) == (b"first", holder.lease)
+    assert not holder.lost.is_set()
+    await holder.close()
+    after = await start_exclusive(second_store, ttl=1.0, key=key, value=b"second", wait_s=0.0)
+    assert isinstance(after, Session)
+    await after.close()
+
+
+async def test_exclusive_key_of_a_crashed_holder_is_taken_once_its_lease_expires(
+    store: Metastore, prefix: str
+) -> None:
+    key = prefix + "node-1"
+    crashed = await store.grant_lease(1.0)  # never kept alive: its process died
+    await store.put(key, b"crashed", lease=crashed)
+    session = await start_exclusive(store, ttl=1.0, key=key, value=b"restarted", wait_s=10.0)
+    assert isinstance(session, Session)
+    current = await store.get(key)
+    assert current is not None and (current.value, current.lease) == (b"restarted", session.lease)
+    await session.close()
+
+
+async def test_exclusive_key_bound_to_the_holders_own_lost_lease_is_taken_over(
+    store: Metastore, prefix: str
+) -> None:
+    key = prefix + "node-1"
+    lost = await store.grant_lease(30.0)
+    await store.put(key, b"before", lease=lost)
+    session = await start_exclusive(
+        store, ttl=1.0, key=key, value=b"again", wait_s=0.0, replaces=lost
+    )
+    assert isinstance(session, Session)
+    current = await store.get(key)
+    assert current is not None and (current.value, current.lease) == (b"again", session.lease)
+    await session.close()
+    await store.revoke_lease(lost)

@@ -1,9 +1,11 @@
 """The local WAL backend: segmented files under ``<root>/<pchannel>/``.
 
-Opening a writer stores its term durably first, then measures the valid
+Opening a writer stores a new writer identity (its term and an epoch unique
+to this open, see :mod:`.fence`) durably first, then measures the valid
 length of the newest segment and starts a new segment that records it, so a
-fenced writer's later bytes are never read. See :mod:`.chain` for how the log
-is assembled from segments and :mod:`.writer`/:mod:`.reader` for the rest.
+fenced writer's later bytes are never read, even a writer of the same term.
+See :mod:`.chain` for how the log is assembled from segments and
+:mod:`.writer`/:mod:`.reader` for the rest.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from headrace.wal.contract import (
     StartKind,
     StartPosition,
 )
-from headrace.wal.local import files, scan
+from headrace.wal.local import fence, files, scan
 from headrace.wal.local.chain import Chain
 from headrace.wal.local.channel import Channel
+from headrace.wal.local.fence import Fence
 from headrace.wal.local.message_id import LocalMessageID
 from headrace.wal.local.reader import POLL_MAX, LocalReader
 from headrace.wal.local.segment import HEADER_SIZE, SegmentHeader, SegmentName
@@ -38,7 +41,7 @@ PCHANNEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$")
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 MIN_SEGMENT_BYTES = 128
 OWNER_CHANGE_WAIT = 5.0
-"""How long calls wait for a new owner that stored its term to create its segment."""
+"""How long calls wait for a new owner that stored its identity to create its segment."""
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -180,23 +183,20 @@ class LocalBackend(Backend):
 
     async def _open_writer(self, channel: Channel, term: int) -> LocalWriter:
         pchannel = channel.pchannel
-        # Damage is found before the term is stored: a refused writer must
-        # not leave a term behind whose segment never comes, which would
+        # Damage is found before the fence is claimed: a refused writer must
+        # not leave an identity behind whose segment never comes, which would
         # make every reader wait instead of reading up to the damage.
         checked = await _blocking(self._check_head, channel)
-        await _blocking(self._store_term, channel, term)
+        claimed = await _blocking(self._claim_fence, channel, term)
         previous = self._writers.pop(pchannel, None)
         if previous is not None:
             await previous.supersede(
-                errors.Fenced(
-                    f"pchannel {pchannel}: writer of term {previous.term} was replaced by "
-                    f"a writer of term {term}",
-                    term=previous.term,
-                    current_term=term,
+                fence.fenced_error(
+                    pchannel, previous.fence, claimed, "a writer of this process replaced it"
                 )
             )
-        current = await _blocking(self._start_segment, channel, term, checked)
-        writer = LocalWriter(channel, term, current, self._writer_settings, self._writer_closed)
+        current = await _blocking(self._start_segment, channel, claimed, checked)
+        writer = LocalWriter(channel, claimed, current, self._writer_settings, self._writer_closed)
         self._writers[pchannel] = writer
         return writer
 
@@ -207,12 +207,12 @@ class LocalBackend(Backend):
             if lock is not None:
                 os.close(lock)
 
-    def _store_term(self, channel: Channel, term: int) -> None:
+    def _claim_fence(self, channel: Channel, term: int) -> Fence:
         files.ensure_dir(channel.directory)
         files.remove_stale_tmp(channel.directory)
         fd = files.open_term_file(channel.directory, write=True)
         try:
-            files.advance_term(fd, channel.term_path, term, channel.pchannel)
+            return files.claim_fence(fd, channel.term_path, term, channel.pchannel)
         finally:
             os.close(fd)
 
@@ -234,23 +234,23 @@ class LocalBackend(Backend):
             os.close(fd)
 
     def _start_segment(
-        self, channel: Channel, term: int, checked: _Checked | None = None
+        self, channel: Channel, claimed: Fence, checked: _Checked | None = None
     ) -> OpenSegment:
         """Measure the newest segment and start the next one (blocking).
 
         ``checked``: how far the newest segment was found valid before the
-        term was stored; measuring goes on from there.
+        fence was claimed; measuring goes on from there.
         """
         chain = channel.load_chain()
         head = chain.head
         prev: SegmentName | None = None
         prev_len, base = 0, 0
         if head is not None:
-            if head.name.term > term:
+            if head.header.fence > claimed:
                 raise errors.Fenced(
                     f"pchannel {channel.pchannel}: segment {head.name.filename} was written "
-                    f"under term {head.name.term}, newer than {term}",
-                    term=term,
+                    f"by {head.header.fence.describe()}, newer than {claimed.describe()}",
+                    term=claimed.term,
                     current_term=head.name.term,
                 )
             fd = scan.open_segment(head)
@@ -262,30 +262,17 @@ class LocalBackend(Backend):
             finally:
                 os.close(fd)
             prev = head.name
-        taken = [
-            name.seq
-            for name in files.list_segments(channel.directory)
-            if (name.base_lsn, name.term) == (base, term)
-        ]
-        name = SegmentName(base, term, max(taken, default=-1) + 1)
-        while True:
-            try:
-                fd = files.create_segment(
-                    channel.directory,
-                    SegmentHeader(name, prev, prev_len),
-                    sync_writes=self._writer_settings.sync_writes,
-                )
-                break
-            except FileExistsError:
-                name = name._replace(seq=name.seq + 1)
-        stored = channel.term()
-        if stored > term:
+        name = SegmentName(base, claimed.term, claimed.epoch)
+        fd = files.create_segment(
+            channel.directory,
+            SegmentHeader(name, prev, prev_len),
+            sync_writes=self._writer_settings.sync_writes,
+        )
+        stored = channel.fence()
+        if stored != claimed:
             os.close(fd)
-            raise errors.Fenced(
-                f"pchannel {channel.pchannel}: term {stored} took over while term {term} was "
-                "opening its writer",
-                term=term,
-                current_term=stored,
+            raise fence.fenced_error(
+                channel.pchannel, claimed, stored, "another open took over while it was opening"
             )
         return OpenSegment(name, fd, HEADER_SIZE, base)
 
@@ -320,7 +307,7 @@ class LocalBackend(Backend):
         return scan.end_lsn(chain)
 
     async def _consistent(self, channel: Channel, compute: Callable[[Chain], _T]) -> _T:
-        """``compute`` over a trusted chain while the stored term stays the same."""
+        """``compute`` over a trusted chain while the stored writer identity stays the same."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + OWNER_CHANGE_WAIT
         while True:
@@ -329,8 +316,8 @@ class LocalBackend(Backend):
                 return result[0]
             if loop.time() > deadline:
                 raise errors.Unavailable(
-                    f"pchannel {channel.pchannel}: an owner change is in progress (a new term "
-                    "was stored but its segment does not exist yet); retry later"
+                    f"pchannel {channel.pchannel}: an owner change is in progress (a new writer "
+                    "identity was stored but its segment does not exist yet); retry later"
                 )
             await asyncio.sleep(POLL_MAX)
 
@@ -340,7 +327,7 @@ class LocalBackend(Backend):
         if not chain.trusted:
             return None
         value = compute(chain)
-        if channel.term() != chain.term:
+        if channel.fence() != chain.fence:
             return None
         return (value,)
 
@@ -374,7 +361,7 @@ class LocalBackend(Backend):
         if not chain.links:
             return
         cut = min(lsn, self._end_lsn(channel, chain))
-        with files.term_lock(channel.directory):
+        with files.marker_lock(channel.directory):
             marker = files.read_marker(channel.directory)
             if cut > marker:
                 files.write_marker(channel.directory, cut)

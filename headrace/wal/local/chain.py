@@ -1,16 +1,19 @@
 """Which segments form a pchannel's log, and how much of each is readable.
 
 Every segment names the one it continues (its predecessor) and the valid byte
-length ``prev_len`` its creator measured there after storing its term. The
-log is the chain that ends in the segment of the highest term (then highest
-LSN and seq): walking back through the predecessors gives the segments in
-order, each readable up to its successor's ``prev_len``. Segments off that
-chain were created by writers fenced before they wrote anything and are
-ignored, as are bytes a fenced writer added past a measured length.
+length ``prev_len`` its creator measured there after storing its identity.
+The log is the chain that ends in the segment of the newest writer identity
+(term, then epoch: see :mod:`.fence`), then the highest LSN: walking back
+through the predecessors gives the segments in order, each readable up to its
+successor's ``prev_len``. Segments off that chain were created by writers
+fenced before they wrote anything and are ignored, as are bytes a fenced
+writer added past a measured length. Ordering by identity rather than by term
+alone keeps a fenced writer of the same term (which may still roll into a new,
+empty segment) from ever becoming the head.
 
-A chain is *trusted* when its head was created under the stored term, read
-after listing the segments; otherwise a new owner has stored its term but not
-yet created its segment, and readers wait for it.
+A chain is *trusted* when its head was created by the stored identity, read
+after listing the segments; otherwise a new owner has stored its identity but
+not yet created its segment, and readers wait for it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 from collections.abc import Mapping
 
 from headrace import errors
+from headrace.wal.local.fence import Fence
 from headrace.wal.local.segment import HEADER_SIZE, SegmentHeader, SegmentName
 
 
@@ -44,8 +48,8 @@ class Link:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Chain:
     links: tuple[Link, ...]
-    term: int
-    """The stored term, read after listing the segments."""
+    fence: Fence
+    """The stored writer identity, read after listing the segments."""
     marker: int
     """First LSN still readable according to the truncation marker."""
 
@@ -55,7 +59,7 @@ class Chain:
 
     @property
     def trusted(self) -> bool:
-        return not self.links or self.links[-1].name.term >= self.term
+        return not self.links or self.links[-1].header.fence >= self.fence
 
     @property
     def first_lsn(self) -> int:
@@ -79,12 +83,12 @@ class Chain:
 
 
 def build_chain(
-    directory: str, headers: Mapping[SegmentName, SegmentHeader], term: int, marker: int
+    directory: str, headers: Mapping[SegmentName, SegmentHeader], fence: Fence, marker: int
 ) -> Chain:
     """The chain of ``headers`` (all segments listed), ending in the head."""
     if not headers:
-        return Chain((), term, marker)
-    head = headers[max(headers, key=lambda name: name.head_key)]
+        return Chain((), fence, marker)
+    head = max(headers.values(), key=lambda header: header.head_key)
     reversed_links = [Link(head, os.path.join(directory, head.name.filename), None, None)]
     current = head
     while current.prev is not None and current.prev in headers:
@@ -98,4 +102,4 @@ def build_chain(
         reversed_links.append(Link(prev, path, current.prev_len, current.name.base_lsn))
         current = prev
     reversed_links.reverse()
-    return Chain(tuple(reversed_links), term, marker)
+    return Chain(tuple(reversed_links), fence, marker)

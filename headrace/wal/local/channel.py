@@ -8,13 +8,14 @@ import os
 import threading
 
 from headrace.wal.local import chain, files
+from headrace.wal.local.fence import NO_FENCE, Fence
 from headrace.wal.local.segment import SegmentHeader, SegmentName
 
 
 class Channel:
     """Files and in-process coordination of one pchannel.
 
-    Blocking methods (``term``, ``load_chain``) run in worker threads; the
+    Blocking methods (``fence``, ``load_chain``) run in worker threads; the
     ``active``/``notify`` part is used on the event loop only.
     """
 
@@ -31,8 +32,8 @@ class Channel:
         self.opening = asyncio.Lock()
         """Serialises this process's ``open_writer`` calls of the pchannel."""
 
-    def term(self) -> int:
-        """The stored term (0 before any writer opened)."""
+    def fence(self) -> Fence:
+        """The stored writer identity (NO_FENCE before any writer opened)."""
         fd = self._term_fd
         if fd is None:
             with self._lock:
@@ -40,12 +41,12 @@ class Channel:
                     try:
                         self._term_fd = files.open_term_file(self.directory, write=False)
                     except FileNotFoundError:
-                        return 0
+                        return NO_FENCE
                 fd = self._term_fd
-        return files.read_term(fd, self.term_path)
+        return files.read_fence(fd, self.term_path)
 
     def load_chain(self) -> chain.Chain:
-        """List the segments, then read the term: the chain as of now."""
+        """List the segments, then read the fence: the chain as of now."""
         names = files.list_segments(self.directory)
         headers: dict[SegmentName, SegmentHeader] = {}
         for name in names:
@@ -56,9 +57,9 @@ class Channel:
                     continue
                 self._headers[name] = header
             headers[name] = header
-        term = self.term()
+        stored = self.fence()
         marker = files.read_marker(self.directory)
-        return chain.build_chain(self.directory, headers, term, marker)
+        return chain.build_chain(self.directory, headers, stored, marker)
 
     def forget(self, names: list[SegmentName]) -> None:
         for name in names:

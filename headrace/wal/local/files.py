@@ -1,8 +1,9 @@
 """Blocking file operations of the local WAL (run them in a worker thread).
 
-The term file ``TERM`` holds the highest term that opened a writer; it is
-rewritten in place (a 12-byte ``pwrite`` plus ``fsync``), so writers can check
-it with one ``pread`` on a descriptor they keep. The ``TRUNCATED`` marker holds
+The term file ``TERM`` holds the identity (term, epoch) of the newest writer
+(see :mod:`.fence`); it is rewritten in place (a 20-byte ``pwrite`` plus
+``fsync``), so writers can check it with one ``pread`` on a descriptor they
+keep. The ``TRUNCATED`` marker holds
 the first LSN still readable and is replaced atomically.
 """
 
@@ -19,11 +20,12 @@ import zlib
 from collections.abc import Iterator
 
 from headrace import errors
-from headrace.wal.local import segment
+from headrace.wal.local import fence, segment
 from headrace.wal.local.segment import SegmentHeader, SegmentName
 
 TERM_FILE = "TERM"
 TRUNCATED_FILE = "TRUNCATED"
+MARKER_LOCK_FILE = "TRUNCATED.lock"
 _VALUE = struct.Struct("<QI")
 _STALE_TMP_SECONDS = 60.0
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
@@ -84,7 +86,7 @@ def _decode_value(data: bytes, path: str) -> int:
 
 
 def open_term_file(directory: str, *, write: bool) -> int:
-    """Descriptor of the term file; created (empty, meaning term 0) for writers."""
+    """Descriptor of the term file; created (empty: no writer yet) for writers."""
     path = os.path.join(directory, TERM_FILE)
     if not write:
         return os.open(path, os.O_RDONLY)
@@ -95,47 +97,68 @@ def open_term_file(directory: str, *, write: bool) -> int:
     return fd
 
 
-def read_term(fd: int, path: str) -> int:
-    return _decode_value(os.pread(fd, _VALUE.size + 1, 0), path)
+def read_fence(fd: int, path: str) -> fence.Fence:
+    """The writer identity stored in the term file."""
+    return fence.decode(os.pread(fd, fence.ENCODED_SIZE + 1, 0), path)
 
 
-def advance_term(fd: int, path: str, term: int, pchannel: str) -> None:
-    """Store ``term`` durably unless a higher one is stored (then Fenced).
+LOCK_WAIT = 5.0
+"""Longest wait for a term or marker lock. Holders keep them for a few system
+calls; one held longer belongs to a paused (SIGSTOPped) or stuck process, and
+the caller gets a retryable error instead of hanging with it."""
+_LOCK_POLL = 0.005
 
-    A short ``flock`` makes the compare and the write one step across
-    processes; it is held for microseconds, never while writing records.
+
+def _lock(fd: int, path: str) -> None:
+    """``flock`` ``fd`` exclusively within :data:`LOCK_WAIT` (else Unavailable)."""
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise errors.Unavailable(
+                    f"{path} stayed locked by another process for {LOCK_WAIT:g} s (a paused or "
+                    "stuck process?); retry"
+                ) from None
+            time.sleep(_LOCK_POLL)
+
+
+def claim_fence(fd: int, path: str, term: int, pchannel: str) -> fence.Fence:
+    """Store a new writer identity under ``term`` durably and return it.
+
+    Fenced if a higher term is stored. A short ``flock`` makes the read, the
+    decision and the write one step across processes; it is held for one
+    ``pwrite`` and ``fsync``, never while writing records or truncating. The
+    segments are listed before it is taken: a segment created later belongs
+    to an identity already stored.
     """
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    floor = max((name.seq for name in list_segments(os.path.dirname(path))), default=0)
+    _lock(fd, path)
     try:
-        stored = read_term(fd, path)
-        if term < stored:
-            raise errors.Fenced(
-                f"pchannel {pchannel}: term {term} is older than the stored term {stored}",
-                term=term,
-                current_term=stored,
-            )
-        if term > stored:
-            os.pwrite(fd, _encode_value(term), 0)
-            os.fsync(fd)
+        claimed = fence.claim(read_fence(fd, path), term, floor, pchannel)
+        os.pwrite(fd, fence.encode(claimed), 0)
+        os.fsync(fd)
+        return claimed
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
-def term_lock(directory: str) -> Iterator[bool]:
-    """Hold the term file's lock (yields False if there is no term file yet).
+def marker_lock(directory: str) -> Iterator[None]:
+    """Hold the lock that orders updates of the truncation marker.
 
-    Each holder opens its own descriptor: ``flock`` excludes other open file
+    A file of its own (``TRUNCATED.lock``), so an owner paused while
+    truncating never holds up a new owner's claim of the term file. Each
+    holder opens its own descriptor: ``flock`` excludes other open file
     descriptions, in this process as in others.
     """
+    path = os.path.join(directory, MARKER_LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fd = os.open(os.path.join(directory, TERM_FILE), os.O_RDONLY)
-    except FileNotFoundError:
-        yield False
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield True
+        _lock(fd, path)
+        yield
     finally:
         os.close(fd)
 
@@ -242,7 +265,8 @@ def create_segment(directory: str, header: SegmentHeader, *, sync_writes: bool =
     With ``sync_writes`` (and where the platform has ``O_DSYNC``) every write
     through the descriptor is durable when it returns, as if followed by
     ``fdatasync``: one system call per write instead of two.
-    Raises FileExistsError if the name is taken.
+    CorruptData if the name is taken: a name holds its writer's identity,
+    which no other open shares.
     """
     final = header.name.filename
     tmp = os.path.join(directory, _tmp_name(final))
@@ -252,6 +276,12 @@ def create_segment(directory: str, header: SegmentHeader, *, sync_writes: bool =
         os.write(fd, segment.encode_header(header))
         os.fsync(fd)
         os.link(tmp, os.path.join(directory, final))
+    except FileExistsError:
+        os.close(fd)
+        raise errors.CorruptData(
+            f"{os.path.join(directory, final)} exists already: the identity "
+            f"{header.fence.describe()} was given to two writers"
+        ) from None
     except BaseException:
         os.close(fd)
         raise

@@ -3,8 +3,8 @@
 Segments with a successor are read up to the successor's ``prev_len``. The
 head is read up to what this process's writer acknowledged, or, for a writer
 in another process, up to its last complete valid record; such bytes are
-delivered only if the stored term, re-read after reading them, is still the
-head's term (so they lie below any new owner's measurement). Otherwise the
+delivered only if the stored writer identity, re-read after reading them, is
+still the head's (so they lie below any new owner's measurement). Otherwise the
 reader waits for the new owner's segment, which tells how far to read.
 Readers are woken by a writer of the same process and poll otherwise.
 """
@@ -221,7 +221,7 @@ class LocalReader(BackendReader):
             return self._deliver(parsed), False
         parsed = scan.read_chunk(self._fd, self._pos, self._lsn, None, scan.ALL)
         if parsed.n_records:
-            if self._channel.term() <= link.name.term:
+            if self._channel.fence() <= link.header.fence:
                 return self._deliver(parsed), False
         elif parsed.stop is Stop.BAD:
             scan.check_bad_tail(self._fd, link.path, parsed.pos, parsed.lsn)

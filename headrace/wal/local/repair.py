@@ -170,7 +170,10 @@ def _repair_locked(channel: Channel, now: float) -> RepairReport:
         # A segment whose header is damaged, and every segment after it, go aside.
         bad = segment.parse_name(os.path.basename(damage.path))
         assert bad is not None
-        later = [n for n in files.list_segments(directory) if n.head_key >= bad.head_key]
+        bad_key = _takeover_key(directory, bad)
+        later = [
+            n for n in files.list_segments(directory) if _takeover_key(directory, n) >= bad_key
+        ]
         aside.move(later, damage.lsn)
         channel.forget(later)
     chain = channel.load_chain()
@@ -181,7 +184,7 @@ def _repair_locked(channel: Channel, now: float) -> RepairReport:
         aside.cut(damage, head)
         # Every segment that could otherwise still take over the log: the later
         # links of the chain and any segment that sorts after the new head.
-        aside.move(_after(files.list_segments(directory), head), damage.lsn)
+        aside.move(_after(directory, head), damage.lsn)
     aside.sync()
     if damage is None:
         return RepairReport(channel.pchannel, directory, None)
@@ -190,9 +193,23 @@ def _repair_locked(channel: Channel, now: float) -> RepairReport:
     )
 
 
-def _after(names: list[SegmentName], head: SegmentName) -> list[SegmentName]:
-    """The segments that would take over the log from ``head`` (pure)."""
-    return [name for name in names if name.head_key > head.head_key]
+def _takeover_key(directory: str, name: SegmentName) -> tuple[int, int, int, int]:
+    """The order in which segment ``name`` would take over the log (its
+    header's :attr:`~.segment.SegmentHeader.head_key`); for a segment whose
+    header cannot be read, its name read as the current format writes it."""
+    try:
+        header = files.read_header(directory, name)
+    except errors.CorruptData:
+        header = None
+    if header is None:
+        return (name.term, name.seq, name.base_lsn, name.seq)
+    return header.head_key
+
+
+def _after(directory: str, head: SegmentName) -> list[SegmentName]:
+    """The segments that would take over the log from ``head``."""
+    head_key = _takeover_key(directory, head)
+    return [n for n in files.list_segments(directory) if _takeover_key(directory, n) > head_key]
 
 
 def _copy_tail(path: str, offset: int, target: str) -> int:

@@ -6,11 +6,13 @@ A segment file ``<base_lsn:020d>-<term:010d>-<seq:04d>.seg`` starts with a
 64-byte header (little endian)::
 
     0   8  magic b"HRWALSEG"
-    8   2  format version (1)
+    8   2  format version (2; 1 is still read)
     10  2  flags (bit 0: the segment has a predecessor)
     12  8  term of the writer that created it
     20  8  base LSN (LSN of its first record)
-    28  4  seq (tells apart segments of one term opened at the same LSN)
+    28  4  seq: format 2, the epoch of the writer that created it (with the
+           term its identity, see :mod:`.fence`); format 1, a number telling
+           apart segments of one term opened at the same LSN
     32  8  predecessor base LSN   \
     40  8  predecessor term        | the segment this one continues
     48  4  predecessor seq        /
@@ -37,10 +39,12 @@ from typing import NamedTuple
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.wal.contract import Record, RecordBlock
+from headrace.wal.local.fence import Fence
 from headrace.wal.local.message_id import LocalMessageID
 
 MAGIC = b"HRWALSEG"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _HEADER = struct.Struct("<8sHHQQIQQIQ")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _CRC.size  # 64
@@ -63,11 +67,6 @@ class SegmentName(NamedTuple):
     def filename(self) -> str:
         return f"{self.base_lsn:020d}-{self.term:010d}-{self.seq:04d}.seg"
 
-    @property
-    def head_key(self) -> tuple[int, int, int]:
-        """Order in which segments take over the log: by term, then position."""
-        return (self.term, self.base_lsn, self.seq)
-
 
 def parse_name(filename: str) -> SegmentName | None:
     """The segment name of ``filename``, or None for any other file."""
@@ -82,13 +81,25 @@ class SegmentHeader:
     name: SegmentName
     prev: SegmentName | None
     prev_len: int
+    version: int = FORMAT_VERSION
+
+    @property
+    def fence(self) -> Fence:
+        """Identity of the writer that created the segment (epoch 0 in format 1)."""
+        return Fence(self.name.term, self.name.seq if self.version >= 2 else 0)
+
+    @property
+    def head_key(self) -> tuple[int, int, int, int]:
+        """Order in which segments take over the log: by the identity of their
+        writer, then position (a writer's own segments by LSN)."""
+        return (*self.fence, self.name.base_lsn, self.name.seq)
 
 
 def encode_header(header: SegmentHeader) -> bytes:
     prev = header.prev or SegmentName(0, 0, 0)
     body = _HEADER.pack(
         MAGIC,
-        FORMAT_VERSION,
+        header.version,
         _FLAG_PREV if header.prev is not None else 0,
         header.name.term,
         header.name.base_lsn,
@@ -117,13 +128,13 @@ def decode_header(data: bytes, path: str) -> SegmentHeader:
         raise errors.CorruptData(
             f"{path}: not a Headrace WAL segment (magic {magic!r})", path=path, offset=0
         )
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise errors.CorruptData(
             f"{path}: segment format version {version} is not supported "
-            f"(this build reads {FORMAT_VERSION})"
+            f"(this build reads {', '.join(map(str, READABLE_VERSIONS))})"
         )
     prev = SegmentName(pbase, pterm, pseq) if flags & _FLAG_PREV else None
-    return SegmentHeader(SegmentName(base, term, seq), prev, prev_len)
+    return SegmentHeader(SegmentName(base, term, seq), prev, prev_len, version)
 
 
 def encode_frames(first_lsn: int, records: list[bytes]) -> bytes:

@@ -4,9 +4,10 @@ Concurrent ``append`` calls queue up; when no write is in flight, everything
 queued goes to the writer's own I/O thread at once, which writes it with one
 ``pwrite``, syncs once (``fdatasync``: the file's new size is synced with the
 data) and then re-reads the term file through a descriptor it keeps. Only if
-no higher term is stored are the callers acknowledged: a new owner stores its
-term before measuring the log, so every acknowledged byte lies below what it
-measured. The next queued write starts as the previous one is answered.
+it still holds the writer's own identity (term and epoch, see :mod:`.fence`)
+are the callers acknowledged: a new owner, even one of the same term, stores
+its identity before measuring the log, so every acknowledged byte lies below
+what it measured. The next queued write starts as the previous one is answered.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from collections.abc import Callable, Sequence
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.wal.contract import BackendWriter
-from headrace.wal.local import files, segment, space
+from headrace.wal.local import fence, files, segment, space
 from headrace.wal.local.channel import Channel
+from headrace.wal.local.fence import Fence
 from headrace.wal.local.segment import SegmentHeader, SegmentName
 
 
@@ -103,13 +105,15 @@ class LocalWriter(BackendWriter):
     def __init__(
         self,
         channel: Channel,
-        term: int,
+        identity: Fence,
         current: OpenSegment,
         settings: WriterSettings,
         on_close: Callable[[LocalWriter], None],
     ) -> None:
         self.pchannel = channel.pchannel
-        self.term = term
+        self.fence = identity
+        """This writer's identity; it acknowledges only while the term file holds it."""
+        self.term = identity.term
         self._channel = channel
         self._segment = current
         self._settings = settings
@@ -304,15 +308,12 @@ class LocalWriter(BackendWriter):
         batch, self._queue = self._queue[:count], self._queue[count:]
         return batch
 
-    def _check_term(self) -> None:
-        stored = self._channel.term()
-        if stored > self.term:
+    def _check_fence(self) -> None:
+        stored = self._channel.fence()
+        if stored != self.fence:
             self._fail(
-                errors.Fenced(
-                    f"pchannel {self.pchannel}: writer of term {self.term} was fenced by "
-                    f"term {stored}; this write was not acknowledged",
-                    term=self.term,
-                    current_term=stored,
+                fence.fenced_error(
+                    self.pchannel, self.fence, stored, "this write was not acknowledged"
                 )
             )
 
@@ -322,7 +323,7 @@ class LocalWriter(BackendWriter):
         raise failure
 
     def _write(self, frames: bytes, count: int) -> int:
-        """Write ``count`` framed records, sync, check the term; the first LSN (blocking)."""
+        """Write ``count`` framed records, sync, check the fence; the first LSN (blocking)."""
         if self._failure is not None:
             raise self._failure.with_traceback(None)
         current = self._segment
@@ -336,7 +337,7 @@ class LocalWriter(BackendWriter):
                 files.sync_data(current.fd)
         except OSError as exc:
             self._cut_back(current, path, exc)
-        self._check_term()
+        self._check_fence()
         first = current.next_lsn
         current.length += len(frames)
         current.next_lsn += count
@@ -345,7 +346,7 @@ class LocalWriter(BackendWriter):
     def _cut_back(self, current: OpenSegment, path: str, exc: OSError) -> None:
         """After a failed write: cut the file back to what was acknowledged."""
         failure = files.storage_error(exc, f"appending to {path}")
-        self._check_term()
+        self._check_fence()
         try:
             os.ftruncate(current.fd, current.length)
             files.sync_data(current.fd)
@@ -362,29 +363,29 @@ class LocalWriter(BackendWriter):
         """Start the next segment; the old one ends at its acknowledged length."""
         old = self._segment
         directory = self._channel.directory
-        name = SegmentName(old.next_lsn, self.term, 0)
+        name = SegmentName(old.next_lsn, self.fence.term, self.fence.epoch)
         # Published before the file exists, so readers of this process never
         # read the new segment past what this writer acknowledged.
         self._publish(name, segment.HEADER_SIZE, old.next_lsn)
-        while True:
-            try:
-                fd = files.create_segment(
-                    directory,
-                    SegmentHeader(name, old.name, old.length),
-                    sync_writes=self._settings.sync_writes,
-                )
-                break
-            except FileExistsError:
-                name = name._replace(seq=name.seq + 1)
-                self._publish(name, segment.HEADER_SIZE, old.next_lsn)
-            except OSError as exc:
-                self._publish(old.name, old.length, old.next_lsn)
-                raise files.storage_error(exc, f"creating a segment in {directory}") from None
+        try:
+            fd = files.create_segment(
+                directory,
+                SegmentHeader(name, old.name, old.length),
+                sync_writes=self._settings.sync_writes,
+            )
+        except errors.CorruptData:
+            self._publish(old.name, old.length, old.next_lsn)
+            raise
+        except OSError as exc:
+            self._publish(old.name, old.length, old.next_lsn)
+            raise files.storage_error(exc, f"creating a segment in {directory}") from None
         new = OpenSegment(name, fd, segment.HEADER_SIZE, old.next_lsn)
         try:
             # A fenced writer leaves its new, empty segment in place: a new owner
-            # may already have chained to it, and it holds no records.
-            self._check_term()
+            # may already have chained to it, and it holds no records. Its
+            # identity is older than the new owner's, so it never becomes the
+            # head of the chain.
+            self._check_fence()
         except errors.Fenced:
             os.close(fd)
             raise
