@@ -49,6 +49,18 @@ def producer_key(properties: Mapping[str, str]) -> ProducerKey | None:
         ) from None
 
 
+def logged_pair(mid: MessageID, msg: Message) -> tuple[ProducerKey, AppendResult] | None:
+    """The window's entry for a message read back from the log, None if it has no
+    (well-formed) dedup key."""
+    try:
+        key = producer_key(msg.properties)
+    except errors.InvalidArgument:
+        return None
+    if key is None:
+        return None
+    return key, AppendResult(mid, msg.timetick, msg.term, msg.txn_id)
+
+
 class DedupWindow:
     """Bounded memory of acknowledged producer keys, oldest first."""
 
@@ -58,6 +70,10 @@ class DedupWindow:
 
     def __len__(self) -> int:
         return len(self._acked)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
 
     def get(self, key: ProducerKey) -> AppendResult | None:
         return self._acked.get(key)
@@ -79,15 +95,6 @@ class DedupWindow:
         acked = self._acked
         while len(acked) > self._capacity:
             acked.popitem(last=False)
-
-    def remember_logged(self, mid: MessageID, msg: Message) -> None:
-        """Remember a message read back from the log (rebuild on open)."""
-        try:
-            key = producer_key(msg.properties)
-        except errors.InvalidArgument:
-            return
-        if key is not None:
-            self.remember(key, AppendResult(mid, msg.timetick, msg.term, msg.txn_id))
 
     def oldest_id(self) -> MessageID | None:
         """Id of the oldest remembered message: where a rebuild must start."""
