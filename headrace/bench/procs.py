@@ -27,11 +27,13 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
 from headrace import cluster, errors, standalone
+from headrace.bench import broker_faults
+from headrace.bench.broker_faults import BrokerControl
 from headrace.coordinator.control import ClusterAdmin
 from headrace.coordinator.coordinator import Coordinator, CoordinatorConfig
 from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot, wait_for
@@ -390,6 +392,8 @@ async def read_log(
 
 
 FAULT_KINDS = ("kill", "stop", "move")
+BROKER_FAULT_KINDS = ("broker_stall", "broker_restart")
+"""Faults of the broker itself, when the injector is given a :class:`BrokerControl`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,6 +404,10 @@ class FaultTimings:
     pause_extra_s: tuple[float, float] = (0.5, 2.0)
     """A pause lasts the lease TTL plus this."""
     move_timeout_s: float = 15.0
+    broker_gap_s: tuple[float, float] = (3.0, 8.0)
+    """Time from the end of one broker fault to the next (one at a time)."""
+    broker_stall_s: tuple[float, float] = (3.0, 7.0)
+    """How long a broker stall (SIGSTOP) lasts."""
 
 
 class FaultInjector:
@@ -411,10 +419,19 @@ class FaultInjector:
     pchannel has landed on the target under a higher term.
     """
 
-    def __init__(self, procs: ProcCluster, rng: random.Random, timings: FaultTimings) -> None:
+    def __init__(
+        self,
+        procs: ProcCluster,
+        rng: random.Random,
+        timings: FaultTimings,
+        broker: BrokerControl | None = None,
+    ) -> None:
         self.procs = procs
         self.rng = rng
         self.timings = timings
+        self.broker = broker
+        self.fault_errors: list[str] = []
+        """Faults that could not be carried out (a broker that did not come back)."""
         self.counts: collections.Counter[str] = collections.Counter()
         self.moves_requested = 0
         self.skipped = 0
@@ -433,8 +450,14 @@ class FaultInjector:
         self.events.append((time.monotonic(), what))
 
     async def run(self, duration_s: float) -> None:
-        """Inject faults for ``duration_s``; the first three are one of each kind."""
+        """Inject faults for ``duration_s``; the first three are one of each kind.
+
+        With a broker, broker faults run alongside, one at a time, alternating
+        stall and restart (a stall first: the quicker one, so short runs see both).
+        """
         deadline = time.monotonic() + duration_s
+        if self.broker is not None:
+            self._start(self._broker_faults(self.broker, deadline), "fault-broker")
         kinds = list(FAULT_KINDS)
         self.rng.shuffle(kinds)
         while True:
@@ -454,9 +477,37 @@ class FaultInjector:
             coro = self._pause(self.rng.choice(healthy), pause)
         else:
             coro = self._move(self.rng.random(), self.rng.random())
-        task = asyncio.create_task(coro, name=f"fault-{kind}")
+        self._start(coro, f"fault-{kind}")
+
+    def _start(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _broker_faults(self, broker: BrokerControl, deadline: float) -> None:
+        kinds = list(BROKER_FAULT_KINDS)
+        while True:
+            gap = self._uniform(self.timings.broker_gap_s)
+            await asyncio.sleep(min(gap, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                return
+            kind = kinds[0]
+            kinds.reverse()
+            try:
+                if kind == "broker_stall":
+                    seconds = self._uniform(self.timings.broker_stall_s)
+                    self._note(f"SIGSTOP broker for {seconds:.1f}s")
+                    await broker_faults.stall(broker, seconds)
+                    self._note("SIGCONT broker")
+                else:
+                    self._note("restarting broker")
+                    await broker.restart()
+                    self._note("broker serves again")
+            except errors.HeadraceError as exc:
+                self.fault_errors.append(f"{kind}: {exc}")
+                self._note(f"{kind} failed: {exc}")
+                return
+            self.counts[kind] += 1
 
     async def _kill(self, node: NodeProc, restart_after: float) -> None:
         await node.kill()

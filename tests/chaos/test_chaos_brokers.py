@@ -1,7 +1,8 @@
 """Short chaos runs on the broker backends: node processes on Kafka and on Pulsar.
 
 The same workload and checks as the local run of ``test_chaos_short``: kills,
-pauses and moves while producers and consumers run, then exactly-once order
+pauses and moves while producers and consumers run, and the broker itself
+stalled for seconds and restarted; then exactly-once order
 of every acknowledged message and a clean WAL (no stale term after a fence, no
 timetick regression). Each run gets pchannel names of its own, so its topics
 are new even on a broker that earlier runs wrote to.
@@ -9,11 +10,14 @@ are new even on a broker that earlier runs wrote to.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from headrace.bench import chaos
+from headrace.bench.broker_faults import BrokerControl
+from headrace.bench.procs import FaultTimings
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.wal.local.message_id import LocalMessageID
 from tests.chaos.checks import assert_clean
@@ -62,14 +66,29 @@ _BROKERS = {
     "backend", [pytest.param(name, marks=getattr(pytest.mark, name)) for name in _BROKERS]
 )
 async def test_short_chaos_on_a_broker(
-    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+    tmp_path: Path,
+    backend: str,
+    request: pytest.FixtureRequest,
+    broker_control: Callable[[str], BrokerControl],
 ) -> None:
+    """Node faults, and the broker itself stalled (SIGSTOP) and restarted."""
     fixture, setting = _BROKERS[backend]
+    address = request.getfixturevalue(fixture)
     result = await chaos.run_chaos(
         tmp_path,
         _FAULT_SECONDS,
         seed=20261122,
         backend=backend,
-        backend_settings={setting: request.getfixturevalue(fixture)},
+        backend_settings={setting: address},
+        timings=_BROKER_FAULTS_EARLY,
+        broker=broker_control(backend),
     )
     assert_clean(result)
+    faults = result["faults"]
+    assert faults["broker_stall"] >= 1 and faults["broker_restart"] >= 1, faults
+
+
+_BROKER_FAULTS_EARLY = chaos.ChaosTimings(
+    faults=FaultTimings(broker_gap_s=(1.0, 3.0), broker_stall_s=(3.0, 5.0))
+)
+"""A stall, then a restart, both started within the short run."""
