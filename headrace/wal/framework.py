@@ -67,9 +67,10 @@ class WALOptions:
     max_open_txns: int = DEFAULT_MAX_OPEN_TXNS
     read_batch: int = DEFAULT_READ_BATCH
     """Entries a scanner reads ahead at most."""
-    open_timeout_s: float = 60.0
+    open_timeout_s: float | None = None
     """Bound of :meth:`WAL.open` (fencing, the dedup rebuild, the FENCE): past
-    it the open fails with ``Unavailable`` and is retried, it never hangs."""
+    it the open fails with ``Unavailable`` and is retried, it never hangs.
+    None: see :func:`open_timeout`."""
 
     def __post_init__(self) -> None:
         minimums: dict[str, float] = {
@@ -89,10 +90,31 @@ class WALOptions:
                 )
         for name in ("timetick_interval_ms", "txn_keepalive_s", "open_timeout_s"):
             value = getattr(self, name)
+            if value is None and name == "open_timeout_s":
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise errors.InvalidArgument(
                     f"WAL option {name} must be a positive number, got {value!r}"
                 )
+
+
+DEFAULT_OPEN_TIMEOUT_S = 60.0
+"""Bound of an open on a backend that states no operation timeout (local, memory)."""
+OPEN_TIMEOUT_FACTOR = 4
+"""An open makes a handful of sequential backend calls, each bounded by the
+backend's ``operation_timeout_s``; the whole open gets this many of them."""
+
+
+def open_timeout(options: WALOptions, description: Mapping[str, object]) -> float:
+    """The bound of an open (pure): ``options.open_timeout_s`` if set, else
+    :data:`OPEN_TIMEOUT_FACTOR` times the operation timeout the backend's
+    ``describe()`` states, else :data:`DEFAULT_OPEN_TIMEOUT_S`."""
+    if options.open_timeout_s is not None:
+        return options.open_timeout_s
+    stated = description.get("operation_timeout_s")
+    if isinstance(stated, bool) or not isinstance(stated, int | float) or stated <= 0:
+        return DEFAULT_OPEN_TIMEOUT_S
+    return float(stated) * OPEN_TIMEOUT_FACTOR
 
 
 def validate(msg: Message, max_bytes: int) -> int:
@@ -216,8 +238,8 @@ class WAL:
         tso: TimestampAllocator,
         options: WALOptions = WALOptions(),
     ) -> WAL:
-        """Open ``pchannel`` at ``term`` within ``options.open_timeout_s``."""
-        bound = options.open_timeout_s
+        """Open ``pchannel`` at ``term`` within :func:`open_timeout`."""
+        bound = open_timeout(options, backend.describe())
         try:
             async with asyncio.timeout(bound):
                 return await cls._open(backend, pchannel, term, tso, options)

@@ -20,7 +20,7 @@ from headrace.tso import LocalTSO
 from headrace.wal import registry
 from headrace.wal.api import WALState
 from headrace.wal.contract import Backend, Record, StartPosition
-from headrace.wal.framework import WAL, WALOptions
+from headrace.wal.framework import DEFAULT_OPEN_TIMEOUT_S, WAL, WALOptions, open_timeout
 from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.local.message_id import LocalMessageID
 from headrace.wal.memory.message_id import MemoryMessageID
@@ -170,6 +170,13 @@ async def test_an_open_that_cannot_finish_in_its_bound_fails_retryably() -> None
 def test_the_open_bound_must_be_positive() -> None:
     with pytest.raises(errors.InvalidArgument, match="open_timeout_s"):
         WALOptions(open_timeout_s=0)
+
+
+def test_the_open_bound_follows_the_backend_unless_given() -> None:
+    assert open_timeout(WALOptions(), {"backend": "local"}) == DEFAULT_OPEN_TIMEOUT_S
+    assert open_timeout(WALOptions(), {"operation_timeout_s": 30.0}) == 120.0
+    assert open_timeout(WALOptions(), {"operation_timeout_s": True}) == DEFAULT_OPEN_TIMEOUT_S
+    assert open_timeout(WALOptions(open_timeout_s=2.5), {"operation_timeout_s": 30.0}) == 2.5
 
 
 def test_ids_name_a_bounded_start_before_them() -> None:
