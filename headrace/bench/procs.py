@@ -452,19 +452,27 @@ class FaultInjector:
     async def run(self, duration_s: float) -> None:
         """Inject faults for ``duration_s``; the first three are one of each kind.
 
-        With a broker, broker faults run alongside, one at a time, alternating
-        stall and restart (a stall first: the quicker one, so short runs see both).
+        With a broker, broker faults run alongside once that first round was
+        launched (a broker outage would keep it from happening), one at a
+        time, alternating stall and restart (a stall first: the quicker one,
+        so short runs see both).
         """
         deadline = time.monotonic() + duration_s
-        if self.broker is not None:
-            self._start(self._broker_faults(self.broker, deadline), "fault-broker")
         kinds = list(FAULT_KINDS)
         self.rng.shuffle(kinds)
-        while True:
-            await asyncio.sleep(self._uniform(self.timings.gap_s))
-            if time.monotonic() >= deadline:
+        for kind in kinds:
+            if not await self._next_fault(deadline):
                 return
-            self._launch(kinds.pop(0) if kinds else self.rng.choice(FAULT_KINDS))
+            self._launch(kind)
+        if self.broker is not None:
+            self._start(self._broker_faults(self.broker, deadline), "fault-broker")
+        while await self._next_fault(deadline):
+            self._launch(self.rng.choice(FAULT_KINDS))
+
+    async def _next_fault(self, deadline: float) -> bool:
+        """Wait the gap before the next node fault; whether it is still due."""
+        await asyncio.sleep(self._uniform(self.timings.gap_s))
+        return time.monotonic() < deadline
 
     def _launch(self, kind: str) -> None:
         healthy = self._healthy()

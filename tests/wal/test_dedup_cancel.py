@@ -147,3 +147,31 @@ async def test_a_failed_write_after_its_caller_left_is_forgotten() -> None:
     await asyncio.sleep(0.01)
     assert interceptor.window.get(("p", 7)) is None
     assert not interceptor._inflight
+
+
+async def test_a_cancelled_waiter_does_not_cancel_the_others() -> None:
+    """Repeats of a key being written share one wait: one of them going away
+    must neither cancel the others nor break the writer's bookkeeping."""
+    interceptor = DedupInterceptor(DedupWindow(10))
+    gate = asyncio.Event()
+    loop_errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: loop_errors.append(ctx))
+
+    async def write(batch: list[AppendContext]) -> None:
+        await gate.wait()
+        for c in batch:
+            c.result = AppendResult(MID(0), 10, 1)
+
+    msg = produced(b"x", "p", 7)
+    writer = asyncio.create_task(interceptor([AppendContext(msg, 0)], write))
+    await asyncio.sleep(0)
+    leaving, staying = AppendContext(msg, 0), AppendContext(msg, 0)
+    left = asyncio.create_task(interceptor([leaving], write))
+    stays = asyncio.create_task(interceptor([staying], write))
+    await asyncio.sleep(0)
+    left.cancel()
+    await asyncio.gather(left, return_exceptions=True)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(writer, stays), 10)
+    assert staying.result == AppendResult(MID(0), 10, 1)
+    assert loop_errors == []

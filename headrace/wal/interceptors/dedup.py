@@ -174,7 +174,8 @@ class DedupInterceptor:
         elif forward:
             await call_next(forward)
         for ctx, (written, writer) in waiting:
-            await written
+            # Shielded: the wait is shared, one waiter leaving must not end it.
+            await asyncio.shield(written)
             result = writer.result
             if result is not None:
                 ctx.result = result
