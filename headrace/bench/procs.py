@@ -544,11 +544,13 @@ class FaultInjector:
         healthy = {node.node_id for node in self._healthy()}
         if not assigned:
             self.skipped += 1
+            self._note("move skipped: no pchannel is assigned")
             return
         pchannel, record = assigned[int(pick_pchannel * len(assigned))]
         targets = sorted(n for n in snapshot.nodes if n in healthy and n != record.node)
         if not targets:
             self.skipped += 1
+            self._note(f"move of {pchannel} skipped: no healthy node but its owner")
             return
         target = targets[int(pick_target * len(targets))]
         try:
