@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import random
 import signal
@@ -408,6 +409,15 @@ class FaultTimings:
     """Time from the end of one broker fault to the next (one at a time)."""
     broker_stall_s: tuple[float, float] = (3.0, 7.0)
     """How long a broker stall (SIGSTOP) lasts."""
+    broker_kinds: tuple[str, ...] = BROKER_FAULT_KINDS
+    """The broker faults to take turns with, in this order."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.broker_kinds) - set(BROKER_FAULT_KINDS))
+        if unknown or not self.broker_kinds:
+            raise errors.InvalidArgument(
+                f"broker faults must be some of {BROKER_FAULT_KINDS}, got {self.broker_kinds}"
+            )
 
 
 class FaultInjector:
@@ -493,14 +503,11 @@ class FaultInjector:
         task.add_done_callback(self._tasks.discard)
 
     async def _broker_faults(self, broker: BrokerControl, deadline: float) -> None:
-        kinds = list(BROKER_FAULT_KINDS)
-        while True:
+        for kind in itertools.cycle(self.timings.broker_kinds):
             gap = self._uniform(self.timings.broker_gap_s)
             await asyncio.sleep(min(gap, max(0.0, deadline - time.monotonic())))
             if time.monotonic() >= deadline:
                 return
-            kind = kinds[0]
-            kinds.reverse()
             try:
                 if kind == "broker_stall":
                     seconds = self._uniform(self.timings.broker_stall_s)
