@@ -50,6 +50,8 @@ class Span:
     """The keyed messages, in log order."""
     anchor: MessageID | None
     """The anchor of the range's last tick or fence that has one."""
+    from_earliest: bool = False
+    """The range was read from the earliest record still in the log."""
 
 
 def anchor_of(msg: Message) -> MessageID | None:
@@ -75,9 +77,9 @@ def probe_start(last: MessageID, reach: int, previous: MessageID | None) -> Mess
     return start
 
 
-def enough(span: Span, capacity: int, from_earliest: bool) -> bool:
-    """Whether a probe ending at the last record holds the whole window (pure)."""
-    return span.anchor is not None or from_earliest or len(span.pairs) >= capacity
+def enough(span: Span, capacity: int) -> bool:
+    """Whether the probes so far, up to the last record, hold the whole window (pure)."""
+    return span.anchor is not None or span.from_earliest or len(span.pairs) >= capacity
 
 
 async def rebuild(
@@ -99,9 +101,11 @@ async def rebuild(
         start = probe_start(last.id, reach, bound)
         # Each probe reads only what the previous one did not: [start, bound).
         span = await read_span(backend, pchannel, start, last.id, before=bound)
+        if span.from_earliest:
+            start = None  # the probe's start was truncated away: nothing is before it
         pairs = span.pairs + pairs
         found = found or span.anchor
-        if enough(Span(pairs, found), window.capacity, start is None):
+        if enough(Span(pairs, found, span.from_earliest), window.capacity):
             break
         bound = start
         reach *= PROBE_GROWTH
@@ -156,7 +160,7 @@ async def _read(
                 )
             for record in records:
                 if before is not None and record.id >= before:
-                    return Span(tuple(pairs), anchor)
+                    return Span(tuple(pairs), anchor, start is None)
                 read += 1
                 msg = codec.decode(record.data)
                 if msg.properties:
@@ -165,6 +169,6 @@ async def _read(
                         pairs.append(pair)
                     anchor = anchor_of(msg) or anchor
                 if record.id >= last:
-                    return Span(tuple(pairs), anchor)
+                    return Span(tuple(pairs), anchor, start is None)
     finally:
         await reader.close()

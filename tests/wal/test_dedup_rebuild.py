@@ -109,6 +109,22 @@ async def test_reopen_after_a_crash_without_a_tick_in_reach_reads_one_window(
     await backend.close()
 
 
+async def test_a_probe_reaching_past_a_truncation_reads_what_is_left_once() -> None:
+    backend = registry.create("memory")
+    options = WALOptions(timetick_interval_ms=3_600_000, dedup_window=1_000)
+    wal1 = await WAL.open(backend, "p", 1, tso=LocalTSO(), options=options)
+    await append_all(wal1, [produced(b"m%d" % i, "prod", i) for i in range(2_000)])
+    last = await wal1.append(produced(b"last", "prod", 2_000))
+    assert isinstance(last.id, MemoryMessageID)
+    await backend.truncate("p", MemoryMessageID(last.id.seq - 100))
+    counting = CountingBackend(backend)
+    wal2 = await WAL.open(counting, "p", 2, tso=LocalTSO(), options=options)
+    assert counting.fetched <= 101, f"the rebuild read {counting.fetched} records"
+    assert await wal2.append(produced(b"last", "prod", 2_000)) == last
+    await wal2.close()
+    await wal1.close()
+
+
 async def test_an_empty_log_with_a_lone_data_record_is_rebuilt() -> None:
     """Fewer records than a probe reaches back: read from the earliest."""
     backend = registry.create("memory")
