@@ -7,7 +7,9 @@ the tests that need a broker, with the reason; nothing is skipped silently.
 Set ``HEADRACE_KAFKA_BOOTSTRAP=host:port`` or
 ``HEADRACE_PULSAR_URL=pulsar://host:port`` to use brokers that already run.
 
-Fixtures: ``kafka_bootstrap`` and ``pulsar_url`` (session scope). Code that
+Fixtures: ``kafka_bootstrap`` and ``pulsar_url`` (session scope), and
+``broker_control(kind)`` (see :func:`broker_control`): the session broker as
+a chaos run's :class:`~headrace.bench.broker_faults.BrokerControl`. Code that
 gets no fixture request (the conformance suite's backend cases) calls
 :func:`kafka_bootstrap_address` / :func:`pulsar_service_url`, which share the
 same servers. Tests that use them carry the ``kafka`` / ``pulsar`` marks.
@@ -15,6 +17,7 @@ same servers. Tests that use them carry the ``kafka`` / ``pulsar`` marks.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import shutil
@@ -25,6 +28,7 @@ from typing import TypeVar
 
 import pytest
 
+from headrace import errors
 from headrace_testbed import TestbedError
 from headrace_testbed.kafka import KafkaBroker, start_kafka
 from headrace_testbed.pulsar import PulsarStandalone, start_pulsar
@@ -88,3 +92,39 @@ def kafka_bootstrap() -> str:
 def pulsar_url() -> str:
     """``pulsar://host:port`` of a real Pulsar (the session standalone unless overridden)."""
     return pulsar_service_url()
+
+
+class _SessionBrokerControl:
+    """A session broker stalled and restarted by a chaos run (restarted on the
+    same ports and data, so later tests find it where it was)."""
+
+    def __init__(self, server: KafkaBroker | PulsarStandalone) -> None:
+        self.server = server
+
+    def pid(self) -> int:
+        return self.server.server.pid
+
+    async def restart(self) -> None:
+        try:
+            await asyncio.to_thread(self.server.restart)
+        except TestbedError as exc:
+            raise errors.Unavailable(f"restarting the test broker failed: {exc}") from None
+
+
+@pytest.fixture(scope="session")
+def broker_control() -> Callable[[str], _SessionBrokerControl]:
+    """``broker_control("kafka" | "pulsar")``: the session broker as a chaos
+    run's BrokerControl. Brokers named by the environment are not ours to stop:
+    the test is skipped, saying so."""
+
+    def control(kind: str) -> _SessionBrokerControl:
+        env = {"kafka": "HEADRACE_KAFKA_BOOTSTRAP", "pulsar": "HEADRACE_PULSAR_URL"}[kind]
+        if os.environ.get(env):
+            pytest.skip(f"{env} names an external broker; broker faults need the test bed's own")
+        if kind == "kafka":
+            kafka_bootstrap_address()
+        else:
+            pulsar_service_url()
+        return _SessionBrokerControl(_RUNNING[kind])
+
+    return control

@@ -13,6 +13,8 @@ processes, the coordinator in this process), then runs for ``duration_s``:
   (as a supervisor would), SIGSTOP a node for longer than the lease TTL then
   SIGCONT it, and graceful moves with ``ClusterAdmin.request_move``. Faults
   may overlap; a kill or pause only happens while another node is healthy.
+  Given a :class:`~headrace.bench.broker_faults.BrokerControl`, it also stalls
+  the broker (SIGSTOP for seconds) and restarts it, one broker fault at a time.
 
 Afterwards the faults stop, the producers finish, the consumers get a bounded
 time to deliver every acknowledged message, the nodes stop, and every
@@ -45,7 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from headrace import errors
+from headrace.bench.broker_faults import BrokerControl
 from headrace.bench.procs import (
+    BROKER_FAULT_KINDS,
     FAULT_KINDS,
     ClusterSpec,
     FaultInjector,
@@ -328,10 +332,16 @@ async def run_chaos(
     backend: str = "local",
     backend_settings: Mapping[str, Any] | None = None,
     timings: ChaosTimings | None = None,
+    broker: BrokerControl | None = None,
 ) -> dict[str, Any]:
-    """Run the chaos workload for ``duration_s`` seconds of faults; the findings."""
+    """Run the chaos workload for ``duration_s`` seconds of faults; the findings.
+
+    ``broker``: the broker of a Kafka or Pulsar run, to stall and restart too.
+    """
     if duration_s <= 0 or vchannels < 1:
         raise errors.InvalidArgument("need a positive duration and at least one vchannel")
+    if broker is not None and backend == "local":
+        raise errors.InvalidArgument("broker faults need a broker backend (kafka or pulsar)")
     timings = timings or ChaosTimings()
     if seed is None:
         seed = random.SystemRandom().randrange(1 << 32)
@@ -349,14 +359,14 @@ async def run_chaos(
     procs = ProcCluster(spec)
     try:
         await procs.start()
-        outcome = await _workload(procs, names, duration_s, random.Random(seed), timings)
+        injector = FaultInjector(procs, random.Random(seed), timings.faults, broker)
+        outcome = await _workload(procs, names, duration_s, injector, timings)
         await procs.stop_nodes()
         audit = await _audit_wal(procs, names)
     finally:
         await procs.close()
     stats: list[ProducerStats] = outcome["stats"]
     logs: dict[str, ConsumerLog] = outcome["logs"]
-    injector: FaultInjector = outcome["injector"]
     acked = {s.vchannel: s.acked for s in stats}
     worst = max(stats, key=lambda s: s.max_gap_s)
     delivery = check_delivery(acked, {v: logs[v].seqs for v in names})
@@ -375,7 +385,11 @@ async def run_chaos(
         "stale_term_appends": audit["counts"].get("stale_term_appends", 0),
         "timetick_regressions": audit["counts"].get("timetick_regressions", 0),
         "max_unavailable_ms": round(worst.max_gap_s * 1000, 1),
-        "faults": {kind: injector.counts[kind] for kind in FAULT_KINDS},
+        "faults": {
+            kind: injector.counts[kind]
+            for kind in (*FAULT_KINDS, *(BROKER_FAULT_KINDS if broker is not None else ()))
+        },
+        "fault_errors": injector.fault_errors,
         "duration_s": duration_s,
         "seed": seed,
         "max_unavailable_where": {
@@ -412,11 +426,10 @@ async def _workload(
     procs: ProcCluster,
     names: Sequence[str],
     duration_s: float,
-    rng: random.Random,
+    injector: FaultInjector,
     timings: ChaosTimings,
 ) -> dict[str, Any]:
     """Producers, consumers and faults; then the bounded catch-up."""
-    injector = FaultInjector(procs, rng, timings.faults)
     stop = asyncio.Event()
     stats = [ProducerStats(v) for v in names]
     logs = {v: ConsumerLog(v) for v in names}
@@ -446,7 +459,6 @@ async def _workload(
     return {
         "stats": stats,
         "logs": logs,
-        "injector": injector,
         "caught_up": caught_up,
         "origin": origin,
     }

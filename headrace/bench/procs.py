@@ -23,16 +23,19 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import random
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
 from headrace import cluster, errors, standalone
+from headrace.bench import broker_faults
+from headrace.bench.broker_faults import BrokerControl
 from headrace.coordinator.control import ClusterAdmin
 from headrace.coordinator.coordinator import Coordinator, CoordinatorConfig
 from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot, wait_for
@@ -392,6 +395,8 @@ async def read_log(
 
 
 FAULT_KINDS = ("kill", "stop", "move")
+BROKER_FAULT_KINDS = ("broker_stall", "broker_restart")
+"""Faults of the broker itself, when the injector is given a :class:`BrokerControl`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,6 +407,19 @@ class FaultTimings:
     pause_extra_s: tuple[float, float] = (0.5, 2.0)
     """A pause lasts the lease TTL plus this."""
     move_timeout_s: float = 15.0
+    broker_gap_s: tuple[float, float] = (3.0, 8.0)
+    """Time from the end of one broker fault to the next (one at a time)."""
+    broker_stall_s: tuple[float, float] = (3.0, 7.0)
+    """How long a broker stall (SIGSTOP) lasts."""
+    broker_kinds: tuple[str, ...] = BROKER_FAULT_KINDS
+    """The broker faults to take turns with, in this order."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.broker_kinds) - set(BROKER_FAULT_KINDS))
+        if unknown or not self.broker_kinds:
+            raise errors.InvalidArgument(
+                f"broker faults must be some of {BROKER_FAULT_KINDS}, got {self.broker_kinds}"
+            )
 
 
 class FaultInjector:
@@ -413,10 +431,19 @@ class FaultInjector:
     pchannel has landed on the target under a higher term.
     """
 
-    def __init__(self, procs: ProcCluster, rng: random.Random, timings: FaultTimings) -> None:
+    def __init__(
+        self,
+        procs: ProcCluster,
+        rng: random.Random,
+        timings: FaultTimings,
+        broker: BrokerControl | None = None,
+    ) -> None:
         self.procs = procs
         self.rng = rng
         self.timings = timings
+        self.broker = broker
+        self.fault_errors: list[str] = []
+        """Faults that could not be carried out (a broker that did not come back)."""
         self.counts: collections.Counter[str] = collections.Counter()
         self.moves_requested = 0
         self.skipped = 0
@@ -435,15 +462,29 @@ class FaultInjector:
         self.events.append((time.monotonic(), what))
 
     async def run(self, duration_s: float) -> None:
-        """Inject faults for ``duration_s``; the first three are one of each kind."""
+        """Inject faults for ``duration_s``; the first three are one of each kind.
+
+        With a broker, broker faults run alongside once that first round was
+        launched (a broker outage would keep it from happening), one at a
+        time, alternating stall and restart (a stall first: the quicker one,
+        so short runs see both).
+        """
         deadline = time.monotonic() + duration_s
         kinds = list(FAULT_KINDS)
         self.rng.shuffle(kinds)
-        while True:
-            await asyncio.sleep(self._uniform(self.timings.gap_s))
-            if time.monotonic() >= deadline:
+        for kind in kinds:
+            if not await self._next_fault(deadline):
                 return
-            self._launch(kinds.pop(0) if kinds else self.rng.choice(FAULT_KINDS))
+            self._launch(kind)
+        if self.broker is not None:
+            self._start(self._broker_faults(self.broker, deadline), "fault-broker")
+        while await self._next_fault(deadline):
+            self._launch(self.rng.choice(FAULT_KINDS))
+
+    async def _next_fault(self, deadline: float) -> bool:
+        """Wait the gap before the next node fault; whether it is still due."""
+        await asyncio.sleep(self._uniform(self.timings.gap_s))
+        return time.monotonic() < deadline
 
     def _launch(self, kind: str) -> None:
         healthy = self._healthy()
@@ -456,9 +497,34 @@ class FaultInjector:
             coro = self._pause(self.rng.choice(healthy), pause)
         else:
             coro = self._move(self.rng.random(), self.rng.random())
-        task = asyncio.create_task(coro, name=f"fault-{kind}")
+        self._start(coro, f"fault-{kind}")
+
+    def _start(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _broker_faults(self, broker: BrokerControl, deadline: float) -> None:
+        for kind in itertools.cycle(self.timings.broker_kinds):
+            gap = self._uniform(self.timings.broker_gap_s)
+            await asyncio.sleep(min(gap, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                return
+            try:
+                if kind == "broker_stall":
+                    seconds = self._uniform(self.timings.broker_stall_s)
+                    self._note(f"SIGSTOP broker for {seconds:.1f}s")
+                    await broker_faults.stall(broker, seconds)
+                    self._note("SIGCONT broker")
+                else:
+                    self._note("restarting broker")
+                    await broker.restart()
+                    self._note("broker serves again")
+            except errors.HeadraceError as exc:
+                self.fault_errors.append(f"{kind}: {exc}")
+                self._note(f"{kind} failed: {exc}")
+                return
+            self.counts[kind] += 1
 
     async def _kill(self, node: NodeProc, restart_after: float) -> None:
         await node.kill()
@@ -487,11 +553,13 @@ class FaultInjector:
         healthy = {node.node_id for node in self._healthy()}
         if not assigned:
             self.skipped += 1
+            self._note("move skipped: no pchannel is assigned")
             return
         pchannel, record = assigned[int(pick_pchannel * len(assigned))]
         targets = sorted(n for n in snapshot.nodes if n in healthy and n != record.node)
         if not targets:
             self.skipped += 1
+            self._note(f"move of {pchannel} skipped: no healthy node but its owner")
             return
         target = targets[int(pick_target * len(targets))]
         try:

@@ -61,6 +61,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--wal", default="local", choices=["local", "kafka", "pulsar"])
     b.add_argument("--kafka-bootstrap", default=None)
     b.add_argument("--pulsar-url", default=None)
+    b.add_argument(
+        "--broker-faults",
+        metavar="DIR",
+        default=None,
+        help="also stall (SIGSTOP) and restart the broker: a test-bed broker served by "
+        "'PYTHONPATH=scripts python -m headrace_testbed.kafka run DIR' (or .pulsar)",
+    )
     b.add_argument("--dir", default=None, help="parent of the run's directory (default: temp)")
     b.add_argument(
         "--keep", action="store_true", help="keep the run's directory (node logs, WAL, metastore)"
@@ -128,6 +135,10 @@ def _chaos_backend_settings(args: argparse.Namespace) -> dict[str, Any]:
 async def chaos(args: argparse.Namespace) -> int:
     bench_chaos = importlib.import_module("headrace.bench.chaos")
     settings = _chaos_backend_settings(args)
+    broker = None
+    if args.broker_faults is not None:
+        broker_faults = importlib.import_module("headrace.bench.broker_faults")
+        broker = broker_faults.TestbedBroker(Path(args.broker_faults))
     with contextlib.ExitStack() as stack:
         if args.keep:
             tmp = tempfile.mkdtemp(prefix="headrace-chaos-", dir=args.dir)
@@ -146,6 +157,7 @@ async def chaos(args: argparse.Namespace) -> int:
             seed=args.seed,
             backend=args.wal,
             backend_settings=settings,
+            broker=broker,
         )
     _emit(result, args.json)
     found = bench_chaos.violations(result)

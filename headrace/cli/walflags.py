@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from headrace import errors
-from headrace.node.walmanager import OPEN_BOUND_FACTOR
+from headrace.wal.framework import OPEN_TIMEOUT_FACTOR
 from headrace.wal.kafka.settings import parse_settings as parse_kafka
 from headrace.wal.pulsar.settings import parse_settings as parse_pulsar
 
@@ -164,7 +164,7 @@ FLAGS = (
     Flag(
         "--wal-operation-timeout",
         "*",
-        f"bound of every broker call (default 30); opening a WAL gets {OPEN_BOUND_FACTOR}x it",
+        f"bound of every broker call (default 30); opening a WAL gets {OPEN_TIMEOUT_FACTOR}x it",
         type=float,
         metavar="SECONDS",
     ),

@@ -43,6 +43,13 @@ class MessageID(abc.ABC):
     def parse_value(cls, text: str) -> Self:
         """Inverse of :meth:`value_str`; raises InvalidArgument on bad input."""
 
+    def preceding(self, count: int) -> MessageID | None:
+        """An id at most ``count`` records before this one (a bounded start for
+        reading the last records of a pchannel); None when the backend cannot
+        tell, or this id is fewer than ``count`` records from the start of its
+        id space (then read from the earliest record). Optional; None by default."""
+        return None
+
     def __str__(self) -> str:
         return f"{self.backend}:{self.value_str()}"
 

@@ -10,7 +10,7 @@ node keeps running: the last failure is kept in :attr:`WALManager.failures`
 (the Manager service lists it as ``UNAVAILABLE`` with the error), :meth:`get`
 answers UNAVAILABLE (retryable) while the pchannel is assigned here, and the
 assignment reactor retries the open with backoff. Every open is bounded by
-:func:`open_bound` so an unreachable broker cannot hang it.
+:func:`headrace.wal.framework.open_timeout` so an unreachable broker cannot hang it.
 
 A WAL whose log turns out to be damaged (CorruptData while opening, or a
 reader of a serving WAL finding a damaged record) is held
@@ -28,35 +28,18 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig
 from headrace.node.errors import NotOwnerAt
 from headrace.tso import TimestampAllocator
 from headrace.wal.api import WALState
-from headrace.wal.contract import Backend
+from headrace.wal.contract import Backend, where
 from headrace.wal.damaged import DamagedWAL
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.hosted import HostedWAL
 
 log = logging.getLogger(__name__)
-
-OPEN_BOUND_FACTOR = 4
-"""An open makes a handful of sequential broker calls, each bounded by the
-backend's ``operation_timeout_s``; the whole open gets this many of them."""
-
-
-def open_bound(description: Mapping[str, Any]) -> float | None:
-    """Seconds an open of a backend described by ``description`` may take (pure).
-
-    None (no bound) for a backend that states no operation timeout.
-    """
-    timeout = description.get("operation_timeout_s")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        return None
-    return float(timeout) * OPEN_BOUND_FACTOR
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OpenFailure:
@@ -158,11 +141,11 @@ class WALManager:
         self.node_id = node_id
         self.backend = backend
         self.tso = tso
-        self.options = options
-        self.open_timeout_s = (
-            open_timeout_s if open_timeout_s is not None else open_bound(backend.describe())
+        self.options = (
+            options
+            if open_timeout_s is None
+            else dataclasses.replace(options, open_timeout_s=open_timeout_s)
         )
-        """Bound of one open (None: unbounded)."""
         self.damage_retry = damage_retry
         self.directory = Directory()
         self._held: dict[str, HostedWAL] = {}
@@ -328,24 +311,15 @@ class WALManager:
         return wal
 
     async def _open_bounded(self, pchannel: str, term: int) -> WAL:
-        """WAL.open within :attr:`open_timeout_s`; every failure a Headrace error."""
-        bound = self.open_timeout_s
+        """WAL.open (bounded by the options' open timeout); every failure a Headrace error."""
         try:
-            async with asyncio.timeout(bound):
-                return await WAL.open(
-                    self.backend, pchannel, term, tso=self.tso, options=self.options
-                )
-        except TimeoutError:
-            raise errors.Unavailable(
-                f"opening the WAL of {pchannel} at term {term} did not finish within {bound:g} s "
-                f"({_where(self.backend)})"
-            ) from None
+            return await WAL.open(self.backend, pchannel, term, tso=self.tso, options=self.options)
         except errors.HeadraceError:
             raise
         except Exception as exc:  # an untranslated library error must not stop the node
             log.exception("opening %s at term %d failed unexpectedly", pchannel, term)
             raise errors.Unavailable(
-                f"opening the WAL of {pchannel} at term {term} failed ({_where(self.backend)}): "
+                f"opening the WAL of {pchannel} at term {term} failed ({where(self.backend)}): "
                 f"{type(exc).__name__}: {exc}"
             ) from None
 
@@ -392,10 +366,3 @@ class WALManager:
 
 _HOSTING = frozenset((WALState.SERVING, WALState.CORRUPT))
 """States in which a held WAL answers requests (a damaged one refuses appends)."""
-
-
-def _where(backend: Backend) -> str:
-    """The backend and its address, for error messages."""
-    description = backend.describe()
-    address = description.get("bootstrap_servers") or description.get("service_url")
-    return f"{backend.name} backend at {address}" if address else f"{backend.name} backend"

@@ -225,3 +225,10 @@ class Backend(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """Settings worth showing in status output (no secrets)."""
         return {"backend": self.name}
+
+
+def where(backend: Backend) -> str:
+    """The backend and its address, for error messages."""
+    description = backend.describe()
+    address = description.get("bootstrap_servers") or description.get("service_url")
+    return f"{backend.name} backend at {address}" if address else f"{backend.name} backend"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from headrace import errors
-from headrace.message import codec, ids
+from headrace.message import codec
 from headrace.message.ids import MessageID
 from headrace.message.types import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -27,7 +27,7 @@ from headrace.message.types import (
 from headrace.tso import TimestampAllocator
 from headrace.wal.api import AppendResult, ReadOptions, WALState
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
-from headrace.wal.contract import Backend, BackendWriter, Record, StartPosition
+from headrace.wal.contract import Backend, BackendWriter, Record, where
 from headrace.wal.damaged import damage_stats
 from headrace.wal.interceptors.chain import AppendContext, build_chain
 from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
@@ -40,11 +40,11 @@ from headrace.wal.interceptors.txn import (
     TxnInterceptor,
     TxnTable,
 )
+from headrace.wal.rebuild import DEDUP_FROM, rebuild
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
 
 __all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner"]
 
-_REBUILD_READ_TIMEOUT_S = 5.0
 _SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))
 _U16_MAX = 0xFFFF
 _U64_MAX = (1 << 64) - 1
@@ -52,8 +52,6 @@ _NOT_PLAIN = _SYSTEM | TXN_RELEVANT
 _PLAIN_SIZE = codec.HEADER_SIZE + 4
 """Encoded size of a message without vchannel, payload, txn id and properties."""
 _GOOD_VCHANNELS_MAX = 65536
-DEDUP_FROM = "dedup_from"
-"""Property of the WAL's own ticks and fences: where a dedup rebuild starts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +68,10 @@ class WALOptions:
     max_open_txns: int = DEFAULT_MAX_OPEN_TXNS
     read_batch: int = DEFAULT_READ_BATCH
     """Entries a scanner reads ahead at most."""
+    open_timeout_s: float | None = None
+    """Bound of :meth:`WAL.open` (fencing, the dedup rebuild, the FENCE): past
+    it the open fails with ``Unavailable`` and is retried, it never hangs.
+    None: see :func:`open_timeout`."""
 
     def __post_init__(self) -> None:
         minimums: dict[str, float] = {
@@ -87,12 +89,33 @@ class WALOptions:
                 raise errors.InvalidArgument(
                     f"WAL option {name} must be an integer of at least {least}, got {value!r}"
                 )
-        for name in ("timetick_interval_ms", "txn_keepalive_s"):
+        for name in ("timetick_interval_ms", "txn_keepalive_s", "open_timeout_s"):
             value = getattr(self, name)
+            if value is None and name == "open_timeout_s":
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise errors.InvalidArgument(
                     f"WAL option {name} must be a positive number, got {value!r}"
                 )
+
+
+DEFAULT_OPEN_TIMEOUT_S = 60.0
+"""Bound of an open on a backend that states no operation timeout (local, memory)."""
+OPEN_TIMEOUT_FACTOR = 4
+"""An open makes a handful of sequential backend calls, each bounded by the
+backend's ``operation_timeout_s``; the whole open gets this many of them."""
+
+
+def open_timeout(options: WALOptions, description: Mapping[str, object]) -> float:
+    """The bound of an open (pure): ``options.open_timeout_s`` if set, else
+    :data:`OPEN_TIMEOUT_FACTOR` times the operation timeout the backend's
+    ``describe()`` states, else :data:`DEFAULT_OPEN_TIMEOUT_S`."""
+    if options.open_timeout_s is not None:
+        return options.open_timeout_s
+    stated = description.get("operation_timeout_s")
+    if isinstance(stated, bool) or not isinstance(stated, int | float) or stated <= 0:
+        return DEFAULT_OPEN_TIMEOUT_S
+    return float(stated) * OPEN_TIMEOUT_FACTOR
 
 
 def validate(msg: Message, max_bytes: int) -> int:
@@ -219,6 +242,26 @@ class WAL:
         tso: TimestampAllocator,
         options: WALOptions = WALOptions(),
     ) -> WAL:
+        """Open ``pchannel`` at ``term`` within :func:`open_timeout`."""
+        bound = open_timeout(options, backend.describe())
+        try:
+            async with asyncio.timeout(bound):
+                return await cls._open(backend, pchannel, term, tso, options)
+        except TimeoutError:
+            raise errors.Unavailable(
+                f"opening the WAL of {pchannel} at term {term} did not finish within "
+                f"{bound:g} s ({where(backend)}); retry"
+            ) from None
+
+    @classmethod
+    async def _open(
+        cls,
+        backend: Backend,
+        pchannel: str,
+        term: int,
+        tso: TimestampAllocator,
+        options: WALOptions,
+    ) -> WAL:
         writer = await backend.open_writer(pchannel, term)
         wal: WAL | None = None
         try:
@@ -228,7 +271,7 @@ class WAL:
             if last_record is not None:
                 last_msg = codec.decode(last_record.data)
                 last = Position(last_record.id, last_msg.timetick)
-                await _rebuild_dedup(backend, pchannel, last_record, last_msg, dedup)
+                await rebuild(backend, pchannel, last_record, last_msg, dedup)
             wal = cls(
                 backend=backend,
                 pchannel=pchannel,
@@ -457,37 +500,3 @@ def _outcome(ctx: AppendContext) -> AppendResult | errors.HeadraceError:
     if ctx.error is not None:
         return ctx.error
     return errors.HeadraceError("append was not settled by the interceptor chain")
-
-
-async def _rebuild_dedup(
-    backend: Backend, pchannel: str, last: Record, last_msg: Message, window: DedupWindow
-) -> None:
-    """Refill the dedup window from the log's tail (see :data:`DEDUP_FROM`).
-
-    The last record, when it is a tick or fence of a previous owner, names
-    where its window started; otherwise the log is read from its start.
-    """
-    start = StartPosition.earliest()
-    hint = last_msg.properties.get(DEDUP_FROM) if last_msg.type.is_system else None
-    if hint:
-        try:
-            start = StartPosition.at(ids.parse(hint))
-        except errors.InvalidArgument:
-            start = StartPosition.earliest()
-    try:
-        reader = await backend.open_reader(pchannel, start)
-    except errors.Truncated:
-        reader = await backend.open_reader(pchannel, StartPosition.earliest())
-    try:
-        while True:
-            records = await reader.next_batch(1024, timeout=_REBUILD_READ_TIMEOUT_S)
-            if not records:
-                return
-            for record in records:
-                msg = codec.decode(record.data)
-                if msg.properties:
-                    window.remember_logged(record.id, msg)
-                if record.id >= last.id:
-                    return
-    finally:
-        await reader.close()

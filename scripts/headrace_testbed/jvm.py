@@ -11,6 +11,7 @@ repositories that this machine cannot reach.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -104,6 +105,18 @@ class JavaServer:
     process: subprocess.Popen[bytes]
     data_dir: Path
     log_path: Path
+    command: tuple[str, ...] = ()
+    """What started the process; :meth:`relaunch` runs it again."""
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def relaunch(self) -> None:
+        """Stop the process and start the same command again (same ports, same
+        data, log appended); the caller waits until it serves."""
+        self.stop()
+        self.process = _spawn(self.command, self.data_dir, self.log_path)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -158,11 +171,60 @@ def java_command(libs: Path, heap: str, main_class: str, args: Sequence[str]) ->
 
 def launch(name: str, command: Sequence[str], data_dir: Path, log_name: str) -> JavaServer:
     log_path = data_dir / log_name
+    process = _spawn(command, data_dir, log_path)
+    return JavaServer(name, process, data_dir, log_path, tuple(command))
+
+
+def _spawn(command: Sequence[str], data_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            list(command), stdout=log, stderr=subprocess.STDOUT, cwd=data_dir
-        )
-    return JavaServer(name, process, data_dir, log_path)
+        return subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, cwd=data_dir)
+
+
+STATE_FILE = "testbed.json"
+"""Written by :func:`serve` into the server's data dir: ``pid`` (the JVM),
+``runner`` (the serving process: SIGHUP it to restart the server), ``restarts``
+and ``address``. Chaos runs (``headrace bench chaos --broker-faults DIR``) use it
+to stall the JVM and to restart it."""
+
+
+def serve(server: JavaServer, restart: Callable[[], None], address: str) -> None:
+    """Serve until ^C or SIGTERM; on SIGHUP ``restart()`` (same ports and data).
+
+    Keeps :data:`STATE_FILE` current; returns when the server exits by itself.
+    """
+    asked: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        asked.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    restarts = 0
+    try:
+        _write_state(server, address, restarts)
+        while True:
+            if signal.SIGTERM in asked:
+                return
+            if signal.SIGHUP in asked:
+                asked.clear()
+                restart()
+                restarts += 1
+                _write_state(server, address, restarts)
+            try:
+                server.process.wait(0.2)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _write_state(server: JavaServer, address: str, restarts: int) -> None:
+    state = {"pid": server.pid, "runner": os.getpid(), "restarts": restarts, "address": address}
+    path = server.data_dir / STATE_FILE
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(state) + "\n")
+    partial.replace(path)
 
 
 def wait_until(server: JavaServer, ready: Callable[[], bool], timeout: float, what: str) -> None:

@@ -11,6 +11,9 @@ Command line::
 
     PYTHONPATH=scripts python -m headrace_testbed.kafka download        # print libs dir
     PYTHONPATH=scripts python -m headrace_testbed.kafka run DATA_DIR    # serve until ^C
+
+While it runs, SIGHUP to that process restarts the broker on the same ports and
+data; ``DATA_DIR/testbed.json`` names the JVM's pid (see ``jvm.serve``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,14 @@ import uuid
 from pathlib import Path
 
 from headrace_testbed import TestbedError
-from headrace_testbed.jvm import JavaServer, ensure_maven_libs, java_command, launch, wait_until
+from headrace_testbed.jvm import (
+    JavaServer,
+    ensure_maven_libs,
+    java_command,
+    launch,
+    serve,
+    wait_until,
+)
 from headrace_testbed.ports import LOOPBACK, free_ports
 
 KAFKA_VERSION = os.environ.get("HEADRACE_KAFKA_VERSION", "4.1.1")
@@ -123,6 +133,19 @@ class KafkaBroker:
     def stop(self) -> None:
         self.server.stop()
 
+    def restart(self) -> None:
+        """Stop the server and start it again on the same ports and data; wait
+        until it serves."""
+        began = time.monotonic()
+        self.server.relaunch()
+        wait_until(
+            self.server,
+            functools.partial(_answers_metadata, self.bootstrap),
+            START_TIMEOUT_S,
+            "serving after a restart",
+        )
+        self.startup_seconds = time.monotonic() - began
+
     def __enter__(self) -> KafkaBroker:
         return self
 
@@ -195,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     with start_kafka(args.data_dir) as broker:
         print(broker.bootstrap, f"(started in {broker.startup_seconds:.1f} s)", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
-            broker.server.process.wait()
+            serve(broker.server, broker.restart, broker.bootstrap)
     return 0
 
 

@@ -12,6 +12,9 @@ Command line::
 
     PYTHONPATH=scripts python -m headrace_testbed.pulsar download        # print libs dir
     PYTHONPATH=scripts python -m headrace_testbed.pulsar run DATA_DIR    # serve until ^C
+
+While it runs, SIGHUP to that process restarts the standalone on the same ports
+and data; ``DATA_DIR/testbed.json`` names the JVM's pid (see ``jvm.serve``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ import urllib.request
 from pathlib import Path
 
 from headrace_testbed import TestbedError
-from headrace_testbed.jvm import JavaServer, ensure_maven_libs, java_command, launch, wait_until
+from headrace_testbed.jvm import (
+    JavaServer,
+    ensure_maven_libs,
+    java_command,
+    launch,
+    serve,
+    wait_until,
+)
 from headrace_testbed.ports import LOOPBACK, free_ports
 
 PULSAR_VERSION = os.environ.get("HEADRACE_PULSAR_VERSION", "4.0.7")
@@ -128,6 +138,19 @@ class PulsarStandalone:
     def stop(self) -> None:
         self.server.stop()
 
+    def restart(self) -> None:
+        """Stop the server and start it again on the same ports and data; wait
+        until it serves."""
+        began = time.monotonic()
+        self.server.relaunch()
+        wait_until(
+            self.server,
+            functools.partial(_serving, self.admin_url),
+            START_TIMEOUT_S,
+            "serving after a restart",
+        )
+        self.startup_seconds = time.monotonic() - began
+
     def __enter__(self) -> PulsarStandalone:
         return self
 
@@ -224,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         with contextlib.suppress(KeyboardInterrupt):
-            standalone.server.process.wait()
+            serve(standalone.server, standalone.restart, standalone.service_url)
     return 0
 
 

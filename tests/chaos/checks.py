@@ -15,6 +15,7 @@ def assert_clean(result: dict[str, Any]) -> None:
     assert chaos.violations(result) == {}, summary
     assert result["caught_up"] and not result["consumer_errors"], summary
     assert result["foreign_deliveries"] == 0, summary
+    assert not result["fault_errors"], summary
     assert result["acked_missing_from_wal"] == 0 and result["duplicates_in_wal"] == 0, summary
     assert result["wal_records"] >= result["acked"], summary
     faults = result["faults"]

@@ -22,9 +22,10 @@ from headrace.cli.run import standalone_config, wal_settings
 from headrace.cluster import Assignment, AssignmentState
 from headrace.node.assignments import Action, decide, retry_delay
 from headrace.node.services import failed_wal_info
-from headrace.node.walmanager import next_failure, open_bound
+from headrace.node.walmanager import next_failure
 from headrace.standalone import StandaloneConfig
 from headrace.standalone import node_command as standalone_node_command
+from headrace.wal.framework import DEFAULT_OPEN_TIMEOUT_S, WALOptions, open_timeout
 from headrace.wal.kafka.settings import parse_settings as parse_kafka
 from headrace.wal.pulsar.settings import parse_settings as parse_pulsar
 
@@ -426,9 +427,9 @@ def test_retry_delay_doubles_up_to_the_cap() -> None:
 
 
 def test_open_bound_follows_the_operation_timeout() -> None:
-    assert open_bound({"backend": "kafka", "operation_timeout_s": 30.0}) == 120.0
-    assert open_bound({"backend": "local"}) is None
-    assert open_bound({"operation_timeout_s": True}) is None
+    assert open_timeout(WALOptions(), {"backend": "kafka", "operation_timeout_s": 30.0}) == 120.0
+    assert open_timeout(WALOptions(), {"backend": "local"}) == DEFAULT_OPEN_TIMEOUT_S
+    assert open_timeout(WALOptions(), {"operation_timeout_s": True}) == DEFAULT_OPEN_TIMEOUT_S
 
 
 def test_failures_count_attempts_per_term() -> None:
@@ -454,8 +455,8 @@ def test_broker_calls_are_bounded_by_the_operation_timeout() -> None:
     own = parse_pulsar({"service_url": "pulsar://b:1", "pulsar": {"connection_timeout_ms": 500}})
     assert own.client_kwargs()["connection_timeout_ms"] == 500
     kafka = parse_kafka({"bootstrap_servers": "b:1", "operation_timeout_s": 5.0})
-    assert open_bound(kafka.describe()) == 20.0
-    assert open_bound(pulsar.describe()) == 8.0
+    assert open_timeout(WALOptions(), kafka.describe()) == 20.0
+    assert open_timeout(WALOptions(), pulsar.describe()) == 8.0
 
 
 @pytest.mark.parametrize(

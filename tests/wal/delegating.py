@@ -32,3 +32,39 @@ class DelegatingBackend(Backend):
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+class CountingBackend(DelegatingBackend):
+    """Counts the records its readers fetch; ``stall_after``: once a reader
+    fetched that many, its reads time out (return nothing), as a stalled broker's do."""
+
+    def __init__(self, inner: Backend | None = None, stall_after: int | None = None) -> None:
+        super().__init__(inner)
+        self.fetched = 0
+        self.stall_after = stall_after
+
+    async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:
+        return _CountingReader(self, await self.inner.open_reader(pchannel, start))
+
+
+class _CountingReader(BackendReader):
+    def __init__(self, owner: CountingBackend, inner: BackendReader) -> None:
+        self._owner = owner
+        self._inner = inner
+        self._fetched = 0
+
+    async def next_batch(
+        self, max_records: int = 1024, timeout: float | None = None
+    ) -> list[Record]:
+        stall = self._owner.stall_after
+        if stall is not None:
+            if self._fetched >= stall:
+                return []
+            max_records = min(max_records, stall - self._fetched)
+        records = await self._inner.next_batch(max_records, timeout)
+        self._fetched += len(records)
+        self._owner.fetched += len(records)
+        return records
+
+    async def close(self) -> None:
+        await self._inner.close()

@@ -16,10 +16,10 @@ from headrace.message.types import LogEntry, Message, MessageType
 from headrace.tso import LocalTSO
 from headrace.wal import registry
 from headrace.wal.api import AppendResult, DeliverPolicy, ReadOptions
-from headrace.wal.contract import Backend, BackendReader, Record, StartPosition
+from headrace.wal.contract import Backend, StartPosition
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.scanner import Scanner, open_backend_scanner
-from tests.wal.delegating import DelegatingBackend
+from tests.wal.delegating import CountingBackend
 
 QUIET = WALOptions(timetick_interval_ms=3_600_000)
 DATA = [MessageType.INSERT, MessageType.DELETE]
@@ -270,33 +270,6 @@ async def test_reading_a_truncated_position_names_the_earliest_id(backend: Backe
     assert [e.id for e in await take(ok, 4)] == [r.id for r in results[6:]]
     await ok.close()
     await wal.close()
-
-
-class CountingBackend(DelegatingBackend):
-    """Memory backend that records how many records readers fetched."""
-
-    def __init__(self, inner: Backend) -> None:
-        super().__init__(inner)
-        self.fetched = 0
-
-    async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:
-        outer = self
-        inner = await self.inner.open_reader(pchannel, start)
-
-        class Counting(BackendReader):
-            async def next_batch(
-                self,
-                max_records: int = 1024,
-                timeout: float | None = None,
-            ) -> list[Record]:
-                records = await inner.next_batch(max_records, timeout)
-                outer.fetched += len(records)
-                return records
-
-            async def close(self) -> None:
-                await inner.close()
-
-        return Counting()
 
 
 async def test_scanner_reads_ahead_a_bounded_amount(backend: Backend) -> None:

@@ -3,14 +3,17 @@
 A message carrying the properties ``producer_id`` and ``producer_seq`` is
 remembered with its :class:`AppendResult` once acknowledged; a repeat gets
 the original result back without a second write. A repeat that arrives while
-the first copy is still being written waits for it. The window is bounded
-(oldest pairs forgotten first) and rebuilt from the log's tail when a new
-owner opens the WAL, so a retry after a handoff is not duplicated either.
+the first copy is still being written waits for it, also when the first
+caller was cancelled meanwhile (the write goes on, and is remembered). The
+window is bounded (oldest pairs forgotten first) and rebuilt from the log's
+tail when a new owner opens the WAL (:mod:`headrace.wal.rebuild`), so a retry
+after a handoff is not duplicated either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from collections.abc import Mapping
 
@@ -47,6 +50,18 @@ def producer_key(properties: Mapping[str, str]) -> ProducerKey | None:
         ) from None
 
 
+def logged_pair(mid: MessageID, msg: Message) -> tuple[ProducerKey, AppendResult] | None:
+    """The window's entry for a message read back from the log, None if it has no
+    (well-formed) dedup key."""
+    try:
+        key = producer_key(msg.properties)
+    except errors.InvalidArgument:
+        return None
+    if key is None:
+        return None
+    return key, AppendResult(mid, msg.timetick, msg.term, msg.txn_id)
+
+
 class DedupWindow:
     """Bounded memory of acknowledged producer keys, oldest first."""
 
@@ -56,6 +71,10 @@ class DedupWindow:
 
     def __len__(self) -> int:
         return len(self._acked)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
 
     def get(self, key: ProducerKey) -> AppendResult | None:
         return self._acked.get(key)
@@ -78,15 +97,6 @@ class DedupWindow:
         while len(acked) > self._capacity:
             acked.popitem(last=False)
 
-    def remember_logged(self, mid: MessageID, msg: Message) -> None:
-        """Remember a message read back from the log (rebuild on open)."""
-        try:
-            key = producer_key(msg.properties)
-        except errors.InvalidArgument:
-            return
-        if key is not None:
-            self.remember(key, AppendResult(mid, msg.timetick, msg.term, msg.txn_id))
-
     def oldest_id(self) -> MessageID | None:
         """Id of the oldest remembered message: where a rebuild must start."""
         for result in self._acked.values():
@@ -98,6 +108,24 @@ class DedupInterceptor:
     def __init__(self, window: DedupWindow) -> None:
         self.window = window
         self._inflight: dict[ProducerKey, _InFlight] = {}
+
+    def _settle(
+        self,
+        owned: list[tuple[AppendContext, ProducerKey]],
+        done: asyncio.Future[None] | None,
+        write: asyncio.Future[None],
+    ) -> None:
+        """The write of ``owned`` ended: remember what it acknowledged, release the keys."""
+        if not write.cancelled():
+            write.exception()  # retrieved here too: its caller may be gone
+        inflight = self._inflight
+        for _ctx, key in owned:
+            del inflight[key]
+        self.window.remember_many(
+            [(key, ctx.result) for ctx, key in owned if ctx.result is not None]
+        )
+        if done is not None:
+            done.set_result(None)
 
     async def __call__(self, batch: list[AppendContext], call_next: Handler) -> None:
         forward: list[AppendContext] = []
@@ -133,19 +161,19 @@ class DedupInterceptor:
             inflight[key] = (done, ctx)
             owned.append((ctx, key))
             forward.append(ctx)
-        try:
-            if forward:
-                await call_next(forward)
-        finally:
-            for _ctx, key in owned:
-                del inflight[key]
-            self.window.remember_many(
-                [(key, ctx.result) for ctx, key in owned if ctx.result is not None]
-            )
-            if done is not None:
-                done.set_result(None)
+        if owned:
+            # A cancelled caller (a client that gave up on its stream) leaves
+            # the write going on, as the appender finishes it: the keys stay
+            # in flight until it ends, and its outcome is remembered then, so
+            # a retry gets it instead of writing the message a second time.
+            write = asyncio.ensure_future(call_next(forward))
+            write.add_done_callback(functools.partial(self._settle, owned, done))
+            await asyncio.shield(write)
+        elif forward:
+            await call_next(forward)
         for ctx, (written, writer) in waiting:
-            await written
+            # Shielded: the wait is shared, one waiter leaving must not end it.
+            await asyncio.shield(written)
             result = writer.result
             if result is not None:
                 ctx.result = result

@@ -42,6 +42,9 @@ class KafkaMessageID(ids.MessageID):
             )
         return cls(_I64.unpack(data)[0])
 
+    def preceding(self, count: int) -> KafkaMessageID | None:
+        return KafkaMessageID(self.offset - count) if self.offset >= count else None
+
     def value_str(self) -> str:
         return str(self.offset)
 

@@ -37,6 +37,9 @@ class LocalMessageID(ids.MessageID):
             )
         return cls(_U64.unpack(data)[0])
 
+    def preceding(self, count: int) -> LocalMessageID | None:
+        return LocalMessageID(self.lsn - count) if self.lsn >= count else None
+
     def value_str(self) -> str:
         return str(self.lsn)
 

@@ -37,6 +37,9 @@ class MemoryMessageID(ids.MessageID):
             )
         return cls(_U64.unpack(data)[0])
 
+    def preceding(self, count: int) -> MemoryMessageID | None:
+        return MemoryMessageID(self.seq - count) if self.seq >= count else None
+
     def value_str(self) -> str:
         return str(self.seq)
 

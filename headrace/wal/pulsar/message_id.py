@@ -52,6 +52,13 @@ class PulsarMessageID(ids.MessageID):
             )
         return cls(*_PACK.unpack(data))
 
+    def preceding(self, count: int) -> PulsarMessageID | None:
+        """Within this id's ledger only (ledger ids are not consecutive): the
+        ledger's first entry when ``count`` reaches back past it."""
+        if self.entry == 0:
+            return None
+        return PulsarMessageID(self.ledger, max(0, self.entry - count), self.partition)
+
     def value_str(self) -> str:
         if self.partition == -1 and self.batch == -1:
             return f"{self.ledger}:{self.entry}"

@@ -1,0 +1,174 @@
+"""Rebuilding the dedup window when a WAL opens: which records to read, and reading them.
+
+The WAL's own ticks and fences carry :data:`DEDUP_FROM`, the id of the oldest
+pair in its writer's window then (or of its last record when the window was
+empty): the persisted anchor of a rebuild. When the log's last record is such
+a tick or fence, the rebuild reads from its anchor.
+
+After a crash the last record may be data. The tail is then read backwards in
+growing probes (each starting :meth:`MessageID.preceding` the last record)
+until a probe holds a tick or fence with an anchor (the rebuild then reads
+from that anchor), or as many keyed records as the window holds (older ones
+would be forgotten anyway), or starts at the earliest record. So the records
+read are bounded by the window and the records since the last tick, not by
+the length of the log.
+
+A read that returns nothing before the last record is reached (the backend
+stalled past :data:`READ_TIMEOUT_S`) fails the open with ``Unavailable``,
+which the caller retries: a WAL never serves with a window it could not
+rebuild completely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from headrace import errors
+from headrace.message import codec, ids
+from headrace.message.ids import MessageID
+from headrace.message.types import Message
+from headrace.wal.api import AppendResult
+from headrace.wal.contract import Backend, Record, StartPosition
+from headrace.wal.interceptors.dedup import DedupWindow, ProducerKey, logged_pair
+
+DEDUP_FROM = "dedup_from"
+"""Property of the WAL's own ticks and fences: where a dedup rebuild starts."""
+READ_TIMEOUT_S = 5.0
+"""One read of the rebuild may wait this long for records before the open fails."""
+FIRST_PROBE = 256
+"""Records the first probe back from the last record covers."""
+PROBE_GROWTH = 4
+
+Pair = tuple[ProducerKey, AppendResult]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Span:
+    """What a read of a range of the log found."""
+
+    pairs: tuple[Pair, ...]
+    """The keyed messages, in log order."""
+    anchor: MessageID | None
+    """The anchor of the range's last tick or fence that has one."""
+    from_earliest: bool = False
+    """The range was read from the earliest record still in the log."""
+
+
+def anchor_of(msg: Message) -> MessageID | None:
+    """The rebuild anchor a record names, None if it names none (pure)."""
+    if not msg.type.is_system:
+        return None
+    hint = msg.properties.get(DEDUP_FROM)
+    if not hint:
+        return None
+    try:
+        return ids.parse(hint)
+    except errors.InvalidArgument:
+        return None
+
+
+def probe_start(last: MessageID, reach: int, previous: MessageID | None) -> MessageID | None:
+    """Where the probe reaching ``reach`` records back from ``last`` starts;
+    None: at the earliest record (the id space gives no bound, or the probe
+    would not reach further than ``previous``, the last probe's start) (pure)."""
+    start = last.preceding(reach)
+    if start is None or (previous is not None and start >= previous):
+        return None
+    return start
+
+
+def enough(span: Span, capacity: int) -> bool:
+    """Whether the probes so far, up to the last record, hold the whole window (pure)."""
+    return span.anchor is not None or span.from_earliest or len(span.pairs) >= capacity
+
+
+async def rebuild(
+    backend: Backend, pchannel: str, last: Record, last_msg: Message, window: DedupWindow
+) -> None:
+    """Refill ``window`` from the log's tail ending at ``last``."""
+    if window.capacity == 0:
+        return
+    anchor = anchor_of(last_msg)
+    if anchor is not None:
+        span = await read_span(backend, pchannel, anchor, last.id)
+        window.remember_many(list(span.pairs))
+        return
+    pairs: tuple[Pair, ...] = ()
+    found: MessageID | None = None
+    bound: MessageID | None = None  # where the previous probe started
+    reach = FIRST_PROBE
+    while True:
+        start = probe_start(last.id, reach, bound)
+        # Each probe reads only what the previous one did not: [start, bound).
+        span = await read_span(backend, pchannel, start, last.id, before=bound)
+        if span.from_earliest:
+            start = None  # the probe's start was truncated away: nothing is before it
+        pairs = span.pairs + pairs
+        found = found or span.anchor
+        if enough(Span(pairs, found, span.from_earliest), window.capacity):
+            break
+        bound = start
+        reach *= PROBE_GROWTH
+    if found is not None and start is not None and found < start:
+        earlier = await read_span(backend, pchannel, found, last.id, before=start)
+        pairs = earlier.pairs + pairs
+    window.remember_many(list(pairs))
+
+
+async def read_span(
+    backend: Backend,
+    pchannel: str,
+    start: MessageID | None,
+    last: MessageID,
+    before: MessageID | None = None,
+) -> Span:
+    """The keyed messages from ``start`` (None: the earliest record) up to
+    ``last`` inclusive, or up to ``before`` exclusive when given.
+
+    A start truncated away reads from the earliest record instead (everything
+    still there). Unavailable if a read times out before the end is reached.
+    """
+    try:
+        return await _read(backend, pchannel, start, last, before)
+    except errors.Truncated:
+        if start is None:
+            raise
+        return await _read(backend, pchannel, None, last, before)
+
+
+async def _read(
+    backend: Backend,
+    pchannel: str,
+    start: MessageID | None,
+    last: MessageID,
+    before: MessageID | None,
+) -> Span:
+    position = StartPosition.earliest() if start is None else StartPosition.at(start)
+    pairs: list[Pair] = []
+    anchor: MessageID | None = None
+    read = 0
+    reader = await backend.open_reader(pchannel, position)
+    try:
+        while True:
+            records = await reader.next_batch(1024, timeout=READ_TIMEOUT_S)
+            if not records:
+                raise errors.Unavailable(
+                    f"rebuilding the dedup window of {pchannel}: no record arrived within "
+                    f"{READ_TIMEOUT_S:g} s after {read} read from {position.id or 'the start'} "
+                    f"(the last record is {last}); the open fails so that it is retried "
+                    "rather than serving with a partial window"
+                )
+            for record in records:
+                if before is not None and record.id >= before:
+                    return Span(tuple(pairs), anchor, start is None)
+                read += 1
+                msg = codec.decode(record.data)
+                if msg.properties:
+                    pair = logged_pair(record.id, msg)
+                    if pair is not None:
+                        pairs.append(pair)
+                    anchor = anchor_of(msg) or anchor
+                if record.id >= last:
+                    return Span(tuple(pairs), anchor, start is None)
+    finally:
+        await reader.close()
