@@ -9,8 +9,9 @@
 2. One Spark task per shard vchannel (:mod:`spark_apps.shard`): it reads
    ``(start, end]`` of its vchannel through the public consumer, applies the
    range's deletes to the rows before them, and writes each sealed segment's
-   rows as Parquet files named after pchannel, term and segment (a re-run
-   overwrites its own files).
+   rows as Parquet files named after pchannel, term, segment and this run
+   (never an existing name: a run cannot change a committed file).
+   A range the checkpoint already records as committed is not read again.
 3. The driver commits everything with :meth:`headrace.table.TableCatalog.commit_flush`
    under the launch term: segment records, table pointers and the checkpoint
    (at ``end``) in one metastore transaction.
@@ -31,15 +32,18 @@ import logging
 import os
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from headrace import errors
 from headrace.client import HeadraceClient
+from headrace.message import ids
 from headrace.metastore.factory import open_metastore
 from headrace.table import (
     CatalogConfig,
     Checkpoint,
+    CheckpointRecord,
     FlushCommit,
     FlushResult,
     ObjectStoreOptions,
@@ -69,10 +73,15 @@ EXIT_CODES = {
 
 
 async def shard_tasks(job: RangeJob) -> list[ShardTask]:
-    """One task per shard vchannel of every collection routed to the pchannel."""
+    """One task per shard vchannel of every collection routed to the pchannel;
+    none if the checkpoint says this range is already committed."""
     metastore = await open_metastore(job.metastore_url, create=False)
     try:
         async with HeadraceClient(job.metastore_url, job.cluster, metastore=metastore) as client:
+            kv = await metastore.get(client.keys.checkpoint(job.pchannel))
+            if kv is not None and covers(CheckpointRecord.from_json(kv.value), job):
+                log.info("%s: (%s, %s] is already committed", job.pchannel, job.start, job.end)
+                return []
             collections = await CollectionStore(metastore, client.keys).list()
             return [
                 ShardTask(job, collection, vchannel)
@@ -82,6 +91,19 @@ async def shard_tasks(job: RangeJob) -> list[ShardTask]:
             ]
     finally:
         await metastore.close()
+
+
+def covers(checkpoint: CheckpointRecord, job: RangeJob) -> bool:
+    """Whether ``checkpoint`` was written by a commit of exactly this range."""
+
+    def same(a: str, b: str) -> bool:
+        return a == b if not a or not b else ids.parse(a) == ids.parse(b)
+
+    return (
+        same(checkpoint.flush_start, job.start)
+        and same(checkpoint.flush_end, job.end)
+        and same(checkpoint.position, job.end)
+    )
 
 
 def commit_of(job: RangeJob, results: Sequence[ShardResult]) -> FlushCommit:
@@ -157,6 +179,7 @@ def spark_session(master: str) -> SparkSession:
         SparkSession.builder.master(master)
         .appName("headrace-flush")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.task.maxFailures", "1")
         .getOrCreate()
@@ -205,6 +228,7 @@ def parse_args(argv: Sequence[str]) -> tuple[RangeJob, str]:
         start=args.start,
         end=args.end,
         catalog=catalog,
+        attempt=uuid.uuid4().hex[:12],
         rows_per_file=args.rows_per_file,
         read_idle_timeout_s=args.read_idle_timeout,
     )

@@ -38,6 +38,8 @@ class RangeJob:
     end: str
     """The last seal (inclusive)."""
     catalog: CatalogConfig
+    attempt: str
+    """Unique per run of the job: part of every data file name."""
     rows_per_file: int = 1_000_000
     read_idle_timeout_s: float = 60.0
 
@@ -168,8 +170,9 @@ def _apply_deletes(
 
 
 def data_file_name(job: RangeJob, segment_id: int, part: int) -> str:
-    """Stable per (pchannel, term, segment): a re-run overwrites its own files."""
-    return f"flush-{job.pchannel}-t{job.term}-s{segment_id}-{part}"
+    """Unique per run: a job never overwrites a file, so nothing it does can
+    change a committed file (a killed run's files are orphans for the GC)."""
+    return f"flush-{job.pchannel}-t{job.term}-s{segment_id}-{job.attempt}-{part}"
 
 
 def write_segments(catalog: TableCatalog, task: ShardTask, fold: ShardFold) -> ShardResult:

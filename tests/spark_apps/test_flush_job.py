@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,9 +21,16 @@ import pytest
 
 from headrace.client import HeadraceClient
 from headrace.message.types import Message, MessageType
-from headrace.table import CatalogConfig, CheckpointRecord, TableCatalog, messages
+from headrace.table import (
+    CatalogConfig,
+    CheckpointRecord,
+    ObjectStoreOptions,
+    TableCatalog,
+    messages,
+)
 from headrace.table.collections import Collection, CollectionSpec, CollectionStore
 from headrace.wal.api import AppendResult
+from tests.fixtures_s3 import S3Store
 from tests.node.harness import Cluster, make_cluster
 from tests.table import duck
 
@@ -114,7 +122,14 @@ class Job:
     """``python -m spark_apps.flush`` as a child process of its own group."""
 
     def __init__(
-        self, cluster: Cluster, warehouse: Path, term: int, start: str, end: str, *extra: str
+        self,
+        cluster: Cluster,
+        warehouse: Path | str,
+        term: int,
+        start: str,
+        end: str,
+        *extra: str,
+        s3: S3Store | None = None,
     ) -> None:
         self.args = [
             sys.executable, "-m", "spark_apps.flush",
@@ -122,6 +137,10 @@ class Job:
             "--pchannel", P, "--term", str(term), "--warehouse", str(warehouse),
             "--start", start, "--end", end, "--read-idle-timeout", "120", *extra,
         ]  # fmt: skip
+        self.env = dict(os.environ)
+        if s3 is not None:
+            self.args += ["--s3-endpoint", s3.endpoint]
+            self.env.update(AWS_ACCESS_KEY_ID=s3.access_key, AWS_SECRET_ACCESS_KEY=s3.secret_key)
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> asyncio.subprocess.Process:
@@ -130,6 +149,7 @@ class Job:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            env=self.env,
         )
         return self.proc
 
@@ -144,11 +164,16 @@ class Job:
         os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def table_rows(cluster: Cluster, warehouse: Path) -> list[tuple[object, ...]]:
-    config = CatalogConfig(cluster.url, str(warehouse), cluster.keys.cluster)
+def table_rows(
+    cluster: Cluster, warehouse: Path | str, s3: S3Store | None = None
+) -> list[tuple[object, ...]]:
+    store = ObjectStoreOptions()
+    if s3 is not None:
+        store = ObjectStoreOptions(s3.endpoint, s3.access_key, s3.secret_key)
+    config = CatalogConfig(cluster.url, str(warehouse), cluster.keys.cluster, store)
     with TableCatalog.open(config) as catalog:
         location = catalog.table("orders").metadata_location
-    return duck.iceberg_rows(location)
+    return duck.iceberg_rows(location, s3)
 
 
 async def checkpoint(cluster: Cluster) -> str | None:
@@ -217,6 +242,24 @@ async def test_a_job_launched_under_a_stale_term_cannot_commit(
     assert table_rows(cluster, warehouse) == expected({1, 2, 3})
 
 
+async def test_a_refused_job_never_changes_committed_files(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A later range whose segment id repeats a flushed one (a producer bug the
+    commit refuses) must leave the committed rows alone: its data files may
+    not take the names of committed ones."""
+    warehouse = tmp_path / "warehouse"
+    orders = await create(cluster, shards=1)
+    first = await write(cluster, inserts(orders, [1, 2, 3], 1), seals(orders, 1))
+    code, _, err = await Job(cluster, warehouse, 1, "", str(first[-1].id)).run()
+    assert code == 0, err
+    second = await write(cluster, inserts(orders, [4], 1), seals(orders, 1))
+    code, _, err = await Job(cluster, warehouse, 1, str(first[-1].id), str(second[-1].id)).run()
+    assert code == 4, err
+    assert "already recorded" in err
+    assert table_rows(cluster, warehouse) == expected({1, 2, 3})
+
+
 async def test_a_job_killed_mid_write_then_rerun_leaves_no_duplicate_and_no_gap(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -240,3 +283,17 @@ async def test_a_job_killed_mid_write_then_rerun_leaves_no_duplicate_and_no_gap(
     assert code == 0, err
     assert '"outcome": "COMMITTED"' in out
     assert table_rows(cluster, warehouse) == expected(set(pks) - {7, 4001})
+
+
+@pytest.mark.s3
+async def test_a_flush_into_an_s3_warehouse_from_the_python_workers(
+    cluster: Cluster, s3_store: S3Store
+) -> None:
+    warehouse = f"s3://{s3_store.bucket}/flush-{uuid.uuid4().hex[:8]}"
+    orders = await create(cluster)
+    written = await write(
+        cluster, inserts(orders, list(range(50)), 1), deletes(orders, [3]), seals(orders, 1)
+    )
+    code, _, err = await Job(cluster, warehouse, 1, "", str(written[-1].id), s3=s3_store).run()
+    assert code == 0, err
+    assert table_rows(cluster, warehouse, s3_store) == expected(set(range(50)) - {3})
