@@ -17,8 +17,11 @@ lost, nothing is stored twice.
 
 Keys (``<root>`` = ``/headrace/<cluster>``)::
 
-    <root>/checkpoints/<pchannel>                 ChannelCheckpoint
-    <root>/segments/<pchannel>/<segment id:020d>  SegmentMeta
+    <root>/checkpoints/<pchannel>                 CheckpointRecord
+    <root>/segments/<pchannel>/<segment id:020d>  SegmentRecord
+
+Both records are defined once, in :mod:`headrace.table.records`; the flush
+commit (:meth:`headrace.table.TableCatalog.commit_flush`) writes the same ones.
 
 Positions are printable message ids (``<backend>:<value>``, see
 :mod:`headrace.message.ids`).
@@ -30,74 +33,20 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 
-import pydantic
-
 from headrace import errors
 from headrace.cluster import Assignment, Keys
 from headrace.coordinator.control import parse_record
 from headrace.coordinator.state import ACTIVE_STATES
-from headrace.message import ids
 from headrace.message.ids import MessageID
 from headrace.metastore.contract import Compare, KeyValue, Metastore, Op, Put
+from headrace.table.records import (
+    CheckpointRecord,
+    SegmentRecord,
+    segment_key,
+    segments_prefix,
+)
 
 log = logging.getLogger(__name__)
-
-
-class SegmentMeta(pydantic.BaseModel):
-    """A flushed segment: the messages of ``vchannel`` from ``start`` to ``end``
-    (inclusive). ``segment_id``, ``pchannel``, ``node`` and ``term`` are filled
-    in by the writer."""
-
-    model_config = pydantic.ConfigDict(frozen=True, extra="ignore")
-
-    vchannel: str
-    start: str
-    end: str
-    rows: int = 0
-    files: list[str] = pydantic.Field(default_factory=list)
-    segment_id: int = 0
-    pchannel: str = ""
-    node: str = ""
-    term: int = 0
-
-    @classmethod
-    def covering(
-        cls, vchannel: str, start: MessageID, end: MessageID, **fields: object
-    ) -> SegmentMeta:
-        if end < start:
-            raise errors.InvalidArgument(f"segment ends ({end}) before it starts ({start})")
-        return cls.model_validate(
-            {"vchannel": vchannel, "start": str(start), "end": str(end), **fields}
-        )
-
-    def end_id(self) -> MessageID:
-        return ids.parse(self.end)
-
-
-class ChannelCheckpoint(pydantic.BaseModel):
-    """Where recovery of the pchannel starts: everything up to ``position`` is
-    reflected in segments or other durable state."""
-
-    model_config = pydantic.ConfigDict(frozen=True, extra="ignore")
-
-    pchannel: str
-    position: str
-    timetick: int = 0
-    node: str = ""
-    term: int = 0
-
-    def position_id(self) -> MessageID:
-        return ids.parse(self.position)
-
-
-def segments_prefix(keys: Keys, pchannel: str) -> str:
-    return f"{keys.root}/segments/{pchannel}/"
-
-
-def segment_key(keys: Keys, pchannel: str, segment_id: int) -> str:
-    if not 0 <= segment_id < 10**20:
-        raise errors.InvalidArgument(f"segment id out of range: {segment_id}")
-    return f"{segments_prefix(keys, pchannel)}{segment_id:020d}"
 
 
 class CheckpointWriter:
@@ -120,7 +69,7 @@ class CheckpointWriter:
         self.term = term
         self.fenced = False
 
-    async def write_segment_meta(self, segment_id: int, meta: SegmentMeta) -> None:
+    async def write_segment_meta(self, segment_id: int, meta: SegmentRecord) -> None:
         """Record a flushed segment (before the checkpoint that covers it)."""
         if meta.pchannel and meta.pchannel != self.pchannel:
             raise errors.InvalidArgument(
@@ -143,7 +92,7 @@ class CheckpointWriter:
         InvalidArgument if it would move backwards; Fenced if no longer owner.
         """
         key = self.keys.checkpoint(self.pchannel)
-        record = ChannelCheckpoint(
+        record = CheckpointRecord(
             pchannel=self.pchannel,
             position=str(position),
             timetick=timetick,
@@ -153,7 +102,7 @@ class CheckpointWriter:
         for _ in range(self.max_attempts):
             current = await self.metastore.get(key)
             if current is not None:
-                previous = parse_record(ChannelCheckpoint, current.value).position_id()
+                previous = CheckpointRecord.from_json(current.value).position_id()
                 if position < previous:
                     raise errors.InvalidArgument(
                         f"checkpoint of {self.pchannel} would move back from {previous} "
@@ -219,8 +168,8 @@ class CheckpointWriter:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RecoveryPoint:
-    checkpoint: ChannelCheckpoint | None
-    segments: tuple[SegmentMeta, ...]
+    checkpoint: CheckpointRecord | None
+    segments: tuple[SegmentRecord, ...]
 
     def replay_filter(self) -> ReplayFilter:
         return ReplayFilter(self.segments)
@@ -230,16 +179,16 @@ async def load_recovery(metastore: Metastore, cluster: str, pchannel: str) -> Re
     """The checkpoint and recorded segments a new owner recovers from."""
     keys = Keys(cluster)
     kv = await metastore.get(keys.checkpoint(pchannel))
-    checkpoint = None if kv is None else parse_record(ChannelCheckpoint, kv.value)
+    checkpoint = None if kv is None else CheckpointRecord.from_json(kv.value)
     items = await metastore.get_prefix(segments_prefix(keys, pchannel))
-    segments = tuple(parse_record(SegmentMeta, item.value) for item in items)
+    segments = tuple(SegmentRecord.from_json(item.value) for item in items)
     return RecoveryPoint(checkpoint, segments)
 
 
 class ReplayFilter:
     """Discards replayed messages that recorded segments already hold."""
 
-    def __init__(self, segments: Iterable[SegmentMeta]) -> None:
+    def __init__(self, segments: Iterable[SegmentRecord]) -> None:
         self._flushed: dict[str, MessageID] = {}
         for segment in segments:
             end = segment.end_id()

@@ -216,8 +216,8 @@ class TableCatalog:
     def write_data_file(self, collection: str, rows: pa.Table, name: str) -> str:
         """Write ``rows`` as ``<table location>/data/<name>.parquet``; its path.
 
-        A retried flush that reuses its names overwrites its own earlier,
-        uncommitted files instead of leaving more orphans.
+        An existing file of that name is overwritten: never reuse a name a
+        commit may reference (the flush job puts a per-run id in every name).
         """
         if not name or "/" in name:
             raise errors.InvalidArgument(f"invalid data file name {name!r}")

@@ -7,10 +7,10 @@ Keys (``<root>`` = ``/headrace/<cluster>``, see :class:`headrace.cluster.Keys`):
     <root>/segments/<pchannel>/<segment id:020d>  SegmentRecord
     <root>/checkpoints/<pchannel>                 CheckpointRecord, written last
 
-The segment and checkpoint records are the ones
-:mod:`headrace.coordinator.checkpoint` reads (``SegmentMeta``,
-``ChannelCheckpoint``): same keys, same fields, plus the flush's own fields,
-which those models ignore.
+:class:`SegmentRecord` and :class:`CheckpointRecord` are the one definition of
+a recorded segment and of a channel checkpoint: the flush commit writes them and
+:mod:`headrace.coordinator.checkpoint` (``CheckpointWriter``, recovery) writes
+and reads them.
 """
 
 from __future__ import annotations
@@ -65,12 +65,14 @@ class TableRecord(_Record):
 
 
 class SegmentRecord(_Record):
-    """A flushed segment (``SegmentMeta`` of the coordinator plus ``collection``)."""
+    """A flushed segment: the messages of ``vchannel`` from ``start`` to ``end``
+    (inclusive). ``segment_id``, ``pchannel``, ``node`` and ``term`` are filled
+    in by the writer."""
 
-    segment_id: int
     vchannel: str
     start: str
     end: str
+    segment_id: int = 0
     collection: str = ""
     rows: int = 0
     files: list[str] = pydantic.Field(default_factory=list)
@@ -78,10 +80,24 @@ class SegmentRecord(_Record):
     node: str = ""
     term: int = 0
 
+    @classmethod
+    def covering(
+        cls, vchannel: str, start: MessageID, end: MessageID, **fields: object
+    ) -> SegmentRecord:
+        if end < start:
+            raise errors.InvalidArgument(f"segment ends ({end}) before it starts ({start})")
+        return cls.model_validate(
+            {"vchannel": vchannel, "start": str(start), "end": str(end), **fields}
+        )
+
+    def end_id(self) -> MessageID:
+        return ids.parse(self.end)
+
 
 class CheckpointRecord(_Record):
-    """The pchannel's recovery checkpoint (``ChannelCheckpoint`` of the
-    coordinator) plus the WAL range of the flush that wrote it."""
+    """Where recovery of the pchannel starts: everything up to ``position`` is
+    reflected in segments or other durable state. A flush commit also records
+    the WAL range it covered (``flush_start``, ``flush_end``)."""
 
     pchannel: str
     position: str
@@ -90,6 +106,9 @@ class CheckpointRecord(_Record):
     term: int = 0
     flush_start: str = ""
     flush_end: str = ""
+
+    def position_id(self) -> MessageID:
+        return ids.parse(self.position)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -194,10 +213,14 @@ def tables_prefix(keys: Keys) -> str:
     return f"{keys.root}/tables/"
 
 
+def segments_prefix(keys: Keys, pchannel: str) -> str:
+    return f"{keys.root}/segments/{pchannel}/"
+
+
 def segment_key(keys: Keys, pchannel: str, segment_id: int) -> str:
     if not 0 <= segment_id < 10**20:
         raise errors.InvalidArgument(f"segment id out of range: {segment_id}")
-    return f"{keys.root}/segments/{pchannel}/{segment_id:020d}"
+    return f"{segments_prefix(keys, pchannel)}{segment_id:020d}"
 
 
 def segment_keys(keys: Keys, commit: FlushCommit) -> Sequence[str]:

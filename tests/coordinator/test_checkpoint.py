@@ -13,12 +13,12 @@ from headrace.coordinator import state
 from headrace.coordinator.checkpoint import (
     CheckpointWriter,
     ReplayFilter,
-    SegmentMeta,
     load_recovery,
 )
 from headrace.message.ids import MessageID
 from headrace.metastore.contract import Compare, Metastore, Put
 from headrace.metastore.sqlite import SqliteMetastore
+from headrace.table.records import SegmentRecord
 from headrace.wal.contract import StartPosition
 from headrace.wal.memory import MemoryBackend, MemoryMessageID
 
@@ -81,12 +81,12 @@ async def test_crash_between_segment_meta_and_checkpoint_loses_and_duplicates_no
     owner_a = CheckpointWriter(store, CLUSTER, P, "node-a", first.term)
 
     # Flush 1, completed: segments of both vchannels, then the checkpoint.
-    await owner_a.write_segment_meta(1, SegmentMeta.covering("v1", ids[0], ids[2], rows=2))
-    await owner_a.write_segment_meta(2, SegmentMeta.covering("v2", ids[1], ids[3], rows=2))
+    await owner_a.write_segment_meta(1, SegmentRecord.covering("v1", ids[0], ids[2], rows=2))
+    await owner_a.write_segment_meta(2, SegmentRecord.covering("v2", ids[1], ids[3], rows=2))
     await owner_a.write_checkpoint(ids[3], timetick=100)
     # Flush 2: the v1 segment meta is written, then node-a "crashes" before
     # the v2 segment and before moving the checkpoint.
-    await owner_a.write_segment_meta(3, SegmentMeta.covering("v1", ids[4], ids[8], rows=3))
+    await owner_a.write_segment_meta(3, SegmentRecord.covering("v1", ids[4], ids[8], rows=3))
 
     # Crash failover: node-b takes over under a higher term.
     second = await own(store, "node-b")
@@ -97,7 +97,7 @@ async def test_crash_between_segment_meta_and_checkpoint_loses_and_duplicates_no
     with pytest.raises(errors.Fenced):
         await owner_a.write_checkpoint(ids[9])
     with pytest.raises(errors.Fenced):
-        await owner_a.write_segment_meta(4, SegmentMeta.covering("v2", ids[5], ids[9]))
+        await owner_a.write_segment_meta(4, SegmentRecord.covering("v2", ids[5], ids[9]))
     assert owner_a.fenced
 
     # node-b recovers: replays from the old checkpoint, skipping what segments hold.
@@ -121,8 +121,8 @@ async def test_crash_between_segment_meta_and_checkpoint_loses_and_duplicates_no
     assert sorted(kept + in_segments) == ids[4:]
 
     owner_b = CheckpointWriter(store, CLUSTER, P, "node-b", second.term)
-    await owner_b.write_segment_meta(4, SegmentMeta.covering("v2", ids[5], ids[11], rows=4))
-    await owner_b.write_segment_meta(5, SegmentMeta.covering("v1", ids[10], ids[10], rows=1))
+    await owner_b.write_segment_meta(4, SegmentRecord.covering("v2", ids[5], ids[11], rows=4))
+    await owner_b.write_segment_meta(5, SegmentRecord.covering("v1", ids[10], ids[10], rows=1))
     await owner_b.write_checkpoint(ids[11], timetick=200)
     final = await load_recovery(store, CLUSTER, P)
     assert final.checkpoint is not None and final.checkpoint.term == second.term
@@ -161,7 +161,7 @@ async def test_owner_writes_through_its_transitions_and_is_fenced_after(
     ):
         with pytest.raises(errors.Fenced):
             await wrong.write_segment_meta(
-                9, SegmentMeta.covering("v", MemoryMessageID(5), MemoryMessageID(6))
+                9, SegmentRecord.covering("v", MemoryMessageID(5), MemoryMessageID(6))
             )
     assert (await load_recovery(store, CLUSTER, P)).segments == ()
     assert (await current(store)).node == "node-b"
@@ -175,8 +175,8 @@ async def test_checkpoint_never_moves_back_and_bad_input_is_refused(store: Metas
     with pytest.raises(errors.InvalidArgument, match="move back"):
         await writer.write_checkpoint(MemoryMessageID(9))
     with pytest.raises(errors.InvalidArgument):
-        SegmentMeta.covering("v", MemoryMessageID(5), MemoryMessageID(4))
-    other = SegmentMeta.covering("v", MemoryMessageID(1), MemoryMessageID(2), pchannel="pch-77")
+        SegmentRecord.covering("v", MemoryMessageID(5), MemoryMessageID(4))
+    other = SegmentRecord.covering("v", MemoryMessageID(1), MemoryMessageID(2), pchannel="pch-77")
     with pytest.raises(errors.InvalidArgument):
         await writer.write_segment_meta(1, other)
     with pytest.raises(errors.InvalidArgument):
@@ -186,9 +186,9 @@ async def test_checkpoint_never_moves_back_and_bad_input_is_refused(store: Metas
 
 def test_replay_filter_uses_the_highest_end_per_vchannel() -> None:
     segments = [
-        SegmentMeta.covering("v1", MemoryMessageID(0), MemoryMessageID(4)),
-        SegmentMeta.covering("v1", MemoryMessageID(5), MemoryMessageID(9)),
-        SegmentMeta.covering("v2", MemoryMessageID(0), MemoryMessageID(2)),
+        SegmentRecord.covering("v1", MemoryMessageID(0), MemoryMessageID(4)),
+        SegmentRecord.covering("v1", MemoryMessageID(5), MemoryMessageID(9)),
+        SegmentRecord.covering("v2", MemoryMessageID(0), MemoryMessageID(2)),
     ]
     replay = ReplayFilter(segments)
     assert replay.flushed_up_to("v1") == MemoryMessageID(9)

@@ -16,11 +16,12 @@ from pyiceberg.table import StaticTable
 
 from headrace import errors
 from headrace.cluster import AssignmentState
-from headrace.coordinator.checkpoint import ChannelCheckpoint, RecoveryPoint, load_recovery
+from headrace.coordinator.checkpoint import RecoveryPoint, load_recovery
 from headrace.metastore.factory import open_metastore
 from headrace.table import (
     CatalogConfig,
     Checkpoint,
+    CheckpointRecord,
     FlushCommit,
     Outcome,
     SegmentRecord,
@@ -99,7 +100,7 @@ def test_two_flushes_one_with_deletes_read_by_duckdb(bed: Bed) -> None:
     # The records are the ones the coordinator's recovery reads.
     checkpoint_kv = bed.get(bed.keys.checkpoint(P))
     assert checkpoint_kv is not None
-    checkpoint = ChannelCheckpoint.model_validate_json(checkpoint_kv.value)
+    checkpoint = CheckpointRecord.model_validate_json(checkpoint_kv.value)
     assert (checkpoint.position, checkpoint.term, checkpoint.node) == ("local:20", 3, "node-1")
     recovery = _recovery(bed)
     assert [(s.segment_id, s.end, s.term) for s in recovery.segments] == [

@@ -1,0 +1,241 @@
+"""Collections: a name, an Arrow schema with a primary key, and shard vchannels.
+
+A collection is recorded once in the metastore::
+
+    <root>/collections/<name>     CollectionRecord (JSON; the schema as Arrow IPC, base64)
+    <root>/collection-ids         the last collection id handed out
+
+:meth:`CollectionStore.create` is idempotent: the same definition (schema,
+primary key, shard count) returns the existing record; another definition under
+the same name is CONFLICT naming both. Shard ``i`` of collection ``c`` is the
+vchannel ``c-i``; collection names use ``[A-Za-z0-9_]`` only, so the shard
+names cannot collide across collections.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import re
+
+import pyarrow as pa
+
+from headrace import errors
+from headrace.cluster import Keys
+from headrace.metastore.contract import Compare, Metastore, Put
+from headrace.table.records import _Record
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]{0,199}$")
+"""Collection names: 1-200 of ``[A-Za-z0-9_]``, starting alphanumeric."""
+
+MAX_SHARDS = 256
+
+PRIMARY_KEY_TYPES = (pa.int64(), pa.string())
+"""The types a primary-key field may have (non-null)."""
+
+
+def collection_key(keys: Keys, name: str) -> str:
+    return f"{keys.root}/collections/{name}"
+
+
+def collections_prefix(keys: Keys) -> str:
+    return f"{keys.root}/collections/"
+
+
+def collection_ids_key(keys: Keys) -> str:
+    return f"{keys.root}/collection-ids"
+
+
+def shard_vchannel(name: str, shard: int) -> str:
+    return f"{name}-{shard}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CollectionSpec:
+    """A collection's definition, as a user gives it; checked on construction."""
+
+    name: str
+    schema: pa.Schema
+    primary_key: str = "pk"
+    shards: int = 1
+
+    def __post_init__(self) -> None:
+        if not NAME_PATTERN.match(self.name):
+            raise errors.InvalidArgument(
+                f"invalid collection name {errors.quoted(self.name)}: use 1-200 characters of "
+                "[A-Za-z0-9_], starting with a letter or digit"
+            )
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise errors.InvalidArgument(
+                f"collection {self.name}: shards must be 1..{MAX_SHARDS}, got {self.shards}"
+            )
+        names = self.schema.names
+        if not names:
+            raise errors.InvalidArgument(f"collection {self.name}: the schema has no fields")
+        if len(set(names)) != len(names):
+            raise errors.InvalidArgument(
+                f"collection {self.name}: field names appear twice in the schema: {names}"
+            )
+        index = self.schema.get_field_index(self.primary_key)
+        if index < 0:
+            raise errors.InvalidArgument(
+                f"collection {self.name}: primary key {errors.quoted(self.primary_key)} is not "
+                f"a field of the schema ({', '.join(names)})"
+            )
+        field = self.schema.field(index)
+        if field.type not in PRIMARY_KEY_TYPES or field.nullable:
+            raise errors.InvalidArgument(
+                f"collection {self.name}: primary key {self.primary_key!r} must be a non-nullable "
+                f"int64 or string field, got {field.type}"
+                + (" (nullable)" if field.nullable else "")
+            )
+
+    @property
+    def vchannels(self) -> tuple[str, ...]:
+        return tuple(shard_vchannel(self.name, i) for i in range(self.shards))
+
+    def differences(self, other: CollectionSpec) -> list[str]:
+        """What differs between two definitions of the same name (empty if none)."""
+        found = []
+        if not self.schema.equals(other.schema, check_metadata=True):
+            found.append(
+                f"schema {other.schema.to_string(show_schema_metadata=False)!r} "
+                f"vs {self.schema.to_string(show_schema_metadata=False)!r}"
+            )
+        if self.primary_key != other.primary_key:
+            found.append(f"primary key {other.primary_key!r} vs {self.primary_key!r}")
+        if self.shards != other.shards:
+            found.append(f"shards {other.shards} vs {self.shards}")
+        return found
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Collection:
+    """A recorded collection: its definition and the id the metastore gave it."""
+
+    spec: CollectionSpec
+    collection_id: int
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.spec.schema
+
+    @property
+    def primary_key(self) -> str:
+        return self.spec.primary_key
+
+    @property
+    def primary_key_type(self) -> pa.DataType:
+        return self.spec.schema.field(self.spec.primary_key).type
+
+    @property
+    def vchannels(self) -> tuple[str, ...]:
+        return self.spec.vchannels
+
+    def to_record(self) -> CollectionRecord:
+        return CollectionRecord(
+            name=self.name,
+            collection_id=self.collection_id,
+            schema_ipc=base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            primary_key=self.primary_key,
+            vchannels=list(self.vchannels),
+        )
+
+
+class CollectionRecord(_Record):
+    """How a collection is stored in the metastore."""
+
+    name: str
+    collection_id: int
+    schema_ipc: str
+    """The Arrow schema, serialized as an Arrow IPC schema message, base64."""
+    primary_key: str
+    vchannels: list[str]
+
+    def collection(self) -> Collection:
+        """The decoded collection; CorruptData if the record does not hold one."""
+        try:
+            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(self.schema_ipc)))
+            spec = CollectionSpec(self.name, schema, self.primary_key, len(self.vchannels))
+        except (ValueError, pa.ArrowException, errors.InvalidArgument) as exc:
+            raise errors.CorruptData(f"malformed collection record {self.name!r}: {exc}") from None
+        if list(spec.vchannels) != self.vchannels:
+            raise errors.CorruptData(
+                f"collection record {self.name!r} names vchannels {self.vchannels}, "
+                f"expected {list(spec.vchannels)}"
+            )
+        return Collection(spec, self.collection_id)
+
+
+class CollectionStore:
+    """Collections of one cluster in its metastore."""
+
+    max_attempts = 16
+    """Tries when other creations race for the id counter."""
+
+    def __init__(self, metastore: Metastore, keys: Keys) -> None:
+        self.metastore = metastore
+        self.keys = keys
+
+    async def create(self, spec: CollectionSpec) -> Collection:
+        """Record ``spec`` (idempotent); CONFLICT if the name holds another definition."""
+        key = collection_key(self.keys, spec.name)
+        counter_key = collection_ids_key(self.keys)
+        for _ in range(self.max_attempts):
+            existing = await self.metastore.get(key)
+            if existing is not None:
+                return _same_or_conflict(CollectionRecord.from_json(existing.value), spec)
+            counter = await self.metastore.get(counter_key)
+            last_id = 0 if counter is None else _counter(counter.value)
+            counter_revision = 0 if counter is None else counter.mod_revision
+            created = Collection(spec, last_id + 1)
+            result = await self.metastore.txn(
+                [
+                    Compare.absent(key),
+                    Compare.mod_revision_is(counter_key, counter_revision),
+                ],
+                [
+                    Put(counter_key, str(created.collection_id).encode()),
+                    Put(key, created.to_record().to_json()),
+                ],
+            )
+            if result.succeeded:
+                return created
+        raise errors.Unavailable(
+            f"creating collection {spec.name}: kept racing with other creations; try again"
+        )
+
+    async def get(self, name: str) -> Collection:
+        """The recorded collection; NOT_FOUND if there is none."""
+        if not NAME_PATTERN.match(name):
+            raise errors.InvalidArgument(f"invalid collection name {errors.quoted(name)}")
+        kv = await self.metastore.get(collection_key(self.keys, name))
+        if kv is None:
+            raise errors.NotFound(f"no collection {name!r} in cluster {self.keys.cluster}")
+        return CollectionRecord.from_json(kv.value).collection()
+
+    async def list(self) -> list[Collection]:
+        items = await self.metastore.get_prefix(collections_prefix(self.keys))
+        return [CollectionRecord.from_json(item.value).collection() for item in items]
+
+
+def _same_or_conflict(record: CollectionRecord, spec: CollectionSpec) -> Collection:
+    existing = record.collection()
+    differences = existing.spec.differences(spec)
+    if differences:
+        raise errors.Conflict(
+            f"collection {spec.name} exists with another definition (asked vs recorded): "
+            + "; ".join(differences)
+        )
+    return existing
+
+
+def _counter(value: bytes) -> int:
+    try:
+        return int(value.decode())
+    except ValueError:
+        raise errors.CorruptData(f"malformed collection id counter {value!r}") from None
