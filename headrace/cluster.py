@@ -49,7 +49,15 @@ class AssignmentState(enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
-class _Record(pydantic.BaseModel):
+ACTIVE_STATES = frozenset(
+    {AssignmentState.ASSIGNING, AssignmentState.ASSIGNED, AssignmentState.UNASSIGNING}
+)
+"""States in which ``Assignment.node`` holds (or is opening) the WAL under its term."""
+
+
+class JsonRecord(pydantic.BaseModel):
+    """A metastore record: frozen, stored as JSON, CorruptData when malformed."""
+
     model_config = pydantic.ConfigDict(frozen=True, extra="ignore")
 
     def to_json(self) -> bytes:
@@ -63,7 +71,7 @@ class _Record(pydantic.BaseModel):
             raise errors.CorruptData(f"malformed {cls.__name__} record: {exc}") from None
 
 
-class NodeInfo(_Record):
+class NodeInfo(JsonRecord):
     node_id: str
     address: str
     """host:port of the node's gRPC server."""
@@ -73,7 +81,7 @@ class NodeInfo(_Record):
     version: str = ""
 
 
-class Assignment(_Record):
+class Assignment(JsonRecord):
     pchannel: str
     state: AssignmentState
     term: int
@@ -88,7 +96,7 @@ class Assignment(_Record):
     updated_at: float = 0.0
 
 
-class ClusterConfig(_Record):
+class ClusterConfig(JsonRecord):
     pchannels: list[str]
     wal_backend: str = "local"
 

@@ -34,9 +34,8 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from headrace import errors
-from headrace.cluster import Assignment, Keys
+from headrace.cluster import ACTIVE_STATES, Assignment, Keys
 from headrace.coordinator.control import parse_record
-from headrace.coordinator.state import ACTIVE_STATES
 from headrace.message.ids import MessageID
 from headrace.metastore.contract import Compare, KeyValue, Metastore, Op, Put
 from headrace.table.records import (

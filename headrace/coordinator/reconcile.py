@@ -28,7 +28,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 
-from headrace.cluster import Assignment, AssignmentState, NodeInfo
+from headrace.cluster import ACTIVE_STATES, Assignment, AssignmentState, NodeInfo
 from headrace.coordinator import balancer, state
 
 
@@ -216,7 +216,7 @@ def _placements(planner: _Planner) -> dict[str, balancer.Placement]:
         busy = name in decided or name in view.move_requests or not state.is_stable(record)
         layout[name] = balancer.Placement(
             owner=state.destination(record),
-            in_transition=busy and record is not None and record.state in state.ACTIVE_STATES,
+            in_transition=busy and record is not None and record.state in ACTIVE_STATES,
             lagging=name in view.lagging,
             pinned=name in view.pinned,
             collections=view.collections.get(name, frozenset()),

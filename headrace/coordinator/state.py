@@ -21,12 +21,7 @@ fence by term, so a crashed or stuck owner cannot write after a failover.
 from __future__ import annotations
 
 from headrace import errors
-from headrace.cluster import Assignment, AssignmentState, NodeInfo
-
-ACTIVE_STATES = frozenset(
-    {AssignmentState.ASSIGNING, AssignmentState.ASSIGNED, AssignmentState.UNASSIGNING}
-)
-"""States in which ``Assignment.node`` holds (or is opening) the WAL."""
+from headrace.cluster import ACTIVE_STATES, Assignment, AssignmentState, NodeInfo
 
 IDLE_STATES = frozenset({AssignmentState.UNASSIGNED, AssignmentState.UNAVAILABLE})
 """States in which nobody serves the pchannel."""

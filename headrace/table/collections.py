@@ -21,9 +21,8 @@ import re
 import pyarrow as pa
 
 from headrace import errors
-from headrace.cluster import Keys
+from headrace.cluster import JsonRecord, Keys
 from headrace.metastore.contract import Compare, Metastore, Put
-from headrace.table.records import _Record
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]{0,199}$")
 """Collection names: 1-200 of ``[A-Za-z0-9_]``, starting alphanumeric."""
@@ -146,7 +145,7 @@ class Collection:
         )
 
 
-class CollectionRecord(_Record):
+class CollectionRecord(JsonRecord):
     """How a collection is stored in the metastore."""
 
     name: str

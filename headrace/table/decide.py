@@ -18,9 +18,9 @@ import dataclasses
 from collections.abc import Collection
 
 from headrace import errors
-from headrace.cluster import Assignment
+from headrace.cluster import ACTIVE_STATES, Assignment
 from headrace.message import ids
-from headrace.table.records import OWNING_STATES, CheckpointRecord, FlushCommit
+from headrace.table.records import CheckpointRecord, FlushCommit
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,7 +113,7 @@ def _owner(commit: FlushCommit, assignment: Assignment | None) -> str | errors.F
             "pchannel has no assignment record",
             term=commit.launch_term,
         )
-    if assignment.term != commit.launch_term or assignment.state not in OWNING_STATES:
+    if assignment.term != commit.launch_term or assignment.state not in ACTIVE_STATES:
         return errors.Fenced(
             f"{commit.pchannel}: flush launched under term {commit.launch_term} but the "
             f"pchannel is now under term {assignment.term} ({assignment.state.value}"

@@ -17,21 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Self
 
 import pydantic
 
 from headrace import errors
-from headrace.cluster import AssignmentState, Keys
+from headrace.cluster import JsonRecord, Keys
 from headrace.message import ids
 from headrace.message.ids import MessageID
-
-OWNING_STATES = frozenset(
-    {AssignmentState.ASSIGNING, AssignmentState.ASSIGNED, AssignmentState.UNASSIGNING}
-)
-"""States in which an Assignment's node holds the pchannel under its term (the
-same set as ``headrace.coordinator.state.ACTIVE_STATES``, which this layer
-cannot import)."""
 
 MAX_KEYS_PER_COMMIT = 120
 """Segments plus tables in one commit. etcd refuses a transaction with more
@@ -41,21 +33,7 @@ per segment and per table, plus two for the Assignment and the checkpoint."""
 PrimaryKey = int | str
 
 
-class _Record(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(frozen=True, extra="ignore")
-
-    def to_json(self) -> bytes:
-        return self.model_dump_json().encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> Self:
-        try:
-            return cls.model_validate_json(data)
-        except pydantic.ValidationError as exc:
-            raise errors.CorruptData(f"malformed {cls.__name__} record: {exc}") from None
-
-
-class TableRecord(_Record):
+class TableRecord(JsonRecord):
     """A collection's Iceberg table: where its current metadata file is."""
 
     collection: str
@@ -64,7 +42,7 @@ class TableRecord(_Record):
     previous_metadata_location: str = ""
 
 
-class SegmentRecord(_Record):
+class SegmentRecord(JsonRecord):
     """A flushed segment: the messages of ``vchannel`` from ``start`` to ``end``
     (inclusive). ``segment_id``, ``pchannel``, ``node`` and ``term`` are filled
     in by the writer."""
@@ -94,7 +72,7 @@ class SegmentRecord(_Record):
         return ids.parse(self.end)
 
 
-class CheckpointRecord(_Record):
+class CheckpointRecord(JsonRecord):
     """Where recovery of the pchannel starts: everything up to ``position`` is
     reflected in segments or other durable state. A flush commit also records
     the WAL range it covered (``flush_start``, ``flush_end``)."""

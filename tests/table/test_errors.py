@@ -12,7 +12,6 @@ import pytest
 import headrace.wal.local.message_id  # noqa: F401 - registers local:<lsn> positions
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState
-from headrace.coordinator.state import ACTIVE_STATES
 from headrace.table import (
     CatalogConfig,
     Checkpoint,
@@ -25,7 +24,6 @@ from headrace.table import (
     WalRange,
 )
 from headrace.table.decide import AlreadyCommitted, Proceed, Refused, decide
-from headrace.table.records import OWNING_STATES
 from headrace_testbed.ports import free_port
 from headrace_testbed.seaweedfs import start_seaweedfs
 
@@ -157,10 +155,6 @@ def test_malformed_flushes_are_refused(build: object, message: str) -> None:
 
 
 # -- the decision -----------------------------------------------------------------
-
-
-def test_owning_states_are_the_coordinators_active_states() -> None:
-    assert OWNING_STATES == ACTIVE_STATES
 
 
 def test_decide_says_already_committed_even_after_the_term_moved() -> None:
