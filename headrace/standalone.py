@@ -44,13 +44,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import headrace
 from headrace import cluster, dirlock, errors, runtime
 from headrace.coordinator import coordinator as coord_mod
+from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, settle
 from headrace.metastore import factory
 from headrace.metastore.contract import Metastore
 
@@ -144,8 +145,12 @@ def node_argv(
     ]
 
 
-def node_command(cfg: StandaloneConfig, node_id: str) -> list[str]:
-    """The command line of one of the standalone's node processes (pure)."""
+def node_command(cfg: StandaloneConfig, node_id: str, *, parent: int | None = None) -> list[str]:
+    """The command line of one of the standalone's node processes.
+
+    The node stops once process ``parent`` (default: this one, the
+    standalone) is gone, even if that happened before the node started.
+    """
     if cfg.wal == "local":
         wal = ["--wal", "local", "--wal-dir", str(cfg.wal_dir.resolve()), "--fsync", cfg.fsync]
     else:
@@ -158,7 +163,7 @@ def node_command(cfg: StandaloneConfig, node_id: str) -> list[str]:
         lease_ttl_s=cfg.lease_ttl_s,
         timetick_interval_ms=cfg.timetick_interval_ms,
     )
-    return [*argv, "--exit-with-parent"]
+    return [*argv, "--exit-with-parent", str(os.getpid() if parent is None else parent)]
 
 
 def node_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -427,6 +432,21 @@ async def run_standalone(
         return await _run_locked(cfg, stop, announce=announce)
 
 
+async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event, what: str) -> None:
+    """Run ``work``, which must last until ``stop`` is set: ending before is a failure."""
+    await work
+    if not stop.is_set():
+        raise errors.HeadraceError(f"{what} stopped on its own")
+
+
+def crash_error(failure: TaskFailure) -> errors.HeadraceError:
+    """The error a standalone stops with when one of its tasks failed (pure)."""
+    return errors.HeadraceError(
+        f"standalone stopping: {failure.describe()} "
+        "(a standalone without its coordinator or node supervision has no failover)"
+    )
+
+
 async def _run_locked(cfg: StandaloneConfig, stop: asyncio.Event, *, announce: bool) -> int:
     runtime.tune_process()
     store = await factory.open_metastore(cfg.metastore_url)
@@ -441,36 +461,57 @@ async def _run_locked(cfg: StandaloneConfig, stop: asyncio.Event, *, announce: b
         ),
     )
     procs = [NodeProcess(cfg, f"node-{i}") for i in range(cfg.nodes)]
+    loop = asyncio.get_running_loop()
     announced = asyncio.Event()
-    failed: asyncio.Future[NodeExit] = asyncio.get_running_loop().create_future()
+    failed: asyncio.Future[NodeExit] = loop.create_future()
+    crashed: asyncio.Future[TaskFailure] = loop.create_future()
+
+    async def on_crash(failure: TaskFailure) -> None:
+        if not crashed.done():
+            crashed.set_result(failure)
+
     supervisors = [
-        asyncio.create_task(p.supervise(stop, announced, failed), name=p.node_id) for p in procs
+        guarded_task(
+            p.supervise(stop, announced, failed),
+            f"supervisor of {p.node_id}",
+            on_crash,
+            finishable=True,
+            logger=log,
+        )
+        for p in procs
     ]
     coord_task: asyncio.Task[None] | None = None
+    waiters: list[asyncio.Task[Any]] = []
     try:
         # The nodes register first, so the first layout is already balanced
         # instead of the first node getting everything and the balancer moving it.
         registered = asyncio.create_task(
             wait_nodes_registered(store, cluster.Keys(cfg.cluster), cfg.nodes, stop, 30.0)
         )
-        first: set[asyncio.Future[Any]] = {registered, failed}
+        waiters.append(registered)
+        first: set[asyncio.Future[Any]] = {registered, failed, crashed}
         await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
-        registered.cancel()
+        if crashed.done():
+            raise crash_error(crashed.result())
         if failed.done():
             raise errors.HeadraceError(failed.result().describe())
-        coord_task = asyncio.create_task(coordinator.run(stop), name="coordinator")
+        coord_task = guarded_task(
+            _until_stopped(coordinator.run(stop), stop, "the coordinator"),
+            "coordinator",
+            on_crash,
+            finishable=True,
+            logger=log,
+        )
         ready = asyncio.create_task(
             wait_all_assigned(store, cfg.cluster, cfg.pchannels, cfg.ready_timeout_s)
         )
         stop_wait = asyncio.create_task(stop.wait())
-        waits: set[asyncio.Future[Any]] = {ready, stop_wait, coord_task, failed}
+        waiters += [ready, stop_wait]
+        waits: set[asyncio.Future[Any]] = {ready, stop_wait, crashed, failed}
         done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        if coord_task in done:
-            coord_task.result()
-            raise errors.HeadraceError("the coordinator stopped unexpectedly")
+        if crashed.done():
+            raise crash_error(crashed.result())
         if failed.done():
-            ready.cancel()
             raise errors.HeadraceError(failed.result().describe())
         if ready in done:
             ready.result()
@@ -482,18 +523,30 @@ async def _run_locked(cfg: StandaloneConfig, stop: asyncio.Event, *, announce: b
                     f"data_dir={cfg.data_dir}",
                     flush=True,
                 )
-            await stop.wait()
-        else:
-            ready.cancel()
+            running: set[asyncio.Future[Any]] = {stop_wait, crashed}
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            if crashed.done():
+                raise crash_error(crashed.result())
         return 0
     finally:
         stop.set()
-        await asyncio.gather(*(p.stop() for p in procs), return_exceptions=True)
-        await asyncio.gather(*supervisors, return_exceptions=True)
-        if coord_task is not None:
-            with contextlib.suppress(asyncio.CancelledError, errors.HeadraceError):
-                await asyncio.wait_for(coord_task, 10)
+        await cancel_and_settle(waiters, what="stopping the standalone's waits", logger=log)
+        await _shut_down(procs, supervisors, coord_task)
         await store.close()
+
+
+async def _shut_down(
+    procs: Sequence[NodeProcess],
+    supervisors: Sequence[asyncio.Task[None]],
+    coordinator: asyncio.Task[None] | None,
+) -> None:
+    """Stop the node processes, their supervision and the coordinator (``stop``
+    is set); every error is logged, none stops the rest."""
+    await settle([p.stop() for p in procs], what="stopping the node processes", logger=log)
+    await settle(supervisors, what="ending the node supervision", logger=log)
+    if coordinator is not None:
+        await asyncio.wait((coordinator,), timeout=10)
+        await cancel_and_settle([coordinator], what="stopping the coordinator", logger=log)
 
 
 def prepare_data_dir(cfg: StandaloneConfig) -> None:

@@ -21,10 +21,13 @@ from headrace import standalone as standalone_mod
 from headrace.cli import walflags
 from headrace.cli.argtypes import positive_float, positive_int
 from headrace.client import api as client_api
+from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.node import server as node_server
 from headrace.wal.framework import WALOptions
 
 WAL_BACKENDS = ("local", "kafka", "pulsar")
+PARENT_AT_START = 0
+"""``--exit-with-parent`` without a pid: the parent the node has when it starts."""
 log = logging.getLogger(__name__)
 
 
@@ -61,8 +64,14 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timetick-interval-ms", type=positive_float, default=10.0)
     p.add_argument(
         "--exit-with-parent",
-        action="store_true",
-        help="stop (gracefully) when the parent process dies, e.g. a killed standalone",
+        nargs="?",
+        type=positive_int,
+        const=PARENT_AT_START,
+        default=None,
+        metavar="PID",
+        help="stop (gracefully) once process PID, the parent (e.g. a standalone), is gone; "
+        "without PID: the parent this node has when it starts (which misses a parent "
+        "that died before)",
     )
     walflags.add_broker_args(p)
 
@@ -90,12 +99,36 @@ def wal_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None)
     raise errors.InvalidArgument(f"unknown WAL backend {args.wal!r} (known: local, kafka, pulsar)")
 
 
+def orphaned(parent: int, current_parent: int) -> bool:
+    """Whether a node watching for ``parent`` to go is orphaned, its parent
+    now being ``current_parent`` (pure): a process whose parent dies is
+    re-parented (to init or a subreaper), so its parent is then another."""
+    return current_parent != parent
+
+
 async def _stop_when_orphaned(stop: asyncio.Event, parent: int) -> None:
     while not stop.is_set():
-        if os.getppid() != parent:
+        if orphaned(parent, os.getppid()):
+            log.warning("parent process %d is gone; stopping", parent)
             stop.set()
             return
         await asyncio.sleep(0.5)
+
+
+def _watch_parent(stop: asyncio.Event, parent: int) -> asyncio.Task[None]:
+    """Stop once ``parent`` is gone; a failure of the watch stops the node too
+    (it would otherwise outlive its parent unnoticed)."""
+
+    async def on_failure(failure: TaskFailure) -> None:
+        stop.set()
+
+    return guarded_task(
+        _stop_when_orphaned(stop, parent),
+        f"watch of parent process {parent}",
+        on_failure,
+        finishable=True,
+        logger=log,
+    )
 
 
 async def node(args: argparse.Namespace) -> int:
@@ -110,8 +143,10 @@ async def node(args: argparse.Namespace) -> int:
     )
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    if args.exit_with_parent:
-        watcher = asyncio.create_task(_stop_when_orphaned(stop, os.getppid()))
+    watchers = []
+    if args.exit_with_parent is not None:
+        parent = args.exit_with_parent
+        watchers.append(_watch_parent(stop, os.getppid() if parent == PARENT_AT_START else parent))
     config = node_server.NodeConfig(
         node_id=args.node_id,
         listen=args.listen,
@@ -122,9 +157,10 @@ async def node(args: argparse.Namespace) -> int:
         wal_options=WALOptions(timetick_interval_ms=args.timetick_interval_ms),
         session_ttl=args.lease_ttl,
     )
-    await node_server.run_node(config, stop)
-    if args.exit_with_parent:
-        watcher.cancel()
+    try:
+        await node_server.run_node(config, stop)
+    finally:
+        await cancel_and_settle(watchers, what="stopping the watch of the parent", logger=log)
     return 0
 
 

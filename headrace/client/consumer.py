@@ -28,6 +28,7 @@ from headrace.client.arguments import Start
 from headrace.client.discovery import ClusterView, Owner
 from headrace.client.errors import from_rpc_error
 from headrace.client.session import Session
+from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.message import ids
 from headrace.message.ids import MessageID
 from headrace.message.types import LogEntry, Message, MessageType
@@ -92,8 +93,21 @@ class _Stream:
         self.inbox: asyncio.Queue[Inbound] = asyncio.Queue(maxsize=2)
         name = f"consume-{owner.pchannel}-{owner.term}"
         self._tasks = (
-            asyncio.create_task(self._pump(), name=name),
-            asyncio.create_task(self._watch(view), name=f"{name}-successor"),
+            guarded_task(self._pump(), name, self._on_failure, finishable=True, logger=log),
+            guarded_task(
+                self._watch(view),
+                f"{name}-successor",
+                self._on_failure,
+                finishable=True,
+                logger=log,
+            ),
+        )
+
+    async def _on_failure(self, failure: TaskFailure) -> None:
+        """A bug in a task of the stream fails the consumer (not retryable)
+        instead of leaving it waiting."""
+        await self.inbox.put(
+            errors.HeadraceError(f"consuming from {self.owner.address}: {failure.describe()}")
         )
 
     async def _pump(self) -> None:
@@ -107,15 +121,12 @@ class _Stream:
                 await self.inbox.put(response)
         except grpc.RpcError as exc:
             await self.inbox.put(from_rpc_error(exc, address))
-        except Exception as exc:
-            # A bug here must fail the consumer, not leave it waiting.
-            log.exception("reading the Consume stream from %s failed", address)
-            await self.inbox.put(errors.HeadraceError(f"consume stream failed: {exc!r}"))
 
     async def _watch(self, view: ClusterView) -> None:
         try:
             successor = await view.wait_successor(self.owner)
-        except errors.Closed as exc:
+        except errors.HeadraceError as exc:
+            # The client was closed, or its view of the cluster failed.
             await self.inbox.put(exc)
             return
         await self.inbox.put(successor)
@@ -130,7 +141,9 @@ class _Stream:
 
     async def close(self) -> None:
         self.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_settle(
+            self._tasks, what=f"closing the Consume stream from {self.owner.address}", logger=log
+        )
 
 
 class Consumer:

@@ -21,6 +21,7 @@ import grpc
 
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo, route
+from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.metastore.contract import EventType, Get, KeyValue, Metastore, Watch, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,23 @@ class ClusterView:
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._watch: Watch | None = None
+        self.failure: errors.HeadraceError | None = None
+        """Why the view stopped following the cluster, if its follower failed."""
 
     async def start(self) -> None:
         """List once (raising Unavailable if the metastore does not answer), then follow."""
         revision = await self.refresh()
-        self._task = asyncio.create_task(self._follow(revision), name="headrace-cluster-view")
+        self._task = guarded_task(
+            self._follow(revision), "headrace-cluster-view", self._on_failure, logger=log
+        )
+
+    async def _on_failure(self, failure: TaskFailure) -> None:
+        """The view no longer follows the cluster: every wait on it fails from
+        now on with the cause, instead of waiting on a record that never changes."""
+        self.failure = errors.HeadraceError(
+            f"the client stopped following cluster {self.keys.root}: {failure.describe()}"
+        )
+        self._notify()
 
     async def close(self) -> None:
         # Closing the watch ends the loop even if a cancellation gets lost in it.
@@ -85,8 +98,9 @@ class ClusterView:
         if self._watch is not None:
             await self._watch.close()
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_settle(
+                [self._task], what=f"closing the view of cluster {self.keys.root}", logger=log
+            )
             self._task = None
 
     async def refresh(self) -> int:
@@ -182,13 +196,16 @@ class ClusterView:
 
     async def wait_for(self, probe: Callable[[], T | None], deadline: float, what: str) -> T:
         """Wait until ``probe()`` returns something; Unavailable at ``deadline``,
-        Closed (not retryable) once the view is closed.
+        Closed (not retryable) once the view is closed, :attr:`failure` once
+        the view stopped following the cluster.
 
         ``deadline`` is a :func:`time.monotonic` time.
         """
         while True:
             if self._closing.is_set():
                 raise errors.Closed("the client was closed", retryable=False)
+            if self.failure is not None:
+                raise self.failure
             value = probe()
             if value is not None:
                 return value

@@ -18,6 +18,7 @@ from headrace.client.discovery import Owner
 from headrace.client.errors import from_proto, from_rpc_error
 from headrace.client.sending import Item, Outcome, ProducerOptions
 from headrace.client.session import Session
+from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.message import ids
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
@@ -114,7 +115,7 @@ class Lane:
         self._task = self._start()
 
     def _start(self) -> asyncio.Task[None]:
-        return asyncio.create_task(self._guarded_run(), name=f"produce-{self.pchannel}")
+        return guarded_task(self._run(), f"produce-{self.pchannel}", self._on_failure, logger=log)
 
     def push(self, item: Item) -> None:
         self.queue.append(item)
@@ -130,22 +131,20 @@ class Lane:
         await self._idle.wait()
 
     async def close(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_settle([self._task], what=f"closing the producer lane of {self.pchannel}")
         closed = errors.Closed("the producer was closed before the message was acknowledged")
         while self.queue:
             self.context.settle(self.queue.popleft(), closed)
 
     # ----------------------------------------------------------- the loop
 
-    async def _guarded_run(self) -> None:
-        """Run the lane; a bug in it fails the queued messages instead of hanging them."""
-        try:
-            await self._run()
-        except Exception as exc:
-            log.exception("producer lane of %s failed", self.pchannel)
-            self._fail_all(errors.HeadraceError(f"producer lane failed: {exc!r}"))
-            self._idle.set()
+    async def _on_failure(self, failure: TaskFailure) -> None:
+        """A bug in the lane fails the queued messages at once instead of hanging
+        them; the next message pushed starts the lane again."""
+        self._fail_all(
+            errors.HeadraceError(f"the producer lane of {self.pchannel}: {failure.describe()}")
+        )
+        self._idle.set()
 
     async def _run(self) -> None:
         backoff = self.options.retry_backoff
@@ -161,7 +160,8 @@ class Lane:
             except errors.Unavailable as exc:
                 self._expire(last_error or exc)
                 continue
-            except errors.Closed as exc:
+            except errors.HeadraceError as exc:
+                # Closed, or the client's view of the cluster failed.
                 self._fail_all(exc)
                 continue
             self.owner = owner
@@ -219,31 +219,34 @@ class Lane:
         channel = self.context.session.channels.get(owner.address)
         call = rpc.producer_stub(channel).Produce()
         stream = _Stream(call, owner)
-        body = asyncio.create_task(self._converse(stream))
-        watcher = asyncio.create_task(self._watch_owner(stream))
+        name = f"produce-{self.pchannel}-{owner.term}"
+        body = asyncio.create_task(self._converse(stream), name=name)
+        watcher = asyncio.create_task(self._watch_owner(stream), name=f"{name}-successor")
         try:
             await asyncio.wait((body, watcher), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (body, watcher):
-                task.cancel()
-            await asyncio.gather(body, watcher, return_exceptions=True)
+            failures = await cancel_and_settle(
+                (body, watcher), what=f"producing to {self.pchannel}", logger=log
+            )
             call.cancel()
             unresolved = [*stream.retry, *(i for _, items in stream.inflight for i in items)]
             self.queue.extendleft(reversed(unresolved))
-        error = None if body.cancelled() else body.exception()
-        if error is not None:
-            raise error
+        if failures:
+            raise failures[0]
         return stream
 
     async def _converse(self, stream: _Stream) -> None:
         receiver: asyncio.Task[None] | None = None
+        failures: list[Exception] = []
         try:
             opened = await self._open(stream)
             if opened:
-                receiver = asyncio.create_task(self._receive(stream))
+                receiver = asyncio.create_task(
+                    self._receive(stream), name=f"produce-{self.pchannel}-receiver"
+                )
                 await self._send(stream, receiver)
                 if not stream.broken:
-                    await receiver
+                    await asyncio.wait((receiver,))
         except grpc.RpcError as exc:
             stream.fail(from_rpc_error(exc, stream.owner.address), broken=True)
         except asyncio.InvalidStateError:
@@ -254,9 +257,12 @@ class Lane:
                 broken=True,
             )
         finally:
-            if receiver is not None and not receiver.done():
-                receiver.cancel()
-                await asyncio.gather(receiver, return_exceptions=True)
+            if receiver is not None:
+                failures = await cancel_and_settle(
+                    (receiver,), what=f"producing to {self.pchannel}", logger=log
+                )
+        if failures:
+            raise failures[0]
 
     async def _watch_owner(self, stream: _Stream) -> None:
         """Fail ``stream`` once the pchannel has an ASSIGNED owner of a higher term.
@@ -268,7 +274,12 @@ class Lane:
         old owner never becomes readable), and its dedup window holds what the
         old owner wrote before the fence.
         """
-        owner = await self.context.session.view.wait_successor(stream.owner)
+        try:
+            owner = await self.context.session.view.wait_successor(stream.owner)
+        except errors.HeadraceError as exc:
+            # The client was closed, or its view of the cluster failed.
+            stream.fail(exc, broken=True)
+            return
         stream.fail(
             errors.Unavailable(
                 f"{self.pchannel} moved to {owner.node} at term {owner.term} "
