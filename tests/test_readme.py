@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -34,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from headrace.client import api as client_api
 from headrace.client.client import HeadraceClient
 from headrace.cluster import default_pchannels, route
 from headrace.message.types import MessageType
@@ -319,17 +319,14 @@ async def write_and_damage(data: Path, vchannel: str, pchannel: str) -> Damage:
     return Damage(*damage_middle_insert(data / "wal" / pchannel))
 
 
-async def serving_after(shell: ReadmeShell, pchannel: str) -> dict[str, Any]:
+async def serving_after(url: str, pchannel: str) -> dict[str, Any]:
     """``pchannel``'s status row once its WAL serves (or after a minute)."""
     deadline = time.monotonic() + 60
     while True:
-        status = shell.run("headrace status --metastore $M --json")
-        assert status.returncode == 0, status.stderr
-        row: dict[str, Any] = {r["pchannel"]: r for r in json.loads(status.stdout)["pchannels"]}[
-            pchannel
-        ]
+        report = await client_api.cluster_status(url)
+        (row,) = [r for r in report["pchannels"] if r["pchannel"] == pchannel]
         if row["wal_state"] == "SERVING" or time.monotonic() > deadline:
-            return row
+            return dict(row)
         await asyncio.sleep(0.5)
 
 
@@ -403,7 +400,7 @@ async def test_damaged_record_snippet(tmp_path: Path) -> None:
         other = "node-0" if row[2] == "node-1" else "node-1"
         moved = shell.run(f"headrace move --metastore $M --pchannel {pchannel} --to {other}")
         assert moved.returncode == 0, moved.stderr
-        served = await serving_after(shell, pchannel)
+        served = await serving_after(running.url, pchannel)
         assert (served["node"], served["wal_state"]) == (other, "SERVING"), served
         # The valid prefix is kept and writing goes on after it.
         got = await inserts_after_writing(running.url, vchannel, b"after repair")
