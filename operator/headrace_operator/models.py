@@ -500,6 +500,13 @@ class PlannedStep(_Model):
     moved off them first."""
 
     index: int = pydantic.Field(ge=0)
+    action: str = pydantic.Field(
+        default="restart",
+        description=(
+            "restart (Rolling); stop-writes, drain-and-fence, stop-nodes, start-nodes, "
+            "resume-writes (Offline)."
+        ),
+    )
     nodes: list[str] = pydantic.Field(json_schema_extra={"maxItems": MAX_NODES})
     moves: list[PlannedMove] = pydantic.Field(
         default_factory=list, json_schema_extra={"maxItems": MAX_PCHANNELS}
@@ -518,6 +525,9 @@ class NodeProgress(_Model):
     )
     pchannels_moved: int = pydantic.Field(default=0, ge=0)
     started: str = pydantic.Field(default="", description="When its drain started (RFC 3339).")
+    ready_since: str = pydantic.Field(
+        default="", description="When it was first seen Ready on the target image (RFC 3339)."
+    )
     error: str = ""
 
 

@@ -83,6 +83,7 @@ def test_status_round_trip_uses_kubernetes_names() -> None:
         "step": "Pending",
         "pchannelsMoved": 3,
         "started": "",
+        "readySince": "",
         "error": "",
     }
     assert models.UpgradePlanStatus.model_validate(status).nodes[0].from_ == "a:1"
