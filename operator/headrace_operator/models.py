@@ -524,6 +524,9 @@ class NodeProgress(_Model):
         default="Pending", description="Pending, Draining, Restarting, Soaking, Done or Failed."
     )
     pchannels_moved: int = pydantic.Field(default=0, ge=0)
+    pchannels_at_start: int = pydantic.Field(
+        default=0, ge=0, description="pchannels the node held when its drain started."
+    )
     started: str = pydantic.Field(default="", description="When its drain started (RFC 3339).")
     ready_since: str = pydantic.Field(
         default="", description="When it was first seen Ready on the target image (RFC 3339)."

@@ -203,9 +203,10 @@ def node_step(
     soaked: bool,
 ) -> NodeStep:
     """Where ``node`` is: ``told`` says its pod template carries the target
-    image; ``soaked`` that it has been Ready on it for ``soakSeconds``."""
+    image; ``soaked`` that it has been Ready on it for ``soakSeconds``. A node
+    on the target is back only once Ready, registered and unfrozen."""
     if node.image == target_image and not node.terminating:
-        if not (node.ready and node.registered):
+        if not (node.ready and node.registered) or node.draining:
             return NodeStep.RESTARTING
         return NodeStep.DONE if soaked else NodeStep.SOAKING
     if not told:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from headrace_operator import crdgen, models
+from headrace_operator import builders, crdgen, models
 from headrace_operator.errors import InvalidSpec, KubeInvalid
 from headrace_operator.kube import KubernetesApi
 from tests.fixtures_kube import KubeTestbed
@@ -82,6 +82,7 @@ def test_status_round_trip_uses_kubernetes_names() -> None:
         "to": "a:2",
         "step": "Pending",
         "pchannelsMoved": 3,
+        "pchannelsAtStart": 0,
         "started": "",
         "readySince": "",
         "error": "",
@@ -132,3 +133,42 @@ async def test_api_server_rejects_the_same_specs(kube: tuple[KubernetesApi, str]
             models.API_VERSION, "UpgradePlan", namespace, "ok", {"spec": {"mode": "Offline"}}
         )
     assert "mode is immutable" in str(raised.value)
+
+
+def _annotated(value: str) -> dict[str, Any]:
+    return {"metadata": {"annotations": {builders.NODE_IMAGES: value}}}
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["not json", '["a"]', '{"alpha-node-0": "img"}', '{"alpha-node-0": {"image": "img"}}'],
+)
+def test_a_malformed_node_images_annotation_is_named(value: str) -> None:
+    with pytest.raises(InvalidSpec) as raised:
+        builders.node_targets(_annotated(value))
+    assert raised.value.field == f"metadata.annotations.{builders.NODE_IMAGES}"
+
+
+def test_node_targets_round_trip_and_override_only_their_node() -> None:
+    targets = {"alpha-node-1": builders.NodeTarget("img:2", "0.2.0")}
+    encoded = builders.encode_node_targets(targets)
+    assert encoded is not None
+    assert builders.node_targets(_annotated(encoded)) == targets
+    assert builders.encode_node_targets({}) is None
+    ref = builders.ClusterRef(name="alpha", namespace="ns", uid="u")
+    spec = models.parse_cluster_spec(
+        {
+            "pchannels": 2,
+            "image": "img:1",
+            "version": "0.1.0",
+            "metastore": {"etcdEndpoints": ["etcd:2379"]},
+        }
+    )
+    assert builders.node_spec(ref, spec, targets, 0) is spec
+    moved = builders.node_spec(ref, spec, targets, 1)
+    assert (moved.image, moved.version) == ("img:2", "0.2.0")
+    assert builders.template_hash(ref, moved, 1) != builders.template_hash(ref, spec, 1)
+    final = spec.model_copy(update={"image": "img:2", "version": "0.2.0"})
+    assert builders.template_hash(ref, builders.node_spec(ref, final, targets, 1), 1) == (
+        builders.template_hash(ref, moved, 1)
+    ), "writing the target into the spec keeps the upgraded node's template"

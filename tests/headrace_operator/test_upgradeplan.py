@@ -168,6 +168,10 @@ def test_node_step() -> None:
     assert node_step(unregistered, target_image=NEW, told=True, holding=0, soaked=True) is (
         NodeStep.RESTARTING
     )
+    still_frozen = UpgradeNode("n", 0, NEW, ready=True, registered=True, draining=True)
+    assert node_step(still_frozen, target_image=NEW, told=True, holding=0, soaked=True) is (
+        NodeStep.RESTARTING
+    )
     old = UpgradeNode("n", 0, OLD, ready=True, registered=True)
     assert node_step(old, target_image=NEW, told=False, holding=3, soaked=False) is (
         NodeStep.PENDING
