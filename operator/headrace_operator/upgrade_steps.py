@@ -490,7 +490,7 @@ def _conditions(phase: UpgradePhase, message: str, p: UpgradePass) -> list[Condi
             Condition(
                 type=kind.value,
                 status=value,
-                reason=phase.value if on else "As" + phase.value,
+                reason=phase.value,
                 message=message if on else "",
                 observed_generation=p.generation,
                 last_transition_time=since or timestamp(p.now),
