@@ -46,6 +46,7 @@ class Reason(enum.StrEnum):
     UPGRADE_NODE_DONE = "UpgradeNodeDone"
     UPGRADE_BLOCKED = "UpgradeBlocked"
     UPGRADE_SUCCEEDED = "UpgradeSucceeded"
+    UPGRADE_ROLLED_BACK = "UpgradeRolledBack"
 
 
 def involved_ref(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -396,6 +396,8 @@ class UpgradePhase(enum.StrEnum):
     PAUSED = "Paused"
     BLOCKED = "Blocked"
     SUCCEEDED = "Succeeded"
+    ROLLED_BACK = "RolledBack"
+    """``rollback``: every node runs the image it ran before the plan again."""
     FAILED = "Failed"
 
 
@@ -404,6 +406,7 @@ class UpgradeConditionType(enum.StrEnum):
     PAUSED = "Paused"
     BLOCKED = "Blocked"
     SUCCEEDED = "Succeeded"
+    ROLLED_BACK = "RolledBack"
     FAILED = "Failed"
 
 
@@ -536,7 +539,15 @@ class NodeProgress(_Model):
 
 class UpgradePlanStatus(_Model):
     phase: Literal[
-        "", "Pending", "Planned", "Running", "Paused", "Blocked", "Succeeded", "Failed"
+        "",
+        "Pending",
+        "Planned",
+        "Running",
+        "Paused",
+        "Blocked",
+        "Succeeded",
+        "RolledBack",
+        "Failed",
     ] = pydantic.Field(default="", description="One of UpgradePhase ('' before the first pass).")
     progress: str = pydantic.Field(default="", description="upgraded/total, for kubectl get.")
     plan: list[PlannedStep] = pydantic.Field(

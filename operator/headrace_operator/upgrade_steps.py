@@ -18,7 +18,10 @@ never restarted again.
 
 Order: spec, finished gate, cluster, one active plan per cluster, observation
 (pods and metastore), plan (a dry run stops here), pause gate, mode gate,
-progress (finish, wait, or start the next nodes after the safety gates).
+target (the plan's image, or with ``rollback`` the cluster's), progress (finish,
+wait, or start the next nodes after the safety gates; a node not on the target
+that is not Ready and holds nothing goes first, which is how a rollback gets
+past an image that never becomes Ready).
 """
 
 from __future__ import annotations
@@ -74,13 +77,18 @@ from headrace_operator.upgradeplan import (
     pchannels_not_serving,
     plan_paused,
     rolling_plan,
+    stuck_nodes,
 )
 
 log = logging.getLogger(__name__)
 
 KIND = "UpgradePlan"
 CLUSTER_KIND = "StreamingCluster"
-FINAL_PHASES = (UpgradePhase.SUCCEEDED.value, UpgradePhase.FAILED.value)
+FINAL_PHASES = (
+    UpgradePhase.SUCCEEDED.value,
+    UpgradePhase.ROLLED_BACK.value,
+    UpgradePhase.FAILED.value,
+)
 
 
 def parse_time(value: str) -> datetime.datetime | None:
@@ -163,6 +171,9 @@ class UpgradePass:
     cluster: Mapping[str, Any] | None = None
     cluster_spec: StreamingClusterSpec | None = None
     targets: dict[str, NodeTarget] = dataclasses.field(default_factory=dict)
+    target: NodeTarget | None = None
+    """What every node should run when the pass is done: the plan's image, or
+    with ``rollback`` the cluster's own (unchanged until the plan succeeds)."""
     view: ClusterView | None = None
     snapshot: ClusterSnapshot | None = None
     plan: list[PlannedStep] = dataclasses.field(default_factory=list)
@@ -189,6 +200,22 @@ class UpgradePass:
         if self.spec is None:
             raise errors.InvalidArgument("the plan's spec was not parsed (a step ran out of order)")
         return self.spec
+
+    def need_target(self) -> NodeTarget:
+        if self.target is None:
+            raise errors.InvalidArgument("the target was not chosen (a step ran out of order)")
+        return self.target
+
+    @property
+    def rolling_back(self) -> bool:
+        return self.spec is not None and self.spec.rollback
+
+    def node_image(self, node: str) -> str:
+        """The image the cluster's pass builds ``node`` from."""
+        target = self.targets.get(node)
+        cluster_spec = self.cluster_spec
+        assert cluster_spec is not None
+        return cluster_spec.image if target is None else target.image
 
     def cluster_ref(self) -> ClusterRef:
         if self.cluster is None:
@@ -297,7 +324,7 @@ async def make_plan(p: UpgradePass) -> StepResult:
     if spec.mode is UpgradeMode.OFFLINE:
         p.plan = offline_plan(p.view)
     else:
-        p.plan = rolling_plan(p.view, spec.image, spec.max_unavailable)
+        p.plan = rolling_plan(p.view, p.need_target().image, spec.max_unavailable)
     if spec.dry_run:
         return halted(Halt.PLANNED, f"dry run: {len(p.plan)} step(s) planned, nothing changed")
     return DONE
@@ -310,11 +337,27 @@ async def check_paused(p: UpgradePass) -> StepResult:
 
 async def check_mode(p: UpgradePass) -> StepResult:
     """What this release does not carry out yet, said plainly."""
-    spec = p.need_spec()
-    if spec.mode is UpgradeMode.OFFLINE:
+    if p.need_spec().mode is UpgradeMode.OFFLINE:
         return halted(Halt.BLOCKED, "mode Offline is not carried out by this operator release")
-    if spec.rollback:
-        return halted(Halt.BLOCKED, "rollback is not carried out by this operator release")
+    return DONE
+
+
+async def choose_target(p: UpgradePass) -> StepResult:
+    """The plan's image and version, or with ``rollback`` the cluster's: its
+    spec keeps the image the nodes ran before until the plan succeeds, so
+    rolling back is the same loop towards it."""
+    spec, cluster_spec = p.need_spec(), p.cluster_spec
+    assert cluster_spec is not None
+    if not spec.rollback:
+        p.target = NodeTarget(spec.image, spec.version)
+        return DONE
+    if p.previous.get("phase") == UpgradePhase.SUCCEEDED:
+        return halted(
+            Halt.BLOCKED,
+            "rollback after the plan succeeded: the cluster's spec already names "
+            f"{spec.image}; create a new UpgradePlan to the previous image instead",
+        )
+    p.target = NodeTarget(cluster_spec.image, cluster_spec.version)
     return DONE
 
 
@@ -326,21 +369,23 @@ def _previous_progress(p: UpgradePass) -> dict[str, NodeProgress]:
 def track_nodes(p: UpgradePass) -> dict[str, NodeProgress]:
     """Per-node progress from observation; the previous status only gives the
     times (start, first Ready on the target) and the image a node came from."""
-    spec, view, cluster_spec = p.need_spec(), p.view, p.cluster_spec
+    spec, view, cluster_spec, target = p.need_spec(), p.view, p.cluster_spec, p.need_target()
     assert view is not None and cluster_spec is not None
     before = _previous_progress(p)
     held = holdings(p.snapshot.assignments.values()) if p.snapshot is not None else {}
     progress: dict[str, NodeProgress] = {}
     for node in view.nodes:
         old = before.get(node.name)
-        told = node.name in p.targets and p.targets[node.name].image == spec.image
-        on_target = node.image == spec.image and node.ready and node.registered
+        told = p.node_image(node.name) == target.image and (
+            node.name in p.targets or p.rolling_back
+        )
+        on_target = node.image == target.image and node.ready and node.registered
         on_target = on_target and not node.draining
         ready_since = (old.ready_since if old else "") or (timestamp(p.now) if on_target else "")
         since = parse_time(ready_since) if on_target else None
         soaked = since is not None and (p.now - since).total_seconds() >= spec.soak_seconds
         holding = held.get(node.name, 0)
-        step = node_step(node, target_image=spec.image, told=told, holding=holding, soaked=soaked)
+        step = node_step(node, target_image=target.image, told=told, holding=holding, soaked=soaked)
         started = old.started if told and old is not None else ""
         at_start = old.pchannels_at_start if old is not None and started else holding
         moved = 0 if not started else at_start - holding if step is NodeStep.DRAINING else at_start
@@ -351,7 +396,7 @@ def track_nodes(p: UpgradePass) -> dict[str, NodeProgress]:
             {
                 "node": node.name,
                 "from": origin,
-                "to": spec.image,
+                "to": target.image,
                 "step": step.value,
                 "pchannelsMoved": max(0, moved),
                 "pchannelsAtStart": at_start,
@@ -364,7 +409,7 @@ def track_nodes(p: UpgradePass) -> dict[str, NodeProgress]:
 
 async def advance(p: UpgradePass) -> StepResult:
     """Finish, wait for the nodes in progress, or start the next ones."""
-    spec, view = p.need_spec(), p.view
+    spec, view, target = p.need_spec(), p.view, p.need_target()
     if view is None:
         return DONE
     p.progress = track_nodes(p)
@@ -372,11 +417,11 @@ async def advance(p: UpgradePass) -> StepResult:
     for name, item in p.progress.items():
         old = before.get(name)
         if item.step == NodeStep.DONE and (old is None or old.step != NodeStep.DONE):
-            await p.event(Reason.UPGRADE_NODE_DONE, f"node {name} runs {spec.image}")
+            await p.event(Reason.UPGRADE_NODE_DONE, f"node {name} runs {target.image}")
     unfinished = [
         item for item in p.progress.values() if item.step not in (NodeStep.PENDING, NodeStep.DONE)
     ]
-    if nothing_to_upgrade(view, spec.image) and not unfinished:
+    if nothing_to_upgrade(view, target.image) and not unfinished:
         return await _finish(p)
     if unfinished:
         for item in unfinished:
@@ -386,6 +431,9 @@ async def advance(p: UpgradePass) -> StepResult:
             if overdue and item.step in (NodeStep.DRAINING, NodeStep.RESTARTING):
                 return halted(Halt.BLOCKED, overdue)
         return waiting_on(*(f"node {item.node}: {item.step}" for item in unfinished))
+    broken = stuck_nodes(view, target.image)
+    if broken:
+        return await _start(p, broken)
     for gate in (pchannels_not_serving(view), other_nodes_draining(view, ())):
         if gate:
             return halted(Halt.BLOCKED, gate)
@@ -396,10 +444,14 @@ async def advance(p: UpgradePass) -> StepResult:
 
 
 async def _start(p: UpgradePass, nodes: Sequence[str]) -> StepResult:
-    spec = p.need_spec()
+    target, cluster_spec = p.need_target(), p.cluster_spec
+    assert cluster_spec is not None
     targets = dict(p.targets)
     for node in nodes:
-        targets[node] = NodeTarget(spec.image, spec.version)
+        if (target.image, target.version) == (cluster_spec.image, cluster_spec.version):
+            targets.pop(node, None)
+        else:
+            targets[node] = target
     patch = {
         "metadata": {"annotations": {builders.NODE_IMAGES: builders.encode_node_targets(targets)}}
     }
@@ -413,7 +465,7 @@ async def _start(p: UpgradePass, nodes: Sequence[str]) -> StepResult:
         )
         await p.event(
             Reason.UPGRADE_NODE_STARTED,
-            f"restarting node {node} on {spec.image} (from {item.from_}); "
+            f"restarting node {node} on {target.image} (from {item.from_}); "
             f"its {item.pchannels_at_start} pchannel(s) move by graceful handoff first",
         )
     return waiting_on(*(f"node {node}: {NodeStep.DRAINING.value}" for node in nodes))
@@ -423,20 +475,16 @@ async def _finish(p: UpgradePass) -> StepResult:
     """Every node runs the target: write it into the cluster's spec (the nodes
     keep their template hash, see :func:`.builders.node_spec`) and drop the
     per-node targets."""
-    spec = p.need_spec()
+    target = p.need_target()
     ref = p.cluster_ref()
     cluster_spec = p.cluster_spec
     assert cluster_spec is not None
-    if (cluster_spec.image, cluster_spec.version) != (spec.image, spec.version) or p.targets:
+    if (cluster_spec.image, cluster_spec.version) != (target.image, target.version) or p.targets:
         patch = {
             "metadata": {"annotations": {builders.NODE_IMAGES: None}},
-            "spec": {"image": spec.image, "version": spec.version},
+            "spec": {"image": target.image, "version": target.version},
         }
         await p.kube.patch_merge(models.API_VERSION, CLUSTER_KIND, ref.namespace, ref.name, patch)
-        await p.event(
-            Reason.UPGRADE_SUCCEEDED,
-            f"every node of {ref.name} runs {spec.image}; cluster version is {spec.version}",
-        )
     p.succeeded = True
     return DONE
 
@@ -448,6 +496,7 @@ UPGRADE_STEPS: Sequence[tuple[str, UpgradeStep]] = (
     ("finished", check_finished),
     ("cluster", read_cluster),
     ("one-plan-per-cluster", check_competing),
+    ("target", choose_target),
     ("observe", observe),
     ("plan", make_plan),
     ("pause", check_paused),
@@ -467,7 +516,7 @@ def _phase(p: UpgradePass, result: PassResult) -> UpgradePhase:
     if halt is Halt.PLANNED:
         return UpgradePhase.PLANNED
     if p.succeeded:
-        return UpgradePhase.SUCCEEDED
+        return UpgradePhase.ROLLED_BACK if p.rolling_back else UpgradePhase.SUCCEEDED
     started = any(item.step != NodeStep.PENDING for item in p.progress.values())
     return UpgradePhase.RUNNING if started or p.targets else UpgradePhase.PENDING
 
@@ -479,6 +528,7 @@ def _conditions(phase: UpgradePhase, message: str, p: UpgradePass) -> list[Condi
         UpgradeConditionType.PAUSED: phase is UpgradePhase.PAUSED,
         UpgradeConditionType.BLOCKED: phase is UpgradePhase.BLOCKED,
         UpgradeConditionType.SUCCEEDED: phase is UpgradePhase.SUCCEEDED,
+        UpgradeConditionType.ROLLED_BACK: phase is UpgradePhase.ROLLED_BACK,
         UpgradeConditionType.FAILED: phase is UpgradePhase.FAILED,
     }
     conditions = []
@@ -503,8 +553,8 @@ def upgrade_status(p: UpgradePass, result: PassResult) -> dict[str, Any]:
     """The plan's status from this pass's observations and step results."""
     phase = _phase(p, result)
     message = result.halt_reason or "; ".join(result.failures) or "; ".join(result.waiting)
-    if phase is UpgradePhase.SUCCEEDED:
-        message = f"every node runs {p.need_spec().image}"
+    if phase in (UpgradePhase.SUCCEEDED, UpgradePhase.ROLLED_BACK):
+        message = f"every node runs {p.need_target().image}"
     done = sum(1 for item in p.progress.values() if item.step == NodeStep.DONE)
     current = [
         item.node
@@ -533,9 +583,23 @@ async def write_upgrade_status(p: UpgradePass, result: PassResult) -> dict[str, 
         await p.kube.patch_merge(
             models.API_VERSION, KIND, p.namespace, p.name, {"status": status}, subresource="status"
         )
-    blocked_before = previous.get("phase") == UpgradePhase.BLOCKED
-    if result.halt is Halt.BLOCKED and not blocked_before:
+    phase = status["phase"]
+    if phase == previous.get("phase"):
+        return status
+    if phase == UpgradePhase.BLOCKED:
         await p.event(Reason.UPGRADE_BLOCKED, result.halt_reason, warning=True)
+    elif phase in (UpgradePhase.SUCCEEDED, UpgradePhase.ROLLED_BACK):
+        target = p.need_target()
+        reason = (
+            Reason.UPGRADE_SUCCEEDED
+            if phase == UpgradePhase.SUCCEEDED
+            else Reason.UPGRADE_ROLLED_BACK
+        )
+        await p.event(
+            reason,
+            f"every node of {p.cluster_ref().name} runs {target.image}; "
+            f"cluster version is {target.version}",
+        )
     return status
 
 

@@ -168,6 +168,21 @@ def nothing_to_upgrade(view: ClusterView, target_image: str) -> str:
     return ""
 
 
+def stuck_nodes(view: ClusterView, target_image: str) -> list[str]:
+    """Nodes not on the target that are not Ready and hold nothing (e.g. on
+    an image that never becomes Ready): restarting them takes nothing away, so
+    they go first and no gate holds them."""
+    return [
+        n.name
+        for n in view.nodes
+        if n.image != target_image
+        and n.image
+        and not n.ready
+        and not n.terminating
+        and not view.holdings.get(n.name)
+    ]
+
+
 def pchannels_not_serving(view: ClusterView) -> str:
     """Why a node may not start draining: a pchannel unassigned or not served."""
     idle = [p for p in view.pchannels if p not in view.serving]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from headrace_operator.events import KubeEventSink
 from headrace_operator.nodeplan import holdings
 from headrace_operator.results import PassResult
 from headrace_operator.upgrade_steps import UpgradePass, run_upgrade_pass
-from tests.headrace_operator.op_harness import Bed, condition, is_ready
+from tests.headrace_operator.op_harness import BROKEN_SUFFIX, Bed, condition, is_ready
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -212,3 +213,45 @@ async def test_resumes_after_an_operator_restart_without_restarting_a_node_twice
         "again-node-1": 2,
         "again-node-2": 2,
     }, "each node pod replaced exactly once"
+
+
+async def test_an_image_that_never_becomes_ready_blocks_and_rollback_brings_it_back(
+    bed: Bed,
+) -> None:
+    if bed.real:
+        pytest.skip("the process-runner kubelet runs every image; only the fake has a broken one")
+    await bed.create_cluster("sour", nodes=3, pchannels=3)
+    await bed.converge("sour", is_ready, what="Ready")
+    await create_plan(
+        bed, "sour-up", "sour", image="headrace-node" + BROKEN_SUFFIX, drainTimeoutSeconds=10
+    )
+
+    async def phase() -> str:
+        await upgrade_pass(bed, "sour-up")
+        return str((await plan_body(bed, "sour-up"))["status"]["phase"])
+
+    await bed.until("sour", lambda: _is(phase, "Blocked"), what="Blocked", timeout=60)
+    body = await plan_body(bed, "sour-up")
+    assert (
+        "sour-node-2 has not come back on the target image within 10s"
+        in (condition(body, "Blocked")["message"])
+    )
+    assert (await images(bed, "sour"))["sour-node-2"].endswith(BROKEN_SUFFIX)
+    assert [i for n, i in sorted((await images(bed, "sour")).items()) if n != "sour-node-2"] == [
+        bed.image,
+        bed.image,
+    ], "the plan stopped at that node"
+    await bed.kube.patch_merge(*UP, bed.namespace, "sour-up", {"spec": {"rollback": True}})
+    await bed.until("sour", lambda: _is(phase, "RolledBack"), what="RolledBack", timeout=60)
+    assert set((await images(bed, "sour")).values()) == {bed.image}
+    cluster = await bed.cluster("sour")
+    assert cluster["spec"]["image"] == bed.image and cluster["spec"]["version"] == "0.1.0"
+    assert builders.NODE_IMAGES not in (cluster["metadata"].get("annotations") or {})
+    body = await plan_body(bed, "sour-up")
+    assert condition(body, "RolledBack")["status"] == "True"
+    assert condition(body, "Succeeded")["status"] == "False"
+    assert "UpgradeRolledBack" in await bed.event_reasons()
+
+
+async def _is(read: Callable[[], Awaitable[str]], expected: str) -> bool:
+    return await read() == expected

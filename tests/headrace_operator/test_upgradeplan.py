@@ -21,6 +21,7 @@ from headrace_operator.upgradeplan import (
     pchannels_not_serving,
     plan_paused,
     rolling_plan,
+    stuck_nodes,
 )
 
 OLD, NEW = "node:1", "node:2"
@@ -182,3 +183,15 @@ def test_node_step() -> None:
     assert node_step(old, target_image=NEW, told=True, holding=0, soaked=False) is (
         NodeStep.RESTARTING
     )
+
+
+def test_stuck_nodes_go_first_only_when_they_hold_nothing() -> None:
+    nodes = (
+        UpgradeNode("c-node-0", 0, OLD, ready=True, registered=True),
+        UpgradeNode("c-node-1", 1, NEW),
+        UpgradeNode("c-node-2", 2, NEW),
+        UpgradeNode("c-node-3", 3, ""),
+    )
+    v = ClusterView(nodes, holdings={"c-node-2": ("pchannel-000",)})
+    assert stuck_nodes(v, OLD) == ["c-node-1"], "not Ready, nothing held, not on the target"
+    assert stuck_nodes(v, NEW) == []
