@@ -241,13 +241,14 @@ async def parse_plan(p: UpgradePass) -> StepResult:
 
 
 async def check_finished(p: UpgradePass) -> StepResult:
-    """A plan that succeeded for this generation does nothing more (a later
-    change of the cluster's image is not undone by it)."""
+    """A plan that succeeded or rolled back for this generation does nothing
+    more (a later change of the cluster's image is not undone by it)."""
     previous = p.previous
-    if previous.get("phase") == UpgradePhase.SUCCEEDED and (
+    phase = previous.get("phase")
+    if phase in (UpgradePhase.SUCCEEDED, UpgradePhase.ROLLED_BACK) and (
         previous.get("observedGeneration") == p.generation
     ):
-        return halted(Halt.FINISHED, "the plan succeeded")
+        return halted(Halt.FINISHED, f"the plan ended {phase}")
     return DONE
 
 

@@ -255,3 +255,24 @@ async def test_an_image_that_never_becomes_ready_blocks_and_rollback_brings_it_b
 
 async def _is(read: Callable[[], Awaitable[str]], expected: str) -> bool:
     return await read() == expected
+
+
+async def test_a_finished_plan_does_not_undo_a_later_change(bed: Bed) -> None:
+    await bed.create_cluster("done", nodes=1, pchannels=1)
+    await bed.converge("done", is_ready, what="Ready")
+    await bed.patch_cluster("done", {"spec": {"image": TARGET, "version": "0.2.0"}})
+    await create_plan(bed, "done-up", "done")
+
+    async def phase() -> str:
+        await upgrade_pass(bed, "done-up")
+        return str((await plan_body(bed, "done-up"))["status"]["phase"])
+
+    # the cluster's own restart to the target is not this plan's: it waits it out
+    await bed.until("done", lambda: _is(phase, "Succeeded"), what="Succeeded")
+    body = await plan_body(bed, "done-up")
+    assert set((await images(bed, "done")).values()) == {TARGET}
+    await bed.patch_cluster("done", {"spec": {"image": "headrace-node:v3"}})
+    result = await upgrade_pass(bed, "done-up")
+    assert result.halt_reason == "the plan ended Succeeded"
+    assert (await bed.cluster("done"))["spec"]["image"] == "headrace-node:v3"
+    assert (await plan_body(bed, "done-up"))["status"] == body["status"]
