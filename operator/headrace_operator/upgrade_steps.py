@@ -102,6 +102,20 @@ def node_image(pod: Mapping[str, Any]) -> str:
     return str(containers[0].get("image", ""))
 
 
+def pod_problem(pod: Mapping[str, Any]) -> str:
+    """Why the node container does not run ("" when nothing is said): the
+    waiting or terminated reason and message of its container status."""
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        state = container.get("state") or {}
+        for kind in ("waiting", "terminated"):
+            detail = state.get(kind) or {}
+            if detail.get("reason") and detail.get("reason") != "Completed":
+                message = detail.get("message", "")
+                return f"{detail['reason']}: {message}" if message else str(detail["reason"])
+    return str(status.get("reason", ""))
+
+
 def cluster_view(
     cluster: str,
     desired: int,
@@ -141,6 +155,7 @@ def cluster_view(
                 registered=name in live,
                 terminating=bool(meta.get("deletionTimestamp")),
                 draining=name in live and live[name].frozen,
+                problem=pod_problem(pod),
             )
         )
     seen = {node.ordinal for node in nodes}
@@ -403,6 +418,7 @@ def track_nodes(p: UpgradePass) -> dict[str, NodeProgress]:
                 "pchannelsAtStart": at_start,
                 "started": started,
                 "readySince": ready_since if on_target else "",
+                "error": node.problem if step is not NodeStep.DONE else "",
             }
         )
     return progress
@@ -426,8 +442,11 @@ async def advance(p: UpgradePass) -> StepResult:
         return await _finish(p)
     if unfinished:
         for item in unfinished:
+            node = view.node(item.node)
+            if node is None:
+                continue
             overdue = drain_overdue(
-                item.node, parse_time(item.started), p.now, spec.drain_timeout_seconds
+                node, parse_time(item.started), p.now, spec.drain_timeout_seconds
             )
             if overdue and item.step in (NodeStep.DRAINING, NodeStep.RESTARTING):
                 return halted(Halt.BLOCKED, overdue)

@@ -60,6 +60,8 @@ class UpgradeNode:
     terminating: bool = False
     draining: bool = False
     """The node is frozen or draining in the balancer."""
+    problem: str = ""
+    """Why its container does not run, as the kubelet says (e.g. ImagePullBackOff)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -200,13 +202,14 @@ def other_nodes_draining(view: ClusterView, ours: Iterable[str]) -> str:
 
 
 def drain_overdue(
-    node: str, started: datetime.datetime | None, now: datetime.datetime, timeout_s: int
+    node: UpgradeNode, started: datetime.datetime | None, now: datetime.datetime, timeout_s: int
 ) -> str:
     """Why a node's upgrade is stuck: its drain and restart took longer than
-    ``drainTimeoutSeconds``."""
+    ``drainTimeoutSeconds`` (with the kubelet's reason when there is one)."""
     if started is None or (now - started).total_seconds() <= timeout_s:
         return ""
-    return f"node {node} has not come back on the target image within {timeout_s}s"
+    why = f": {node.problem}" if node.problem else ""
+    return f"node {node.name} has not come back on the target image within {timeout_s}s{why}"
 
 
 def node_step(

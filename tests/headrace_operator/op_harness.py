@@ -120,7 +120,12 @@ class SimKubelet:
                 continue
             if pod["spec"]["containers"][0]["image"].endswith(BROKEN_SUFFIX):
                 self.broken.add(key)
-                status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}
+                waiting = {"reason": "ImagePullBackOff", "message": "no such image"}
+                status = {
+                    "phase": "Pending",
+                    "conditions": [{"type": "Ready", "status": "False"}],
+                    "containerStatuses": [{"name": "node", "state": {"waiting": waiting}}],
+                }
                 await self.kube.patch_merge(
                     "v1",
                     "Pod",

@@ -232,10 +232,12 @@ async def test_an_image_that_never_becomes_ready_blocks_and_rollback_brings_it_b
 
     await bed.until("sour", lambda: _is(phase, "Blocked"), what="Blocked", timeout=60)
     body = await plan_body(bed, "sour-up")
-    assert (
-        "sour-node-2 has not come back on the target image within 10s"
-        in (condition(body, "Blocked")["message"])
+    assert condition(body, "Blocked")["message"] == (
+        "node sour-node-2 has not come back on the target image within 10s: "
+        "ImagePullBackOff: no such image"
     )
+    stuck = next(n for n in body["status"]["nodes"] if n["node"] == "sour-node-2")
+    assert stuck["error"] == "ImagePullBackOff: no such image"
     assert (await images(bed, "sour"))["sour-node-2"].endswith(BROKEN_SUFFIX)
     assert [i for n, i in sorted((await images(bed, "sour")).items()) if n != "sour-node-2"] == [
         bed.image,

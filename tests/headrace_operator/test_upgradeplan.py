@@ -155,10 +155,15 @@ def test_draining_gate_ignores_the_plans_own_nodes() -> None:
 
 def test_drain_overdue() -> None:
     start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
-    assert drain_overdue("n", None, start, 10) == ""
-    assert drain_overdue("n", start, start + datetime.timedelta(seconds=10), 10) == ""
-    late = drain_overdue("n", start, start + datetime.timedelta(seconds=11), 10)
-    assert "within 10s" in late
+    node = UpgradeNode("n", 0, NEW)
+    assert drain_overdue(node, None, start, 10) == ""
+    assert drain_overdue(node, start, start + datetime.timedelta(seconds=10), 10) == ""
+    late = drain_overdue(node, start, start + datetime.timedelta(seconds=11), 10)
+    assert late == "node n has not come back on the target image within 10s"
+    pulling = UpgradeNode("n", 0, NEW, problem="ImagePullBackOff: no such image")
+    assert drain_overdue(pulling, start, start + datetime.timedelta(seconds=11), 10).endswith(
+        "within 10s: ImagePullBackOff: no such image"
+    )
 
 
 def test_node_step() -> None:
