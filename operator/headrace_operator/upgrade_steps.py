@@ -77,6 +77,7 @@ from headrace_operator.upgradeplan import (
     pchannels_not_serving,
     plan_paused,
     rolling_plan,
+    settling,
     stuck_nodes,
 )
 
@@ -454,7 +455,11 @@ async def advance(p: UpgradePass) -> StepResult:
     broken = stuck_nodes(view, target.image)
     if broken:
         return await _start(p, broken)
+    back = [parse_time(item.ready_since) for item in p.progress.values() if item.ready_since]
+    last_back = max((t for t in back if t is not None), default=None)
     for gate in (pchannels_not_serving(view), other_nodes_draining(view, ())):
+        if gate and settling(last_back, p.now, spec.drain_timeout_seconds):
+            return waiting_on(f"the cluster settles after the last node came back: {gate}")
         if gate:
             return halted(Halt.BLOCKED, gate)
     not_ready = [n.name for n in view.nodes if not (n.ready and n.registered)]

@@ -13,7 +13,8 @@ pchannels a step moves onto a node leave it again at that node's own step.
 The safety gates are named predicates that say why they block ("" when the
 plan may go ahead): :func:`cluster_missing`, :func:`competing_plan`,
 :func:`plan_paused`, :func:`nothing_to_upgrade`, :func:`pchannels_not_serving`,
-:func:`other_nodes_draining`, :func:`drain_overdue`. :func:`node_step` says
+:func:`other_nodes_draining`, :func:`drain_overdue`; :func:`settling` says
+when a failing gate is only the cluster settling after a node came back. :func:`node_step` says
 where one node is in its upgrade.
 """
 
@@ -168,6 +169,14 @@ def nothing_to_upgrade(view: ClusterView, target_image: str) -> str:
     if view.nodes and all(n.image == target_image for n in view.nodes):
         return f"every node runs {target_image}"
     return ""
+
+
+def settling(last_back: datetime.datetime | None, now: datetime.datetime, timeout_s: int) -> bool:
+    """Whether a failing gate is still expected to clear by itself: a node of
+    the plan came back less than ``drainTimeoutSeconds`` ago, and the balancer
+    is bringing pchannels back to it. Then the plan waits (Progressing) rather
+    than being Blocked."""
+    return last_back is not None and (now - last_back).total_seconds() < timeout_s
 
 
 def stuck_nodes(view: ClusterView, target_image: str) -> list[str]:

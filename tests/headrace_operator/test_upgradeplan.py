@@ -21,6 +21,7 @@ from headrace_operator.upgradeplan import (
     pchannels_not_serving,
     plan_paused,
     rolling_plan,
+    settling,
     stuck_nodes,
 )
 
@@ -200,3 +201,10 @@ def test_stuck_nodes_go_first_only_when_they_hold_nothing() -> None:
     v = ClusterView(nodes, holdings={"c-node-2": ("pchannel-000",)})
     assert stuck_nodes(v, OLD) == ["c-node-1"], "not Ready, nothing held, not on the target"
     assert stuck_nodes(v, NEW) == []
+
+
+def test_settling_only_shortly_after_a_node_came_back() -> None:
+    back = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    assert not settling(None, back, 60), "before any node came back a gate blocks"
+    assert settling(back, back + datetime.timedelta(seconds=59), 60)
+    assert not settling(back, back + datetime.timedelta(seconds=60), 60)
