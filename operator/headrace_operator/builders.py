@@ -32,9 +32,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from headrace_operator import models
+from headrace_operator.errors import InvalidSpec
 from headrace_operator.models import StreamingClusterSpec
 
 GRPC_PORT = 19530
@@ -52,6 +54,9 @@ LABEL_ORDINAL = f"{models.GROUP}/node-ordinal"
 LABEL_PCHANNEL = f"{models.GROUP}/pchannel"
 TEMPLATE_HASH = f"{models.GROUP}/template-hash"
 DRAINING = f"{models.GROUP}/draining"
+NODE_IMAGES = f"{models.GROUP}/node-images"
+"""Annotation on a StreamingCluster, written by its UpgradePlan: a JSON object
+node name -> the image that node runs instead of ``spec.image``."""
 """Pod annotation: the operator is draining this node (value: why)."""
 
 
@@ -409,6 +414,62 @@ def _pod_spec(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict
         "containers": [_container(ref, spec, ordinal)],
         "volumes": volumes,
     }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeTarget:
+    """The image and version one node runs instead of the cluster's."""
+
+    image: str
+    version: str
+
+    def to_api(self) -> dict[str, str]:
+        return {"image": self.image, "version": self.version}
+
+
+def node_targets(body: Mapping[str, Any]) -> dict[str, NodeTarget]:
+    """The per-node targets of the :data:`NODE_IMAGES` annotation ({} when
+    unset); :class:`InvalidSpec` when it is not a JSON object of node name to
+    ``{"image": ..., "version": ...}``."""
+    annotations = body.get("metadata", {}).get("annotations") or {}
+    raw = annotations.get(NODE_IMAGES)
+    if not raw:
+        return {}
+    try:
+        decoded = json.loads(raw)
+    except ValueError:
+        decoded = None
+    targets: dict[str, NodeTarget] = {}
+    for node, value in (decoded if isinstance(decoded, dict) else {None: None}).items():
+        image = value.get("image") if isinstance(value, dict) else None
+        version = value.get("version") if isinstance(value, dict) else None
+        if not (isinstance(node, str) and isinstance(image, str) and isinstance(version, str)):
+            raise InvalidSpec(
+                f"annotation {NODE_IMAGES} must be a JSON object of node name to "
+                '{"image": ..., "version": ...}',
+                field=f"metadata.annotations.{NODE_IMAGES}",
+            )
+        targets[node] = NodeTarget(image, version)
+    return targets
+
+
+def encode_node_targets(targets: Mapping[str, NodeTarget]) -> str | None:
+    """The annotation value of ``targets`` (None, i.e. removed, when empty)."""
+    if not targets:
+        return None
+    return json.dumps({node: t.to_api() for node, t in sorted(targets.items())}, sort_keys=True)
+
+
+def node_spec(
+    ref: ClusterRef, spec: StreamingClusterSpec, targets: Mapping[str, NodeTarget], ordinal: int
+) -> StreamingClusterSpec:
+    """The spec node ``ordinal`` is built from: ``spec`` with the image and
+    version an UpgradePlan set for it, if any (so the node keeps its template
+    hash when the plan finally writes them into the cluster's spec)."""
+    target = targets.get(node_name(ref.name, ordinal))
+    if target is None or (target.image, target.version) == (spec.image, spec.version):
+        return spec
+    return spec.model_copy(update={"image": target.image, "version": target.version})
 
 
 def node_pod(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:

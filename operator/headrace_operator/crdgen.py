@@ -94,9 +94,12 @@ def _printer_columns(kind: str) -> list[dict[str, Any]]:
             age,
         ]
     return [
-        {"name": "Cluster", "type": "string", "jsonPath": ".spec.cluster"},
-        {"name": "Target", "type": "string", "jsonPath": ".spec.targetVersion"},
+        {"name": "Cluster", "type": "string", "jsonPath": ".spec.clusterRef.name"},
+        {"name": "Version", "type": "string", "jsonPath": ".spec.version"},
+        {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Progress", "type": "string", "jsonPath": ".status.progress"},
+        {"name": "Node", "type": "string", "jsonPath": ".status.currentNode", "priority": 1},
         age,
     ]
 

@@ -42,6 +42,11 @@ class Reason(enum.StrEnum):
     RECONCILE_FAILED = "ReconcileFailed"
     RECONCILIATION_PAUSED = "ReconciliationPaused"
     RECONCILIATION_RESUMED = "ReconciliationResumed"
+    UPGRADE_NODE_STARTED = "UpgradeNodeStarted"
+    UPGRADE_NODE_DONE = "UpgradeNodeDone"
+    UPGRADE_BLOCKED = "UpgradeBlocked"
+    UPGRADE_SUCCEEDED = "UpgradeSucceeded"
+    UPGRADE_ROLLED_BACK = "UpgradeRolledBack"
 
 
 def involved_ref(obj: Mapping[str, Any]) -> dict[str, Any]:

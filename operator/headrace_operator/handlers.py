@@ -49,6 +49,7 @@ from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.probe import TcpProbe
 from headrace_operator.results import PassResult
 from headrace_operator.steps import Pass, cluster_ref, run_pass
+from headrace_operator.upgrade_steps import UpgradePass, run_upgrade_pass
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ RETRY_S = min(RESYNC_S, 5.0)
 ANNOTATION_PREFIX = f"operator.{models.GROUP}"
 CLUSTERS = (models.GROUP, models.VERSION, "streamingclusters")
 ASSIGNMENTS = (models.GROUP, models.VERSION, "pchannelassignments")
+PLANS = (models.GROUP, models.VERSION, "upgradeplans")
 
 
 def identity() -> str:
@@ -232,3 +234,49 @@ async def pin_changed(*, memo: Any, namespace: str | None, spec: kopf.Spec, **_:
     cluster = spec.get("cluster")
     if cluster:
         await reconcile(memo, namespace or "", str(cluster))
+
+
+async def upgrade(memo: kopf.Memo, namespace: str, name: str) -> PassResult | None:
+    """One pass of the UpgradePlan ``namespace/name`` (re-read from the API),
+    under its cluster's lock so it never interleaves with the cluster's pass;
+    then a pass of the cluster, which carries out what the plan decided.
+    None when the plan is gone."""
+    runtime: Runtime = memo["runtime"]
+    body = await runtime.kube.get(models.API_VERSION, "UpgradePlan", namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    cluster = str(((body.get("spec") or {}).get("clusterRef") or {}).get("name", ""))
+    try:
+        async with runtime.lock(cluster_key(namespace, cluster)):
+            cluster_body = await runtime.kube.get(
+                models.API_VERSION, "StreamingCluster", namespace, cluster
+            )
+            if cluster_body is not None:
+                await runtime.start_coordinator(cluster_body)
+            p = UpgradePass(
+                body=body,
+                kube=runtime.kube,
+                events=runtime.events,
+                connect=runtime.connect,
+                now=datetime.datetime.now(datetime.UTC),
+            )
+            result = await run_upgrade_pass(p)
+    except errors.HeadraceError as exc:
+        if exc.retryable:
+            raise kopf.TemporaryError(str(exc), delay=RETRY_S) from None
+        raise kopf.PermanentError(str(exc)) from None
+    if cluster:
+        await reconcile(memo, namespace, cluster)
+    return result
+
+
+@kopf.on.resume(*PLANS)
+@kopf.on.create(*PLANS)
+@kopf.on.update(*PLANS, field="spec")
+async def plan_changed(*, memo: Any, namespace: str | None, name: str, **_: Any) -> None:
+    retry_soon(await upgrade(memo, namespace or "", name))
+
+
+@kopf.timer(*PLANS, interval=min(RESYNC_S, 5.0), initial_delay=1.0)
+async def plan_resync(*, memo: Any, namespace: str | None, name: str, **_: Any) -> None:
+    retry_soon(await upgrade(memo, namespace or "", name))

@@ -380,19 +380,183 @@ class PChannelAssignmentStatus(_Model):
     )
 
 
-class UpgradePlanSpec(_Model):
-    """A rolling upgrade of a StreamingCluster (carried out by a later release)."""
+class UpgradeMode(enum.StrEnum):
+    ROLLING = "Rolling"
+    """No downtime: one node (or ``maxUnavailable``) at a time, drained by
+    fenced graceful handoff, the active coordinator's node last."""
+    OFFLINE = "Offline"
+    """With downtime: writes stopped cluster-wide, every node restarted at once."""
 
-    cluster: str = pydantic.Field(min_length=1, max_length=63, pattern=_NAME)
-    target_version: str = pydantic.Field(min_length=1, max_length=64)
-    target_image: str = pydantic.Field(min_length=1, max_length=512)
-    max_unavailable: int = pydantic.Field(default=1, ge=1, le=MAX_NODES)
-    drain_timeout_seconds: int = pydantic.Field(default=300, ge=10, le=86400)
+
+class UpgradePhase(enum.StrEnum):
+    PENDING = "Pending"
+    PLANNED = "Planned"
+    """A dry run: ``status.plan`` holds the steps; nothing is changed."""
+    RUNNING = "Running"
+    PAUSED = "Paused"
+    BLOCKED = "Blocked"
+    SUCCEEDED = "Succeeded"
+    ROLLED_BACK = "RolledBack"
+    """``rollback``: every node runs the image it ran before the plan again."""
+    FAILED = "Failed"
+
+
+class UpgradeConditionType(enum.StrEnum):
+    PROGRESSING = "Progressing"
+    PAUSED = "Paused"
+    BLOCKED = "Blocked"
+    SUCCEEDED = "Succeeded"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+
+
+class ClusterRefSpec(_Model):
+    """The StreamingCluster to upgrade (same namespace)."""
+
+    name: str = pydantic.Field(
+        min_length=1,
+        max_length=63,
+        pattern=_NAME,
+        description="Name of the StreamingCluster in the plan's namespace. Immutable.",
+        json_schema_extra=_cel_extra(cel("self == oldSelf", "clusterRef.name is immutable")),
+    )
+
+
+class UpgradePlanSpec(_Model):
+    """An upgrade of a StreamingCluster to a new version and image."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_cel_extra(
+            cel(
+                "!(self.dryRun && self.rollback)",
+                "dryRun and rollback cannot both be true: a dry run changes nothing to roll back",
+                ".rollback",
+            ),
+            cel(
+                "self.mode != 'Offline' || self.maxUnavailable == 1",
+                "maxUnavailable only applies to mode Rolling (Offline stops every node at once)",
+                ".maxUnavailable",
+            ),
+        )
+    )
+
+    cluster_ref: ClusterRefSpec
+    version: str = pydantic.Field(
+        min_length=1, max_length=64, description="Headrace version the target image carries."
+    )
+    image: str = pydantic.Field(
+        min_length=1, max_length=512, description="Container image to run on every node."
+    )
+    mode: UpgradeMode = pydantic.Field(
+        default=UpgradeMode.ROLLING,
+        description="Rolling (no downtime, node by node) or Offline (writes stopped). Immutable.",
+        json_schema_extra=_cel_extra(cel("self == oldSelf", "mode is immutable")),
+    )
+    max_unavailable: int = pydantic.Field(
+        default=1, ge=1, le=MAX_NODES, description="Nodes drained and restarted at the same time."
+    )
+    drain_timeout_seconds: int = pydantic.Field(
+        default=300,
+        ge=10,
+        le=86400,
+        description="How long a node's drain may take before the plan is Blocked.",
+    )
+    soak_seconds: int = pydantic.Field(
+        default=30,
+        ge=0,
+        le=86400,
+        description="How long a restarted node must stay Ready before the next one starts.",
+    )
+    paused: bool = pydantic.Field(
+        default=False, description="Hold the plan after the node in progress is done."
+    )
+    rollback: bool = pydantic.Field(
+        default=False,
+        description="Run the same loop back to the image the nodes ran before the plan.",
+    )
+    dry_run: bool = pydantic.Field(
+        default=False, description="Only fill status.plan with the steps; change nothing."
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _combinations(self) -> UpgradePlanSpec:
+        if self.dry_run and self.rollback:
+            raise InvalidSpec(
+                "dryRun and rollback cannot both be true: a dry run changes nothing to roll back",
+                field="spec.rollback",
+            )
+        if self.mode is UpgradeMode.OFFLINE and self.max_unavailable != 1:
+            raise InvalidSpec(
+                "maxUnavailable only applies to mode Rolling (Offline stops every node at once)",
+                field="spec.maxUnavailable",
+            )
+        return self
+
+
+class PlannedMove(_Model):
+    pchannel: str
+    to: str = pydantic.Field(description="Node the pchannel moves to.")
+
+
+class PlannedStep(_Model):
+    """One step of the plan: the nodes restarted together and the pchannels
+    moved off them first."""
+
+    index: int = pydantic.Field(ge=0)
+    action: str = pydantic.Field(
+        default="restart",
+        description=(
+            "restart (Rolling); stop-writes, drain-and-fence, stop-nodes, start-nodes, "
+            "resume-writes (Offline)."
+        ),
+    )
+    nodes: list[str] = pydantic.Field(json_schema_extra={"maxItems": MAX_NODES})
+    moves: list[PlannedMove] = pydantic.Field(
+        default_factory=list, json_schema_extra={"maxItems": MAX_PCHANNELS}
+    )
+    coordinator: bool = pydantic.Field(
+        default=False, description="The step restarts the active coordinator's node."
+    )
+
+
+class NodeProgress(_Model):
+    node: str
+    from_: str = pydantic.Field(default="", alias="from", description="Image before the plan.")
+    to: str = pydantic.Field(default="", description="Target image.")
+    step: str = pydantic.Field(
+        default="Pending", description="Pending, Draining, Restarting, Soaking, Done or Failed."
+    )
+    pchannels_moved: int = pydantic.Field(default=0, ge=0)
+    pchannels_at_start: int = pydantic.Field(
+        default=0, ge=0, description="pchannels the node held when its drain started."
+    )
+    started: str = pydantic.Field(default="", description="When its drain started (RFC 3339).")
+    ready_since: str = pydantic.Field(
+        default="", description="When it was first seen Ready on the target image (RFC 3339)."
+    )
+    error: str = ""
 
 
 class UpgradePlanStatus(_Model):
-    phase: Literal["Pending", "Running", "Succeeded", "Failed", ""] = ""
-    nodes_upgraded: int = 0
+    phase: Literal[
+        "",
+        "Pending",
+        "Planned",
+        "Running",
+        "Paused",
+        "Blocked",
+        "Succeeded",
+        "RolledBack",
+        "Failed",
+    ] = pydantic.Field(default="", description="One of UpgradePhase ('' before the first pass).")
+    progress: str = pydantic.Field(default="", description="upgraded/total, for kubectl get.")
+    plan: list[PlannedStep] = pydantic.Field(
+        default_factory=list, json_schema_extra={"maxItems": MAX_NODES}
+    )
+    nodes: list[NodeProgress] = pydantic.Field(
+        default_factory=list, json_schema_extra={"maxItems": MAX_NODES * 2}
+    )
+    current_node: str = ""
     observed_generation: int = 0
     conditions: list[Condition] = pydantic.Field(
         default_factory=list, json_schema_extra=_CONDITIONS_EXTRA
@@ -429,6 +593,11 @@ def parse_cluster_spec(spec: object) -> StreamingClusterSpec:
 
 def parse_assignment_spec(spec: object) -> PChannelAssignmentSpec:
     parsed: PChannelAssignmentSpec = parse_spec(PChannelAssignmentSpec, spec)
+    return parsed
+
+
+def parse_upgrade_spec(spec: object) -> UpgradePlanSpec:
+    parsed: UpgradePlanSpec = parse_spec(UpgradePlanSpec, spec)
     return parsed
 
 

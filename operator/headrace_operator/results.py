@@ -23,6 +23,12 @@ class Halt(enum.Enum):
     INVALID_SPEC = "invalid-spec"
     STANDBY = "standby"
     """Another operator replica reconciles the cluster: nothing is written."""
+    BLOCKED = "blocked"
+    """An UpgradePlan's safety gate holds it (the reason says which)."""
+    PLANNED = "planned"
+    """An UpgradePlan's dry run: the plan is shown, nothing is changed."""
+    FINISHED = "finished"
+    """An UpgradePlan that succeeded: nothing more is done."""
 
 
 class FailureKind(enum.Enum):

@@ -106,6 +106,8 @@ class Pass:
     now: datetime.datetime
     ref: ClusterRef = dataclasses.field(init=False)
     spec: StreamingClusterSpec | None = None
+    targets: Mapping[str, builders.NodeTarget] = dataclasses.field(default_factory=dict)
+    """Node name -> the image an UpgradePlan set for it (:data:`.builders.NODE_IMAGES`)."""
     control: ClusterControl | None = None
     pods: dict[int, PodView] = dataclasses.field(default_factory=dict)
     snapshot: ClusterSnapshot | None = None
@@ -149,6 +151,7 @@ async def check_paused(p: Pass) -> StepResult:
 async def parse_spec(p: Pass) -> StepResult:
     try:
         p.spec = models.parse_cluster_spec(p.body.get("spec") or {})
+        p.targets = builders.node_targets(p.body)
     except InvalidSpec as exc:
         return halted(Halt.INVALID_SPEC, exc.message)
     return DONE
@@ -216,7 +219,10 @@ async def reconcile_pods(p: Pass) -> StepResult:
     spec = p.need_spec()
     p.pods = await _list_pods(p)
     facts = node_facts(p.snapshot) if p.snapshot is not None else None
-    hashes = {i: builders.template_hash(p.ref, spec, i) for i in range(spec.nodes)}
+    hashes = {
+        i: builders.template_hash(p.ref, builders.node_spec(p.ref, spec, p.targets, i), i)
+        for i in range(spec.nodes)
+    }
     plan = plan_nodes(p.ref.name, spec.nodes, hashes, p.pods, facts)
     results = [waiting_on(*plan.waiting)]
     for action in plan.actions:
@@ -261,7 +267,8 @@ async def _carry_out(p: Pass, spec: StreamingClusterSpec, action: Action) -> Ste
     ):
         return await _request(p, p.control, action)
     if kind is ActionKind.CREATE:
-        await p.kube.apply(builders.node_pod(p.ref, spec, action.ordinal))
+        node_spec = builders.node_spec(p.ref, spec, p.targets, action.ordinal)
+        await p.kube.apply(builders.node_pod(p.ref, node_spec, action.ordinal))
         await p.event(Reason.NODE_POD_CREATED, f"created node pod {node}")
         return waiting_on(f"creating pod {node}")
     await _delete_pod(p, node)

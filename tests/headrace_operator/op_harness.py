@@ -54,6 +54,8 @@ from tests.fixtures_kube import KubeTestbed
 from tests.headrace_operator.fake_kube import FakeKube
 
 SC = (models.API_VERSION, "StreamingCluster")
+BROKEN_SUFFIX = ":broken"
+"""The simulated kubelet never makes a pod of such an image Ready."""
 PCA = (models.API_VERSION, "PChannelAssignment")
 
 
@@ -103,6 +105,8 @@ class SimKubelet:
     def __init__(self, kube: FakeKube, store: Metastore, namespace: str) -> None:
         self.kube, self.store, self.namespace = kube, store, namespace
         self.nodes: dict[tuple[str, str], SimNode] = {}
+        self.broken: set[tuple[str, str]] = set()
+        """Pods of an image ending in :data:`BROKEN_SUFFIX`: never Ready."""
 
     async def sync(self) -> None:
         pods = await self.kube.list("v1", "Pod", self.namespace, {})
@@ -112,7 +116,24 @@ class SimKubelet:
             cluster = meta["labels"][builders.LABEL_CLUSTER]
             key = (meta["uid"], meta["name"])
             present.add(key)
-            if key in self.nodes:
+            if key in self.nodes or key in self.broken:
+                continue
+            if pod["spec"]["containers"][0]["image"].endswith(BROKEN_SUFFIX):
+                self.broken.add(key)
+                waiting = {"reason": "ImagePullBackOff", "message": "no such image"}
+                status = {
+                    "phase": "Pending",
+                    "conditions": [{"type": "Ready", "status": "False"}],
+                    "containerStatuses": [{"name": "node", "state": {"waiting": waiting}}],
+                }
+                await self.kube.patch_merge(
+                    "v1",
+                    "Pod",
+                    self.namespace,
+                    meta["name"],
+                    {"status": status},
+                    subresource="status",
+                )
                 continue
             node = SimNode(self.store, Keys(f"{self.namespace}.{cluster}"), meta["name"])
             await node.start()
@@ -127,6 +148,7 @@ class SimKubelet:
             )
         for key in set(self.nodes) - present:
             await self.nodes.pop(key).stop()
+        self.broken &= present
 
     async def stop(self) -> None:
         for node in self.nodes.values():

@@ -111,7 +111,13 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
         "watch",
         "patch",
     }
-    assert ("streaming.headrace.io", "upgradeplans") not in granted, "not used yet"
+    assert granted[("streaming.headrace.io", "upgradeplans")] == {
+        "get",
+        "list",
+        "watch",
+        "patch",
+    }, "the UpgradePlan controller reads plans and patches the cluster's node targets"
+    assert granted[("streaming.headrace.io", "upgradeplans/status")] == {"get", "patch"}
 
 
 def test_watched_namespaces_get_roles_instead(helm: Helm) -> None:

@@ -270,3 +270,44 @@ async def test_two_replicas_one_leads_and_the_other_takes_over(
         assert current["status"]["coordinator"] == f"{other}/{namespace}/demo"
     finally:
         await store.close()
+
+
+async def test_operator_carries_out_a_rolling_upgrade_plan(
+    operator: tuple[KubernetesApi, str], kube_cluster: KubeTestbed
+) -> None:
+    api, namespace = operator
+    await api.create(cluster_body(namespace, kube_cluster.cluster.etcd.endpoint))
+
+    async def ready() -> bool:
+        found = await api.get(models.API_VERSION, "StreamingCluster", namespace, "demo")
+        return found is not None and is_ready(found)
+
+    await wait(ready, "the cluster Ready")
+    target = "headrace-node:v2"
+    await api.create(
+        {
+            "apiVersion": models.API_VERSION,
+            "kind": "UpgradePlan",
+            "metadata": {"name": "demo-up", "namespace": namespace},
+            "spec": {
+                "clusterRef": {"name": "demo"},
+                "version": "0.2.0",
+                "image": target,
+                "soakSeconds": 1,
+            },
+        }
+    )
+    plan: dict[str, Any] = {}
+
+    async def succeeded() -> bool:
+        nonlocal plan
+        plan = await api.get(models.API_VERSION, "UpgradePlan", namespace, "demo-up") or {}
+        return (plan.get("status") or {}).get("phase") == "Succeeded"
+
+    await wait(succeeded, "the UpgradePlan Succeeded", limit=240)
+    pods = await api.list("v1", "Pod", namespace, {})
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == {target}
+    assert plan["status"]["progress"] == "2/2"
+    cluster = await api.get(models.API_VERSION, "StreamingCluster", namespace, "demo")
+    assert cluster is not None
+    assert (cluster["spec"]["image"], cluster["spec"]["version"]) == (target, "0.2.0")

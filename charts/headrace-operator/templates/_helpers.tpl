@@ -45,10 +45,10 @@ operator holds itself (RBAC forbids granting more than one holds).
 */}}
 {{- define "headrace-operator.rules" -}}
 - apiGroups: ["streaming.headrace.io"]
-  resources: ["streamingclusters"]
+  resources: ["streamingclusters", "upgradeplans"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["streaming.headrace.io"]
-  resources: ["streamingclusters/status", "pchannelassignments/status"]
+  resources: ["streamingclusters/status", "pchannelassignments/status", "upgradeplans/status"]
   verbs: ["get", "patch"]
 - apiGroups: ["streaming.headrace.io"]
   resources: ["pchannelassignments"]
