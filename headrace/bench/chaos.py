@@ -59,6 +59,7 @@ from headrace.bench.procs import (
 )
 from headrace.client.client import HeadraceClient
 from headrace.client.producer import Producer, ProducerOptions
+from headrace.guarded import cancel_and_settle, settle
 from headrace.message.types import LogEntry, Message, MessageType
 
 log = logging.getLogger(__name__)
@@ -452,10 +453,8 @@ async def _workload(
             caught_up = await _wait_caught_up(stats, logs, timings.catchup_timeout_s)
         finally:
             stop.set()
-            for task in [*consumers, *sending]:
-                task.cancel()
-            await asyncio.gather(*consumers, *sending, return_exceptions=True)
-            await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
+            await cancel_and_settle([*consumers, *sending], what="chaos clients", logger=log)
+            await settle((p.close() for p in producers), what="closing producers", logger=log)
     return {
         "stats": stats,
         "logs": logs,

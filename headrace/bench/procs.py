@@ -39,6 +39,7 @@ from headrace.bench.broker_faults import BrokerControl
 from headrace.coordinator.control import ClusterAdmin
 from headrace.coordinator.coordinator import Coordinator, CoordinatorConfig
 from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot, wait_for
+from headrace.guarded import cancel_and_settle, settle
 from headrace.message import codec
 from headrace.message.types import LogEntry
 from headrace.metastore.contract import Metastore
@@ -334,8 +335,7 @@ class ProcCluster:
             {ready, self._coordinator}, return_when=asyncio.FIRST_COMPLETED
         )
         if ready not in done:
-            ready.cancel()
-            await asyncio.gather(ready, return_exceptions=True)
+            await cancel_and_settle([ready], what="waiting for every pchannel", logger=log)
             self._coordinator.result()
             raise errors.HeadraceError("the coordinator stopped unexpectedly")
         ready.result()
@@ -584,7 +584,8 @@ class FaultInjector:
 
     async def settle(self) -> None:
         """Let running faults finish: paused nodes resume, killed ones start again."""
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        failures = await settle(list(self._tasks), what="running faults", logger=log)
+        self.fault_errors.extend(f"{type(exc).__name__}: {exc}" for exc in failures)
         for node in self.procs.nodes.values():
             if node.paused:
                 node.resume()
