@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -35,11 +34,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
 from headrace_testbed import TestbedError
 from headrace_testbed.cache import cache_dir, file_lock
 from headrace_testbed.ports import LOOPBACK, free_ports
+from headrace_testbed.process import StopOnExit, log_tail, stop_process
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -77,7 +76,7 @@ class Credentials:
 
 
 @dataclasses.dataclass
-class SeaweedServer:
+class SeaweedServer(StopOnExit):
     """A running ``weed mini``; stop it with :meth:`stop` or ``with``."""
 
     process: subprocess.Popen[bytes]
@@ -94,13 +93,7 @@ class SeaweedServer:
         return f"http://{LOOPBACK}:{self.s3_port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
+        stop_process(self.process, STOP_TIMEOUT_S)
         for port in self.ports.values():
             # weed's in-process gRPC sockets, /tmp/seaweedfs-<server>-grpc-<port>.sock,
             # have no flag to move them; the ports are this server's own.
@@ -108,21 +101,7 @@ class SeaweedServer:
                 leftover.unlink(missing_ok=True)
 
     def log_tail(self, limit: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
-
-    def __enter__(self) -> SeaweedServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return log_tail(self.log_path, limit)
 
 
 def _bindable(port: int) -> bool:
