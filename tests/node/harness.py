@@ -121,6 +121,13 @@ class Cluster:
         )
         return await self.wait_state(pchannel, AssignmentState.ASSIGNED, term)
 
+    async def start_pair(self, pchannel: str) -> None:
+        """``pchannel`` alone, served by node-a under term 1, with node-b running idle."""
+        await self.configure([pchannel])
+        await self.start_node("node-a")
+        await self.start_node("node-b")
+        await self.assign(pchannel, "node-a", 1)
+
     async def unassign(self, pchannel: str, target: str = "") -> Assignment:
         """UNASSIGNING from the current owner; returns once it is UNASSIGNED."""
         current = await self.record(pchannel)
