@@ -17,12 +17,12 @@ from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.tso import LocalTSO
 from headrace.wal.api import AppendResult
-from headrace.wal.contract import BackendWriter, StartPosition
+from headrace.wal.contract import BackendWriter
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.interceptors.chain import AppendContext
 from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
 from headrace.wal.memory import MemoryMessageID as MID
-from tests.wal.delegating import DelegatingBackend
+from tests.wal.delegating import DelegatingBackend, payload_copies
 
 QUIET = WALOptions(timetick_interval_ms=3_600_000)
 
@@ -59,15 +59,6 @@ class GatedBackend(DelegatingBackend):
 
     async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
         return GatedWriter(await self.inner.open_writer(pchannel, term), self.gate)
-
-
-async def payload_copies(backend: DelegatingBackend, payload: bytes) -> int:
-    reader = await backend.open_reader("p", StartPosition.earliest())
-    found = 0
-    while records := await reader.next_batch(1024, timeout=0):
-        found += sum(codec.decode(r.data).payload == payload for r in records)
-    await reader.close()
-    return found
 
 
 async def test_a_retry_after_the_caller_was_cancelled_mid_write_is_not_written_again() -> None:
