@@ -19,7 +19,7 @@ from headrace.tso import LocalTSO
 from headrace.wal.api import AppendResult
 from headrace.wal.contract import BackendWriter
 from headrace.wal.framework import WAL, WALOptions
-from headrace.wal.interceptors.chain import AppendContext
+from headrace.wal.interceptors.chain import AppendContext, Handler
 from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
 from headrace.wal.memory import MemoryMessageID as MID
 from tests.wal.delegating import DelegatingBackend, payload_copies
@@ -59,6 +59,19 @@ class GatedBackend(DelegatingBackend):
 
     async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
         return GatedWriter(await self.inner.open_writer(pchannel, term), self.gate)
+
+
+async def call_then_leave(
+    interceptor: DedupInterceptor, write: Handler, msg: Message, gate: asyncio.Event
+) -> None:
+    """Send ``msg`` through ``interceptor``, cancel the caller while ``write``
+    waits on ``gate``, then open the gate and let the write finish."""
+    caller = asyncio.create_task(interceptor([AppendContext(msg, 0)], write))
+    await asyncio.sleep(0)
+    caller.cancel()
+    await asyncio.gather(caller, return_exceptions=True)
+    gate.set()
+    await asyncio.sleep(0.01)
 
 
 async def test_a_retry_after_the_caller_was_cancelled_mid_write_is_not_written_again() -> None:
@@ -108,12 +121,7 @@ async def test_the_interceptor_remembers_a_write_that_ends_after_its_caller_left
             c.result = AppendResult(MID(i), 10 + i, 1)
 
     msg = produced(b"x", "p", 7)
-    caller = asyncio.create_task(interceptor([AppendContext(msg, 0)], write))
-    await asyncio.sleep(0)
-    caller.cancel()
-    await asyncio.gather(caller, return_exceptions=True)
-    gate.set()
-    await asyncio.sleep(0.01)
+    await call_then_leave(interceptor, write, msg, gate)
     assert interceptor.window.get(("p", 7)) == AppendResult(MID(0), 10, 1)
     repeat = AppendContext(msg, 0)
     await interceptor([repeat], write)
@@ -130,12 +138,7 @@ async def test_a_failed_write_after_its_caller_left_is_forgotten() -> None:
             c.fail(errors.Unavailable("disk went away"))
 
     msg = produced(b"x", "p", 7)
-    caller = asyncio.create_task(interceptor([AppendContext(msg, 0)], write))
-    await asyncio.sleep(0)
-    caller.cancel()
-    await asyncio.gather(caller, return_exceptions=True)
-    gate.set()
-    await asyncio.sleep(0.01)
+    await call_then_leave(interceptor, write, msg, gate)
     assert interceptor.window.get(("p", 7)) is None
     assert not interceptor._inflight
 
