@@ -50,6 +50,13 @@ async def until(condition: Callable[[], bool]) -> None:
             await asyncio.sleep(0.01)
 
 
+def record(
+    state: AssignmentState, node: str, term: int, pchannel: str = "pchannel-000"
+) -> Assignment:
+    """An assignment record of ``pchannel`` (tests' shorthand)."""
+    return Assignment(pchannel=pchannel, state=state, term=term, node=node)
+
+
 @dataclasses.dataclass
 class Cluster:
     url: str

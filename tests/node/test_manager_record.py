@@ -20,14 +20,10 @@ from headrace import errors
 from headrace.client.manager import ManagerClient
 from headrace.cluster import Assignment, AssignmentState
 from headrace.node.assignments import refuse_close, refuse_open
-from tests.node.harness import Cluster
+from tests.node.harness import Cluster, record
 
 P = "pchannel-000"
 A = AssignmentState
-
-
-def record(state: AssignmentState, node: str, term: int) -> Assignment:
-    return Assignment(pchannel=P, state=state, term=term, node=node)
 
 
 @pytest.mark.parametrize(
