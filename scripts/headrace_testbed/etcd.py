@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -30,7 +29,13 @@ from pathlib import Path
 from headrace_testbed import TestbedError, gobuild
 from headrace_testbed.cache import bin_dir, file_lock
 from headrace_testbed.ports import LOOPBACK, free_ports
-from headrace_testbed.process import StopOnExit, log_tail, stop_process
+from headrace_testbed.process import (
+    StartOptions,
+    StopOnExit,
+    log_tail,
+    start_server,
+    stop_process,
+)
 
 SOURCE_DIR = Path(__file__).resolve().parents[1] / "testbed" / "etcd"
 BUILD_TIMEOUT_S = 1800.0
@@ -169,19 +174,12 @@ def start_etcd(data_dir: Path, *, fsync: bool = False) -> EtcdServer:
     """
     binary = ensure_etcd()
     data_dir.mkdir(parents=True, exist_ok=True)
-    last_log = ""
-    for _ in range(_START_ATTEMPTS):
-        server = _launch(binary, data_dir, fsync)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and server.process.poll() is None:
-            if _healthy(server.client_port):
-                return server
-            time.sleep(0.05)
-        server.stop()
-        last_log = server.log_tail()
-        if "address already in use" not in last_log:
-            break
-    raise TestbedError(f"etcd in {data_dir} did not become healthy; log tail:\n{last_log}")
+    return start_server(
+        lambda: _launch(binary, data_dir, fsync),
+        lambda server: _healthy(server.client_port),
+        f"etcd in {data_dir} did not become healthy",
+        StartOptions(attempts=_START_ATTEMPTS, timeout_s=START_TIMEOUT_S, poll_s=0.05),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,15 +30,20 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from headrace_testbed import TestbedError
-from headrace_testbed.cache import cache_dir, file_lock
+from headrace_testbed.cache import cache_dir
 from headrace_testbed.ports import LOOPBACK, free_ports
-from headrace_testbed.process import StopOnExit, log_tail, stop_process
+from headrace_testbed.process import (
+    StartOptions,
+    StopOnExit,
+    log_tail,
+    start_server,
+    stop_process,
+)
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -227,22 +232,19 @@ def start_seaweedfs(
     binary = weed_binary()
     creds = credentials or Credentials()
     (data_dir / "data").mkdir(parents=True, exist_ok=True)
-    last_log = ""
-    for _ in range(_START_ATTEMPTS):
-        # Concurrent test sessions choose ports one at a time, each holding the
-        # lock until its server has bound them.
-        with file_lock(cache_dir() / "seaweedfs-ports.lock"):
-            server = _launch(binary, data_dir, bucket, creds)
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while time.monotonic() < deadline and server.process.poll() is None:
-                if _answers(server.endpoint) and bucket_visible(server.endpoint, bucket, creds):
-                    return server
-                time.sleep(0.2)
-        server.stop()
-        last_log = server.log_tail()
-        if "address already in use" not in last_log:
-            break
-    raise TestbedError(f"SeaweedFS in {data_dir} did not serve S3; log tail:\n{last_log}")
+    return start_server(
+        lambda: _launch(binary, data_dir, bucket, creds),
+        lambda server: (
+            _answers(server.endpoint) and bucket_visible(server.endpoint, bucket, creds)
+        ),
+        f"SeaweedFS in {data_dir} did not serve S3",
+        StartOptions(
+            attempts=_START_ATTEMPTS,
+            timeout_s=START_TIMEOUT_S,
+            poll_s=0.2,
+            lock=cache_dir() / "seaweedfs-ports.lock",
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
