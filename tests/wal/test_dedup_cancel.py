@@ -74,14 +74,22 @@ async def call_then_leave(
     await asyncio.sleep(0.01)
 
 
-async def test_a_retry_after_the_caller_was_cancelled_mid_write_is_not_written_again() -> None:
+async def wal_with_an_abandoned_write() -> tuple[GatedBackend, WAL]:
+    """A WAL on a closed gate whose append of ``x`` (prod, 1) was cancelled
+    while held at the gate: the client gave up on its stream, the appender
+    still writes once the gate opens."""
     backend = GatedBackend()
     wal = await WAL.open(backend, "p", 1, tso=LocalTSO(), options=QUIET)
     backend.gate.clear()
     first = asyncio.create_task(wal.append_many([produced(b"x", "prod", 1)]))
     await asyncio.sleep(0.05)
-    first.cancel()  # the client gave up on its stream; the appender still writes
+    first.cancel()
     await asyncio.gather(first, return_exceptions=True)
+    return backend, wal
+
+
+async def test_a_retry_after_the_caller_was_cancelled_mid_write_is_not_written_again() -> None:
+    backend, wal = await wal_with_an_abandoned_write()
     backend.gate.set()
     retried = await asyncio.wait_for(wal.append(produced(b"x", "prod", 1)), 10)
     assert retried.term == 1
@@ -92,13 +100,7 @@ async def test_a_retry_after_the_caller_was_cancelled_mid_write_is_not_written_a
 
 
 async def test_a_retry_during_the_cancelled_callers_write_waits_for_its_outcome() -> None:
-    backend = GatedBackend()
-    wal = await WAL.open(backend, "p", 1, tso=LocalTSO(), options=QUIET)
-    backend.gate.clear()
-    first = asyncio.create_task(wal.append_many([produced(b"x", "prod", 1)]))
-    await asyncio.sleep(0.05)
-    first.cancel()
-    await asyncio.gather(first, return_exceptions=True)
+    backend, wal = await wal_with_an_abandoned_write()
     retry = asyncio.create_task(wal.append(produced(b"x", "prod", 1)))
     await asyncio.sleep(0.05)
     assert not retry.done(), "the retry must wait for the write still in flight"
