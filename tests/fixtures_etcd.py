@@ -13,18 +13,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from headrace_testbed import TestbedError
 from headrace_testbed.etcd import EtcdServer, start_etcd
+from tests.testbed_start import start_or_fail
 
 
 @pytest.fixture(scope="session")
 def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     """A single-member etcd started for this session (stopped at its end)."""
-    try:
-        server = start_etcd(tmp_path_factory.mktemp("etcd"))
-    except TestbedError as exc:
-        pytest.fail(f"cannot start the etcd test server: {exc}", pytrace=False)
-    with server:
+    data_dir = tmp_path_factory.mktemp("etcd")
+    with start_or_fail("start the etcd test server", lambda: start_etcd(data_dir)) as server:
         yield server
 
 

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from headrace_testbed import TestbedError
 from headrace_testbed.helm import Helm, ensure_helm
 from headrace_testbed.kube import KubeCluster, start_kube
 from headrace_testbed.kubelet import ProcessRunner
 from headrace_testbed.kubelet_node import KubeletConfig
+from tests.testbed_start import start_or_fail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +60,9 @@ class KubeTestbed:
 def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeTestbed]:
     """The session's control plane and kubelet stand-in (stopped at the end)."""
     root = tmp_path_factory.mktemp("kube")
-    try:
-        cluster = start_kube(root / "control-plane")
-    except TestbedError as exc:
-        pytest.fail(f"cannot start the Kubernetes test bed: {exc}", pytrace=False)
+    cluster = start_or_fail(
+        "start the Kubernetes test bed", lambda: start_kube(root / "control-plane")
+    )
     with cluster:
         api = cluster.api_client()
         try:
@@ -78,10 +77,7 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeTestb
 @pytest.fixture(scope="session")
 def helm_cli(kube_cluster: KubeTestbed, tmp_path_factory: pytest.TempPathFactory) -> Helm:
     """``helm`` (built on first use) talking to ``kube_cluster``."""
-    try:
-        binary = ensure_helm()
-    except TestbedError as exc:
-        pytest.fail(f"cannot build helm: {exc}", pytrace=False)
+    binary = start_or_fail("build helm", ensure_helm)
     return Helm(binary, kube_cluster.kubeconfig, tmp_path_factory.mktemp("helm"))
 
 

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from headrace_testbed import TestbedError
 from headrace_testbed.seaweedfs import DEFAULT_BUCKET, SeaweedServer, start_seaweedfs
+from tests.testbed_start import start_or_fail
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,11 +35,10 @@ class S3Store:
 @pytest.fixture(scope="session")
 def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
     """``weed mini`` started for this session (stopped at its end)."""
-    try:
-        server = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
-    except TestbedError as exc:
-        pytest.fail(f"cannot start the SeaweedFS test server: {exc}", pytrace=False)
-    with server:
+    data_dir = tmp_path_factory.mktemp("seaweedfs")
+    with start_or_fail(
+        "start the SeaweedFS test server", lambda: start_seaweedfs(data_dir)
+    ) as server:
         yield server
 
 

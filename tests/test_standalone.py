@@ -22,54 +22,18 @@ import pytest
 from headrace import errors
 from headrace.client.client import HeadraceClient
 from headrace.message.types import Message, MessageType
+from tests.cli.standalone_proc import Standalone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 VCHANNELS = [f"collection-{i}" for i in range(8)]
 
 
-class Standalone:
-    def __init__(self, data_dir: Path, nodes: int = 2, pchannels: int = 4) -> None:
-        self.data_dir = data_dir
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "headrace.cli",
-                "standalone",
-                "--data-dir",
-                str(data_dir),
-                "--nodes",
-                str(nodes),
-                "--pchannels",
-                str(pchannels),
-                "--lease-ttl",
-                "2",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        assert self.proc.stdout is not None
-        self.line = self.proc.stdout.readline().strip()
-        assert self.line.startswith("headrace standalone ready"), self.line
-        self.url = self.line.split("metastore=", 1)[1].split()[0]
-
-    def interrupt(self) -> int:
-        self.proc.send_signal(signal.SIGINT)
-        return self.proc.wait(60)
-
-    def kill_all(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-
-
 @pytest.fixture
 def standalone(tmp_path: Path) -> Iterator[Standalone]:
-    running = Standalone(tmp_path / "data")
+    running = Standalone(tmp_path / "data").require_ready()
     yield running
-    if running.proc.poll() is None:
-        running.kill_all()
+    running.kill_all()
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -118,7 +82,7 @@ async def consume_all(url: str, vch: str, expected: int) -> list[int]:
 
 
 async def test_hundred_thousand_messages_survive_sigkill(tmp_path: Path) -> None:
-    running = Standalone(tmp_path / "data")
+    running = Standalone(tmp_path / "data").require_ready()
     try:
         acked = await produce_all(running.url, 100_000 // len(VCHANNELS))
         assert sum(len(s) for s in acked.values()) == 100_000
@@ -126,16 +90,14 @@ async def test_hundred_thousand_messages_survive_sigkill(tmp_path: Path) -> None
             assert await consume_all(running.url, vch, len(acked[vch])) == acked[vch]
         running.kill_all()
     finally:
-        if running.proc.poll() is None:
-            running.kill_all()
-    restarted = Standalone(tmp_path / "data")
+        running.kill_all()
+    restarted = Standalone(tmp_path / "data").require_ready()
     try:
         for vch in VCHANNELS:
             assert await consume_all(restarted.url, vch, len(acked[vch])) == acked[vch]
         assert restarted.interrupt() == 0
     finally:
-        if restarted.proc.poll() is None:
-            restarted.kill_all()
+        restarted.kill_all()
 
 
 def test_cli_produce_consume_status_dump(standalone: Standalone) -> None:
@@ -302,7 +264,7 @@ async def served_terms(url: str) -> dict[str, list[tuple[str, int]]]:
 
 
 async def test_three_nodes_balanced_and_failover_after_kill(tmp_path: Path) -> None:
-    running = Standalone(tmp_path / "data", nodes=3, pchannels=16)
+    running = Standalone(tmp_path / "data", nodes=3, pchannels=16).require_ready()
     try:
         layout = await served_layout(running.url)
         assert sorted(len(p) for p in layout.values()) == [5, 5, 6]
@@ -324,5 +286,4 @@ async def test_three_nodes_balanced_and_failover_after_kill(tmp_path: Path) -> N
         assert len(served) == 16
         assert running.interrupt() == 0
     finally:
-        if running.proc.poll() is None:
-            running.kill_all()
+        running.kill_all()

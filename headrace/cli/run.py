@@ -197,10 +197,13 @@ async def standalone_mod_run(cfg: standalone_mod.StandaloneConfig, stop: asyncio
     return await standalone_mod.run_standalone(cfg, stop)
 
 
-async def _start_standalone_process(data_dir: Path) -> tuple[asyncio.subprocess.Process, str]:
-    # -P and the package root on PYTHONPATH, as for the standalone's nodes: a
-    # headrace/ folder in the working directory cannot shadow the package.
-    proc = await asyncio.create_subprocess_exec(
+def standalone_command(data_dir: Path, *, nodes: int, pchannels: int) -> list[str]:
+    """The command line of a ``headrace standalone`` child process (pure).
+
+    ``-P`` (with the package root on PYTHONPATH, as for the standalone's nodes):
+    a headrace/ folder in the working directory cannot shadow the package.
+    """
+    return [
         sys.executable,
         "-P",
         "-m",
@@ -209,9 +212,15 @@ async def _start_standalone_process(data_dir: Path) -> tuple[asyncio.subprocess.
         "--data-dir",
         str(data_dir),
         "--nodes",
-        "2",
+        str(nodes),
         "--pchannels",
-        "4",
+        str(pchannels),
+    ]
+
+
+async def _start_standalone_process(data_dir: Path) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *standalone_command(data_dir, nodes=2, pchannels=4),
         stdout=asyncio.subprocess.PIPE,
         env=standalone_mod.node_environment(os.environ),
     )

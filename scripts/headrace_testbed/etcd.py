@@ -20,18 +20,22 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
 from headrace_testbed import TestbedError, gobuild
 from headrace_testbed.cache import bin_dir, file_lock
 from headrace_testbed.ports import LOOPBACK, free_ports
+from headrace_testbed.process import (
+    StartOptions,
+    StopOnExit,
+    log_tail,
+    start_server,
+    stop_process,
+)
 
 SOURCE_DIR = Path(__file__).resolve().parents[1] / "testbed" / "etcd"
 BUILD_TIMEOUT_S = 1800.0
@@ -94,7 +98,7 @@ def ensure_etcd(source_dir: Path = SOURCE_DIR) -> Path:
 
 
 @dataclasses.dataclass
-class EtcdServer:
+class EtcdServer(StopOnExit):
     """A running single-member etcd; stop it with :meth:`stop` or ``with``."""
 
     process: subprocess.Popen[bytes]
@@ -114,13 +118,7 @@ class EtcdServer:
         return f"etcd://{self.endpoint}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
+        stop_process(self.process, STOP_TIMEOUT_S)
 
     def kill(self) -> None:
         """Stop abruptly (SIGKILL), like a crash."""
@@ -129,21 +127,7 @@ class EtcdServer:
             self.process.wait(STOP_TIMEOUT_S)
 
     def log_tail(self, limit: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
-
-    def __enter__(self) -> EtcdServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return log_tail(self.log_path, limit)
 
 
 def _healthy(client_port: int) -> bool:
@@ -190,19 +174,12 @@ def start_etcd(data_dir: Path, *, fsync: bool = False) -> EtcdServer:
     """
     binary = ensure_etcd()
     data_dir.mkdir(parents=True, exist_ok=True)
-    last_log = ""
-    for _ in range(_START_ATTEMPTS):
-        server = _launch(binary, data_dir, fsync)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and server.process.poll() is None:
-            if _healthy(server.client_port):
-                return server
-            time.sleep(0.05)
-        server.stop()
-        last_log = server.log_tail()
-        if "address already in use" not in last_log:
-            break
-    raise TestbedError(f"etcd in {data_dir} did not become healthy; log tail:\n{last_log}")
+    return start_server(
+        lambda: _launch(binary, data_dir, fsync),
+        lambda server: _healthy(server.client_port),
+        f"etcd in {data_dir} did not become healthy",
+        StartOptions(attempts=_START_ATTEMPTS, timeout_s=START_TIMEOUT_S, poll_s=0.05),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,10 +19,10 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 
 from headrace_testbed import TestbedError
 from headrace_testbed.cache import cache_dir, file_lock
+from headrace_testbed.process import StopOnExit, log_tail, stop_process
 
 TESTBED_DIR = Path(__file__).resolve().parents[1] / "testbed"
 DOWNLOAD_TIMEOUT_S = 1800.0
@@ -98,7 +98,7 @@ def ensure_maven_libs(name: str, version: str, version_property: str) -> Path:
 
 
 @dataclasses.dataclass
-class JavaServer:
+class JavaServer(StopOnExit):
     """A JVM started by the test bed; stop it with :meth:`stop` or ``with``."""
 
     name: str
@@ -119,19 +119,10 @@ class JavaServer:
         self.process = _spawn(self.command, self.data_dir, self.log_path)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
+        stop_process(self.process, STOP_TIMEOUT_S)
 
     def log_tail(self, limit: int = 6000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path, limit)
 
     def start_failure(self, why: str) -> TestbedError:
         """Stop the process and describe the failure with the log's tail."""
@@ -140,17 +131,6 @@ class JavaServer:
             f"{self.name} in {self.data_dir} {why}; log {self.log_path} ends with:\n"
             f"{self.log_tail()}"
         )
-
-    def __enter__(self) -> JavaServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def java_command(libs: Path, heap: str, main_class: str, args: Sequence[str]) -> list[str]:

@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import signal
 import ssl
 import subprocess
 import sys
@@ -35,7 +34,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from headrace_testbed import TestbedError
@@ -43,6 +41,7 @@ from headrace_testbed.etcd import EtcdServer, start_etcd
 from headrace_testbed.kube_build import KUBE_VERSION, ensure_kube_binaries, regenerate_module
 from headrace_testbed.pki import ADMIN_USER, Pki, write_pki
 from headrace_testbed.ports import LOOPBACK, free_port
+from headrace_testbed.process import StopOnExit, log_tail, stop_process
 
 __all__ = ["KUBE_VERSION", "KubeCluster", "ensure_kube_binaries", "start_kube"]
 
@@ -58,23 +57,6 @@ DISABLED_CONTROLLERS = (
     "node-route-controller",
     "node-ipam-controller",
 )
-
-
-def _log_tail(path: Path, limit: int = 4000) -> str:
-    try:
-        return path.read_text(errors="replace")[-limit:]
-    except OSError:
-        return ""
-
-
-def _stop_process(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(STOP_TIMEOUT_S)
 
 
 def apiserver_args(pki: Pki, etcd_endpoint: str, port: int) -> list[str]:
@@ -182,14 +164,14 @@ def _wait(
         if ready():
             return True
         time.sleep(0.2)
-    _stop_process(process)
+    stop_process(process, STOP_TIMEOUT_S)
     raise TestbedError(
-        f"{what} was not ready after {timeout:.0f} s; log tail:\n{_log_tail(log_path)}"
+        f"{what} was not ready after {timeout:.0f} s; log tail:\n{log_tail(log_path)}"
     )
 
 
 @dataclasses.dataclass
-class KubeCluster:
+class KubeCluster(StopOnExit):
     """A running etcd + kube-apiserver + kube-controller-manager; use as a context manager."""
 
     workdir: Path
@@ -223,25 +205,14 @@ class KubeCluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
 
     def log_tail(self, component: str, limit: int = 4000) -> str:
-        return _log_tail(self.logs[component], limit)
+        return log_tail(self.logs[component], limit)
 
     def stop(self) -> None:
         for name in ("kube-controller-manager", "kube-apiserver"):
             process = self.processes.get(name)
             if process is not None:
-                _stop_process(process)
+                stop_process(process, STOP_TIMEOUT_S)
         self.etcd.stop()
-
-    def __enter__(self) -> KubeCluster:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _launch(binary: Path, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -262,9 +233,9 @@ def _start_apiserver(binary: Path, cluster: KubeCluster) -> None:
         url = f"https://{LOOPBACK}:{cluster.port}/readyz"
         if _wait("kube-apiserver", process, log_path, functools.partial(_ready, url, context)):
             return
-        if "address already in use" not in _log_tail(log_path):
+        if "address already in use" not in log_tail(log_path):
             break
-    raise TestbedError(f"kube-apiserver exited during start; log tail:\n{_log_tail(log_path)}")
+    raise TestbedError(f"kube-apiserver exited during start; log tail:\n{log_tail(log_path)}")
 
 
 def _default_service_account_exists(cluster: KubeCluster) -> bool:
@@ -284,7 +255,7 @@ def _start_controller_manager(binary: Path, cluster: KubeCluster) -> None:
         lambda: _default_service_account_exists(cluster),
     ):
         raise TestbedError(
-            f"kube-controller-manager exited during start; log tail:\n{_log_tail(log_path)}"
+            f"kube-controller-manager exited during start; log tail:\n{log_tail(log_path)}"
         )
 
 

@@ -31,8 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -47,13 +46,14 @@ from headrace_testbed.kubelet_node import (
 )
 from headrace_testbed.kubelet_pod import PodWorker, Runtime
 from headrace_testbed.kubelet_spec import Obj, decode_secret, schedule_failure
+from headrace_testbed.process import StopOnExit
 
 log = logging.getLogger("headrace_testbed.kubelet")
 _API_ERRORS = (ApiException, HTTPError, OSError, ValueError)
 _STOP_GRACE_S = 5.0
 
 
-class ProcessRunner:
+class ProcessRunner(StopOnExit):
     """The kubelet stand-in; start with :meth:`start` or ``with``, stop with :meth:`stop`."""
 
     def __init__(self, api_client: Any, cfg: KubeletConfig) -> None:
@@ -366,7 +366,7 @@ class ProcessRunner:
             time.sleep(0.05)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> ProcessRunner:
+    def start(self) -> Self:
         self._register_node()
         for target, name in (
             (self._watch_loop, "watch"),
@@ -407,16 +407,8 @@ class ProcessRunner:
         except OSError:
             return ""
 
-    def __enter__(self) -> ProcessRunner:
+    def __enter__(self) -> Self:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,20 +26,24 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
 from headrace_testbed import TestbedError
-from headrace_testbed.cache import cache_dir, file_lock
+from headrace_testbed.cache import cache_dir
 from headrace_testbed.ports import LOOPBACK, free_ports
+from headrace_testbed.process import (
+    StartOptions,
+    StopOnExit,
+    log_tail,
+    start_server,
+    stop_process,
+)
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -77,7 +81,7 @@ class Credentials:
 
 
 @dataclasses.dataclass
-class SeaweedServer:
+class SeaweedServer(StopOnExit):
     """A running ``weed mini``; stop it with :meth:`stop` or ``with``."""
 
     process: subprocess.Popen[bytes]
@@ -94,13 +98,7 @@ class SeaweedServer:
         return f"http://{LOOPBACK}:{self.s3_port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(STOP_TIMEOUT_S)
+        stop_process(self.process, STOP_TIMEOUT_S)
         for port in self.ports.values():
             # weed's in-process gRPC sockets, /tmp/seaweedfs-<server>-grpc-<port>.sock,
             # have no flag to move them; the ports are this server's own.
@@ -108,21 +106,7 @@ class SeaweedServer:
                 leftover.unlink(missing_ok=True)
 
     def log_tail(self, limit: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
-
-    def __enter__(self) -> SeaweedServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return log_tail(self.log_path, limit)
 
 
 def _bindable(port: int) -> bool:
@@ -248,22 +232,19 @@ def start_seaweedfs(
     binary = weed_binary()
     creds = credentials or Credentials()
     (data_dir / "data").mkdir(parents=True, exist_ok=True)
-    last_log = ""
-    for _ in range(_START_ATTEMPTS):
-        # Concurrent test sessions choose ports one at a time, each holding the
-        # lock until its server has bound them.
-        with file_lock(cache_dir() / "seaweedfs-ports.lock"):
-            server = _launch(binary, data_dir, bucket, creds)
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while time.monotonic() < deadline and server.process.poll() is None:
-                if _answers(server.endpoint) and bucket_visible(server.endpoint, bucket, creds):
-                    return server
-                time.sleep(0.2)
-        server.stop()
-        last_log = server.log_tail()
-        if "address already in use" not in last_log:
-            break
-    raise TestbedError(f"SeaweedFS in {data_dir} did not serve S3; log tail:\n{last_log}")
+    return start_server(
+        lambda: _launch(binary, data_dir, bucket, creds),
+        lambda server: (
+            _answers(server.endpoint) and bucket_visible(server.endpoint, bucket, creds)
+        ),
+        f"SeaweedFS in {data_dir} did not serve S3",
+        StartOptions(
+            attempts=_START_ATTEMPTS,
+            timeout_s=START_TIMEOUT_S,
+            poll_s=0.2,
+            lock=cache_dir() / "seaweedfs-ports.lock",
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

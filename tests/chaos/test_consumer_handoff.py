@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from headrace.bench import handoff
 from headrace.bench.procs import ClusterSpec, NodeProc, ProcCluster
 from headrace.client import Consumer, HeadraceClient, ProducerOptions
+from headrace.client.arguments import Start
 from headrace.cluster import Assignment, AssignmentState
 from headrace.coordinator.snapshot import ClusterSnapshot, wait_for
 from headrace.message.ids import MessageID
@@ -140,6 +142,49 @@ async def one_pchannel_cluster(tmp_path: Path) -> AsyncIterator[tuple[ProcCluste
         yield procs, pchannel, handoff.probe_vchannel(pchannel, spec.pchannel_names)
 
 
+@dataclasses.dataclass
+class Traffic:
+    """A :class:`Sender` on the one vchannel of a two-node cluster, and the readers opened on it."""
+
+    procs: ProcCluster
+    pchannel: str
+    vchannel: str
+    client: HeadraceClient
+    sender: Sender
+    readers: list[Reader] = dataclasses.field(default_factory=list)
+
+    def read(self, start: Start) -> Reader:
+        reader = Reader(self.client.consume(self.vchannel, start=start))
+        self.readers.append(reader)
+        return reader
+
+    async def tail(self) -> tuple[Reader, int]:
+        """A consumer from the latest message once it delivered ten, and its first number."""
+        reader = self.read("latest")
+        await until(lambda: len(reader.got) >= 10, "the tail consumer to deliver")
+        return reader, reader.got[0][0]
+
+
+@contextlib.asynccontextmanager
+async def traffic(tmp_path: Path, first_acks: int) -> AsyncIterator[Traffic]:
+    """:func:`one_pchannel_cluster` with a sender running, once ``first_acks``
+    sends were acknowledged; the sender and readers are stopped on exit."""
+    async with (
+        one_pchannel_cluster(tmp_path) as (procs, pchannel, vchannel),
+        HeadraceClient(procs.spec.metastore_url, procs.spec.cluster) as client,
+    ):
+        sender = Sender(client, vchannel)
+        sender.start()
+        run = Traffic(procs, pchannel, vchannel, client, sender)
+        try:
+            await until(lambda: len(sender.acked) >= first_acks, "first acknowledgements")
+            yield run
+        finally:
+            await sender.abort()
+            for reader in run.readers:
+                await reader.close()
+
+
 async def owner_record(procs: ProcCluster, pchannel: str) -> tuple[Assignment, NodeProc]:
     record = (await procs.snapshot()).assignments[pchannel]
     return record, procs.nodes[record.node]
@@ -155,94 +200,62 @@ def assert_exactly_once(reader: Reader, sender: Sender, first: int) -> None:
 
 
 async def test_tail_consumer_leaves_a_paused_owner_for_the_new_one(tmp_path: Path) -> None:
-    async with (
-        one_pchannel_cluster(tmp_path) as (procs, pchannel, vchannel),
-        HeadraceClient(procs.spec.metastore_url, procs.spec.cluster) as client,
-    ):
-        sender = Sender(client, vchannel)
-        sender.start()
-        await until(lambda: len(sender.acked) >= 5, "first acknowledgements")
-        reader = Reader(client.consume(vchannel, start="latest"))
-        try:
-            await until(lambda: len(reader.got) >= 10, "the tail consumer to deliver")
-            first = reader.got[0][0]
-            old, owner = await owner_record(procs, pchannel)
-            owner.pause()
-            await until(lambda: sender.first_term_above(old.term) is not None, "producer move")
-            # The consumer must get what the new owner acknowledged while the
-            # old one is still stopped.
-            await until(lambda: reader.has_term_above(old.term), "the consumer to move")
-            assert owner.paused, "the old owner was resumed before the consumer moved on"
-            new, _ = await owner_record(procs, pchannel)
-            assert new.node != old.node and new.term > old.term
-            assert reader.consumer.owner is not None
-            assert reader.consumer.owner.term == new.term
-            owner.resume()
-            more = len(sender.acked) + 20
-            await until(lambda: len(sender.acked) >= more, "sends after the old owner resumed")
-            await sender.stop()
-            await caught_up(reader, sender)
-            assert_exactly_once(reader, sender, first)
-        finally:
-            await sender.abort()
-            await reader.close()
+    async with traffic(tmp_path, first_acks=5) as run:
+        procs, pchannel, sender = run.procs, run.pchannel, run.sender
+        reader, first = await run.tail()
+        old, owner = await owner_record(procs, pchannel)
+        owner.pause()
+        await until(lambda: sender.first_term_above(old.term) is not None, "producer move")
+        # The consumer must get what the new owner acknowledged while the
+        # old one is still stopped.
+        await until(lambda: reader.has_term_above(old.term), "the consumer to move")
+        assert owner.paused, "the old owner was resumed before the consumer moved on"
+        new, _ = await owner_record(procs, pchannel)
+        assert new.node != old.node and new.term > old.term
+        assert reader.consumer.owner is not None
+        assert reader.consumer.owner.term == new.term
+        owner.resume()
+        more = len(sender.acked) + 20
+        await until(lambda: len(sender.acked) >= more, "sends after the old owner resumed")
+        await sender.stop()
+        await caught_up(reader, sender)
+        assert_exactly_once(reader, sender, first)
 
 
 async def test_consumer_started_on_a_paused_owner_finds_the_new_one(tmp_path: Path) -> None:
-    async with (
-        one_pchannel_cluster(tmp_path) as (procs, pchannel, vchannel),
-        HeadraceClient(procs.spec.metastore_url, procs.spec.cluster) as client,
-    ):
-        sender = Sender(client, vchannel)
-        sender.start()
-        await until(lambda: len(sender.acked) >= 20, "first acknowledgements")
-        old, owner = await owner_record(procs, pchannel)
+    async with traffic(tmp_path, first_acks=20) as run:
+        old, owner = await owner_record(run.procs, run.pchannel)
         owner.pause()
         # Opened while the stopped node is still the recorded owner.
-        reader = Reader(client.consume(vchannel, start="earliest"))
-        try:
-            await until(lambda: reader.has_term_above(old.term), "the consumer to move")
-            assert owner.paused, "the old owner was resumed before the consumer moved on"
-            owner.resume()
-            await sender.stop()
-            await caught_up(reader, sender)
-            assert_exactly_once(reader, sender, 1)
-        finally:
-            await sender.abort()
-            await reader.close()
+        reader = run.read("earliest")
+        await until(lambda: reader.has_term_above(old.term), "the consumer to move")
+        assert owner.paused, "the old owner was resumed before the consumer moved on"
+        owner.resume()
+        await run.sender.stop()
+        await caught_up(reader, run.sender)
+        assert_exactly_once(reader, run.sender, 1)
 
 
 async def test_tail_consumer_follows_a_graceful_move(tmp_path: Path) -> None:
-    async with (
-        one_pchannel_cluster(tmp_path) as (procs, pchannel, vchannel),
-        HeadraceClient(procs.spec.metastore_url, procs.spec.cluster) as client,
-    ):
-        sender = Sender(client, vchannel)
-        sender.start()
-        await until(lambda: len(sender.acked) >= 5, "first acknowledgements")
-        reader = Reader(client.consume(vchannel, start="latest"))
-        try:
-            await until(lambda: len(reader.got) >= 10, "the tail consumer to deliver")
-            first = reader.got[0][0]
-            old, _ = await owner_record(procs, pchannel)
-            target = next(n for n in procs.nodes if n != old.node)
-            await procs.admin.request_move(pchannel, target)
+    async with traffic(tmp_path, first_acks=5) as run:
+        procs, pchannel, sender = run.procs, run.pchannel, run.sender
+        reader, first = await run.tail()
+        old, _ = await owner_record(procs, pchannel)
+        target = next(n for n in procs.nodes if n != old.node)
+        await procs.admin.request_move(pchannel, target)
 
-            def landed(snap: ClusterSnapshot) -> bool:
-                record = snap.assignments.get(pchannel)
-                return (
-                    record is not None
-                    and record.node == target
-                    and record.term > old.term
-                    and record.state is AssignmentState.ASSIGNED
-                )
+        def landed(snap: ClusterSnapshot) -> bool:
+            record = snap.assignments.get(pchannel)
+            return (
+                record is not None
+                and record.node == target
+                and record.term > old.term
+                and record.state is AssignmentState.ASSIGNED
+            )
 
-            await wait_for(procs.metastore, procs.spec.cluster, landed, HANG_GUARD)
-            await until(lambda: reader.has_term_above(old.term), "the consumer to move")
-            await sender.stop()
-            await caught_up(reader, sender)
-            assert_exactly_once(reader, sender, first)
-            assert reader.consumer.owner is not None and reader.consumer.owner.node == target
-        finally:
-            await sender.abort()
-            await reader.close()
+        await wait_for(procs.metastore, procs.spec.cluster, landed, HANG_GUARD)
+        await until(lambda: reader.has_term_above(old.term), "the consumer to move")
+        await sender.stop()
+        await caught_up(reader, sender)
+        assert_exactly_once(reader, sender, first)
+        assert reader.consumer.owner is not None and reader.consumer.owner.node == target

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from headrace.cli.run import standalone_command
 
 
 class Standalone:
@@ -27,17 +28,7 @@ class Standalone:
         with self.stderr_path.open("w") as err:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-P",
-                    "-m",
-                    "headrace.cli",
-                    "standalone",
-                    "--data-dir",
-                    str(data_dir),
-                    "--nodes",
-                    str(nodes),
-                    "--pchannels",
-                    str(pchannels),
+                    *standalone_command(data_dir, nodes=nodes, pchannels=pchannels),
                     "--lease-ttl",
                     "2",
                     *extra,
@@ -53,6 +44,11 @@ class Standalone:
         self.line = self.proc.stdout.readline().strip()
         self.ready = self.line.startswith("headrace standalone ready")
         self.url = self.line.split("metastore=", 1)[1].split()[0] if self.ready else ""
+
+    def require_ready(self) -> Standalone:
+        """This process, asserted ready (else the test fails with its first line and stderr)."""
+        assert self.ready, (self.line, self.stderr)
+        return self
 
     @property
     def stderr(self) -> str:

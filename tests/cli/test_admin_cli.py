@@ -8,7 +8,6 @@ of rejected messages, a closed stdout, and the node logs in normal operation.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli.closed_pipe import cli_into_closed_pipe
 from tests.cli.standalone_proc import Standalone
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -212,19 +212,7 @@ def test_rejected_messages_exit_2(standalone: Standalone) -> None:
 
 
 def test_status_into_a_closed_pipe_ends_quietly(standalone: Standalone) -> None:
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "headrace.cli", "status", "--metastore", standalone.url],
-            stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        os.close(write_end)
+    out = cli_into_closed_pipe("status", "--metastore", standalone.url)
     assert out.returncode == 141 and out.stderr == "", out.stderr
 
 

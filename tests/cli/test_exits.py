@@ -19,6 +19,7 @@ from headrace.cli import exits
 from headrace.cli.main import main
 from headrace.message.types import validate_vchannel
 from headrace.standalone import StandaloneConfig
+from tests.cli.closed_pipe import cli_into_closed_pipe
 
 E = errors.ErrorCode
 
@@ -128,28 +129,8 @@ def test_cli_error_does_not_echo_10_kb_of_input(args: list[str], tmp_path: Path)
 
 def test_closed_stdout_ends_quietly(tmp_path: Path) -> None:
     (tmp_path / "wal" / "pchannel-000").mkdir(parents=True)
-    read_end, write_end = os.pipe()
-    os.close(read_end)  # the reader went away, as `| head` does after its lines
-    try:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "headrace.cli",
-                "wal",
-                "dump",
-                "--dir",
-                str(tmp_path / "wal"),
-                "--pchannel",
-                "pchannel-000",
-            ],
-            stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        os.close(write_end)
+    out = cli_into_closed_pipe(
+        "wal", "dump", "--dir", str(tmp_path / "wal"), "--pchannel", "pchannel-000"
+    )
     assert out.returncode == exits.EXIT_BROKEN_PIPE, out.stderr
     assert out.stderr == "", out.stderr

@@ -47,10 +47,7 @@ async def collect(client: HeadraceClient, vchannel: str, count: int) -> list[Log
 
 
 async def test_graceful_move_loses_and_duplicates_nothing(cluster: Cluster) -> None:
-    await cluster.configure([P])
-    await cluster.start_node("node-a")
-    await cluster.start_node("node-b")
-    await cluster.assign(P, "node-a", 1)
+    await cluster.start_pair(P)
     acked: dict[str, list[int]] = collections.defaultdict(list)
     stop = asyncio.Event()
     async with HeadraceClient(cluster.url, "test") as client:
@@ -87,10 +84,7 @@ async def test_graceful_move_loses_and_duplicates_nothing(cluster: Cluster) -> N
 
 
 async def test_consumer_resumes_after_the_node_stops(cluster: Cluster) -> None:
-    await cluster.configure([P])
-    await cluster.start_node("node-a")
-    await cluster.start_node("node-b")
-    await cluster.assign(P, "node-a", 1)
+    await cluster.start_pair(P)
     async with HeadraceClient(cluster.url, "test") as client:
         async with client.producer() as producer:
             for i in range(20):
@@ -112,10 +106,7 @@ async def test_consumer_resumes_after_the_node_stops(cluster: Cluster) -> None:
 
 
 async def test_producer_carries_on_when_its_node_stops(cluster: Cluster) -> None:
-    await cluster.configure([P])
-    await cluster.start_node("node-a")
-    await cluster.start_node("node-b")
-    await cluster.assign(P, "node-a", 1)
+    await cluster.start_pair(P)
     acked: dict[str, list[int]] = collections.defaultdict(list)
     stop = asyncio.Event()
     async with HeadraceClient(cluster.url, "test") as client:

@@ -90,10 +90,7 @@ async def test_consumer_opened_on_a_stuck_owner_moves_to_the_new_one(
 async def test_consumer_resumes_past_a_stuck_owner_without_duplicates(
     cluster: Cluster, stuck_address: str
 ) -> None:
-    await cluster.configure([P])
-    await cluster.start_node("node-a")
-    await cluster.start_node("node-b")
-    await cluster.assign(P, "node-a", 1)
+    await cluster.start_pair(P)
     async with HeadraceClient(cluster.url, "test") as client:
         async with client.producer() as producer:
             for i in range(10):

@@ -50,6 +50,13 @@ async def until(condition: Callable[[], bool]) -> None:
             await asyncio.sleep(0.01)
 
 
+def record(
+    state: AssignmentState, node: str, term: int, pchannel: str = "pchannel-000"
+) -> Assignment:
+    """An assignment record of ``pchannel`` (tests' shorthand)."""
+    return Assignment(pchannel=pchannel, state=state, term=term, node=node)
+
+
 @dataclasses.dataclass
 class Cluster:
     url: str
@@ -120,6 +127,13 @@ class Cluster:
             )
         )
         return await self.wait_state(pchannel, AssignmentState.ASSIGNED, term)
+
+    async def start_pair(self, pchannel: str) -> None:
+        """``pchannel`` alone, served by node-a under term 1, with node-b running idle."""
+        await self.configure([pchannel])
+        await self.start_node("node-a")
+        await self.start_node("node-b")
+        await self.assign(pchannel, "node-a", 1)
 
     async def unassign(self, pchannel: str, target: str = "") -> Assignment:
         """UNASSIGNING from the current owner; returns once it is UNASSIGNED."""

@@ -99,6 +99,23 @@ async def start_local_node(cluster: Cluster, root: Path) -> StreamingNode:
     return node
 
 
+async def inserts_until_corrupt(
+    client: HeadraceClient, vchannel: str
+) -> tuple[list[bytes], errors.CorruptData]:
+    """The INSERT payloads of ``vchannel`` read from the start until the read
+    fails with CorruptData, and that error (the test fails if it never does)."""
+    got: list[bytes] = []
+    async with client.consume(vchannel, start="earliest") as consumer:
+        with pytest.raises(errors.CorruptData) as corrupt:
+            async with asyncio.timeout(HANG_GUARD):
+                while True:
+                    entry = await consumer.next(timeout=HANG_GUARD)
+                    assert entry is not None
+                    if entry.message.type is MessageType.INSERT:
+                        got.append(entry.message.payload)
+    return got, corrupt.value
+
+
 async def test_a_damaged_log_stops_only_its_pchannel_at_the_damage(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -135,18 +152,10 @@ async def test_a_damaged_log_stops_only_its_pchannel_at_the_damage(
         assert str(path) in refused.value.message
         await producer.close()
 
-        got: list[bytes] = []
-        async with client.consume(bad_vchannel, start="earliest") as consumer:
-            with pytest.raises(errors.CorruptData) as corrupt:
-                async with asyncio.timeout(HANG_GUARD):
-                    while True:
-                        entry = await consumer.next(timeout=HANG_GUARD)
-                        assert entry is not None
-                        if entry.message.type is MessageType.INSERT:
-                            got.append(entry.message.payload)
+        got, corrupt = await inserts_until_corrupt(client, bad_vchannel)
         assert got == before
-        assert str(path) in corrupt.value.message
-        assert f"byte offset {offset}" in corrupt.value.message
+        assert str(path) in corrupt.message
+        assert f"byte offset {offset}" in corrupt.message
 
     # No hot retry loop: one failed open, no new segments.
     segments = files.list_segments(str(root / BAD))
@@ -214,15 +223,7 @@ async def test_damage_a_consumer_finds_makes_the_pchannel_corrupt(
     assert node.manager.get(BAD).state.value == "SERVING"
 
     async with HeadraceClient(cluster.url, cluster.keys.cluster) as client:
-        got: list[bytes] = []
-        async with client.consume(bad_vchannel, start="earliest") as consumer:
-            with pytest.raises(errors.CorruptData):
-                async with asyncio.timeout(HANG_GUARD):
-                    while True:
-                        entry = await consumer.next(timeout=HANG_GUARD)
-                        assert entry is not None
-                        if entry.message.type is MessageType.INSERT:
-                            got.append(entry.message.payload)
+        got, _ = await inserts_until_corrupt(client, bad_vchannel)
         assert got == before
 
         def corrupt_without_writer() -> bool:

@@ -10,7 +10,9 @@ record says, unless the record names this node at that term.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -18,14 +20,10 @@ from headrace import errors
 from headrace.client.manager import ManagerClient
 from headrace.cluster import Assignment, AssignmentState
 from headrace.node.assignments import refuse_close, refuse_open
-from tests.node.harness import Cluster
+from tests.node.harness import Cluster, record
 
 P = "pchannel-000"
 A = AssignmentState
-
-
-def record(state: AssignmentState, node: str, term: int) -> Assignment:
-    return Assignment(pchannel=P, state=state, term=term, node=node)
 
 
 @pytest.mark.parametrize(
@@ -82,6 +80,16 @@ def test_refuse_close(
         assert type(verdict) is refusal
 
 
+@contextlib.asynccontextmanager
+async def manager_of(address: str) -> AsyncIterator[ManagerClient]:
+    """A Manager client of the node at ``address``, closed on exit."""
+    manager = ManagerClient(address)
+    try:
+        yield manager
+    finally:
+        await manager.close()
+
+
 async def served_at(manager: ManagerClient, term: int) -> None:
     status = (await manager.list_wals()).find(P)
     assert status is not None and (status.term, status.state) == (term, "SERVING"), status
@@ -92,15 +100,12 @@ async def test_open_ahead_of_the_record_is_refused_and_wedges_nothing(cluster: C
     node_b = await cluster.start_node("node-b")
     owner = cluster.nodes["node-a"]
     await cluster.assign(P, "node-a", 5)
-    manager = ManagerClient(owner.address)
-    try:
+    async with manager_of(owner.address) as manager:
         with pytest.raises(errors.InvalidArgument) as info:
             await manager.open_wal(P, 99)
         assert "term 99" in info.value.message
         assert "ASSIGNED to node node-a at term 5" in info.value.message
         await served_at(manager, 5)
-    finally:
-        await manager.close()
     # The next owner takes it at the coordinator's next term, not after 99.
     moved = await cluster.move(P, "node-b")
     assert (moved.node, moved.term, moved.state) == ("node-b", 6, A.ASSIGNED)
@@ -112,8 +117,7 @@ async def test_close_under_the_record_is_refused_and_the_wal_stays_served(
 ) -> None:
     node = await cluster.start_node("node-a")
     await cluster.assign(P, "node-a", 5)
-    manager = ManagerClient(node.address)
-    try:
+    async with manager_of(node.address) as manager:
         with pytest.raises(errors.InvalidArgument) as zero:
             await manager.close_wal(P, 0)
         assert "ASSIGNED to node node-a at term 5" in zero.value.message
@@ -124,8 +128,6 @@ async def test_close_under_the_record_is_refused_and_the_wal_stays_served(
             await manager.close_wal(P, 4)
         assert (older.value.term, older.value.current_term) == (4, 5)
         await served_at(manager, 5)
-    finally:
-        await manager.close()
     still = await cluster.record(P)
     assert still is not None and (still.state, still.node, still.term) == (A.ASSIGNED, "node-a", 5)
     # The way out is through the record: a graceful unassign releases it.
@@ -138,16 +140,13 @@ async def test_open_of_a_pchannel_recorded_for_another_node_is_refused(cluster: 
     node_a = await cluster.start_node("node-a")
     node_b = await cluster.start_node("node-b")
     await cluster.assign(P, "node-b", 3)
-    manager = ManagerClient(node_a.address)
-    try:
+    async with manager_of(node_a.address) as manager:
         for term in (3, 4, 99):
             with pytest.raises(errors.NotOwner) as info:
                 await manager.open_wal(P, term)
             assert info.value.owner == "node-b" and info.value.term == 3
             assert "ASSIGNED to node node-b at term 3" in info.value.message
         assert (await manager.list_wals()).find(P) is None
-    finally:
-        await manager.close()
     assert node_b.manager is not None and node_b.manager.get(P).term == 3
 
 
@@ -155,8 +154,7 @@ async def test_open_below_or_away_from_the_record_is_refused(cluster: Cluster) -
     node = await cluster.start_node("node-a")
     await cluster.assign(P, "node-a", 5)
     await cluster.unassign(P)  # UNASSIGNED at term 5, still naming node-a
-    manager = ManagerClient(node.address)
-    try:
+    async with manager_of(node.address) as manager:
         with pytest.raises(errors.NotOwner) as released:
             await manager.open_wal(P, 5)
         assert "UNASSIGNED" in released.value.message
@@ -176,5 +174,3 @@ async def test_open_below_or_away_from_the_record_is_refused(cluster: Cluster) -
         # At the record's own term it is the idempotent open of what is served.
         opened = await manager.open_wal(P, 7)
         assert (opened.term, opened.state) == (7, "SERVING")
-    finally:
-        await manager.close()

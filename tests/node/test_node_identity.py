@@ -11,9 +11,12 @@ instead of taking the id back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import signal
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -77,6 +80,37 @@ async def stop(process: asyncio.subprocess.Process) -> None:
         await process.wait()
 
 
+@dataclasses.dataclass
+class NodeRun:
+    """The node processes one test starts for :data:`NODE` in a fresh cluster."""
+
+    url: str
+    cluster: str
+    key: str
+    store: Metastore
+    processes: list[asyncio.subprocess.Process] = dataclasses.field(default_factory=list)
+
+    async def start(self, wal_dir: Path) -> asyncio.subprocess.Process:
+        process = await start_node(self.url, self.cluster, wal_dir)
+        self.processes.append(process)
+        return process
+
+
+@contextlib.asynccontextmanager
+async def node_run(url: str) -> AsyncIterator[NodeRun]:
+    """A :class:`NodeRun` whose processes are killed (resumed first, if paused) at the end."""
+    cluster = f"dup-{uuid.uuid4().hex[:8]}"
+    run = NodeRun(url, cluster, Keys(cluster).node(NODE), await open_metastore(url))
+    try:
+        yield run
+    finally:
+        for process in run.processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGCONT)
+            await stop(process)
+        await run.store.close()
+
+
 @pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
 def metastore_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "etcd":
@@ -87,39 +121,28 @@ def metastore_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 async def test_second_process_with_a_live_node_id_is_refused(
     metastore_url: str, tmp_path: Path
 ) -> None:
-    cluster = f"dup-{uuid.uuid4().hex[:8]}"
-    key = Keys(cluster).node(NODE)
-    store = await open_metastore(metastore_url)
-    processes: list[asyncio.subprocess.Process] = []
-    try:
-        first = await start_node(metastore_url, cluster, tmp_path / "wal-1")
-        processes.append(first)
-        held = await registered(store, key, first)
+    async with node_run(metastore_url) as run:
+        first = await run.start(tmp_path / "wal-1")
+        held = await registered(run.store, run.key, first)
         address = NodeInfo.from_json(held.value).address
 
-        second = await start_node(metastore_url, cluster, tmp_path / "wal-2")
-        processes.append(second)
+        second = await run.start(tmp_path / "wal-2")
         code, stderr = await ended(second)
         assert code == 2, stderr
         assert f"node id '{NODE}' is held by the node at {address}" in stderr
         assert "Traceback" not in stderr
-        current = await store.get(key)
+        current = await run.store.get(run.key)
         assert current is not None and current.lease == held.lease
         assert first.returncode is None
 
         # A crash (no revoke): the next process takes the id once the lease expired.
         first.send_signal(signal.SIGKILL)
         await first.wait()
-        third = await start_node(metastore_url, cluster, tmp_path / "wal-3")
-        processes.append(third)
-        await registered(store, key, third, not_lease=held.lease)
+        third = await run.start(tmp_path / "wal-3")
+        await registered(run.store, run.key, third, not_lease=held.lease)
         third.send_signal(signal.SIGTERM)
         code, stderr = await ended(third)
         assert code == 0, stderr
-    finally:
-        for process in processes:
-            await stop(process)
-        await store.close()
 
 
 @pytest.mark.etcd
@@ -132,33 +155,21 @@ async def test_paused_node_that_lost_its_id_to_a_new_process_stops(
     (On etcd: a process paused inside a SQLite write transaction would hold
     the database lock for everyone, a hazard of the file store, not of this.)
     """
-    cluster = f"dup-{uuid.uuid4().hex[:8]}"
-    key = Keys(cluster).node(NODE)
-    store = await open_metastore(etcd_url)
-    processes: list[asyncio.subprocess.Process] = []
-    try:
-        paused = await start_node(etcd_url, cluster, tmp_path / "wal-1")
-        processes.append(paused)
-        old = await registered(store, key, paused)
+    async with node_run(etcd_url) as run:
+        paused = await run.start(tmp_path / "wal-1")
+        old = await registered(run.store, run.key, paused)
         paused.send_signal(signal.SIGSTOP)
         async with asyncio.timeout(HANG_GUARD):
             while True:
-                if await store.get(key) is None:
+                if await run.store.get(run.key) is None:
                     break
                 await asyncio.sleep(0.1)
-        successor = await start_node(etcd_url, cluster, tmp_path / "wal-2")
-        processes.append(successor)
-        new = await registered(store, key, successor, not_lease=old.lease)
+        successor = await run.start(tmp_path / "wal-2")
+        new = await registered(run.store, run.key, successor, not_lease=old.lease)
         paused.send_signal(signal.SIGCONT)
         code, stderr = await ended(paused)
         assert code == 2, stderr
         assert f"node id '{NODE}' is held by the node at" in stderr
-        current = await store.get(key)
+        current = await run.store.get(run.key)
         assert current is not None and current.lease == new.lease
         assert successor.returncode is None
-    finally:
-        for process in processes:
-            if process.returncode is None:
-                process.send_signal(signal.SIGCONT)
-            await stop(process)
-        await store.close()

@@ -18,14 +18,10 @@ from headrace.node.server import NodeConfig, StreamingNode, advertised_address
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 from headrace.wal.api import WALState
-from tests.node.harness import HANG_GUARD, Cluster, error_details, until
+from tests.node.harness import HANG_GUARD, Cluster, error_details, record, until
 
 P = "pchannel-000"
 A = AssignmentState
-
-
-def record(state: AssignmentState, node: str, term: int) -> Assignment:
-    return Assignment(pchannel=P, state=state, term=term, node=node)
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from headrace.message import codec
 from headrace.message.ids import MessageID
 from headrace.wal import registry
 from headrace.wal.contract import Backend, BackendReader, BackendWriter, Record, StartPosition
+
+
+async def payload_copies(backend: Backend, payload: bytes) -> int:
+    """How many records of pchannel ``p`` in ``backend`` carry ``payload``."""
+    reader = await backend.open_reader("p", StartPosition.earliest())
+    found = 0
+    while records := await reader.next_batch(1024, timeout=0):
+        found += sum(codec.decode(r.data).payload == payload for r in records)
+    await reader.close()
+    return found
 
 
 class DelegatingBackend(Backend):

@@ -17,12 +17,12 @@ from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.tso import LocalTSO
 from headrace.wal.api import AppendResult
-from headrace.wal.contract import BackendWriter, StartPosition
+from headrace.wal.contract import BackendWriter
 from headrace.wal.framework import WAL, WALOptions
-from headrace.wal.interceptors.chain import AppendContext
+from headrace.wal.interceptors.chain import AppendContext, Handler
 from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
 from headrace.wal.memory import MemoryMessageID as MID
-from tests.wal.delegating import DelegatingBackend
+from tests.wal.delegating import DelegatingBackend, payload_copies
 
 QUIET = WALOptions(timetick_interval_ms=3_600_000)
 
@@ -61,23 +61,35 @@ class GatedBackend(DelegatingBackend):
         return GatedWriter(await self.inner.open_writer(pchannel, term), self.gate)
 
 
-async def payload_copies(backend: DelegatingBackend, payload: bytes) -> int:
-    reader = await backend.open_reader("p", StartPosition.earliest())
-    found = 0
-    while records := await reader.next_batch(1024, timeout=0):
-        found += sum(codec.decode(r.data).payload == payload for r in records)
-    await reader.close()
-    return found
+async def call_then_leave(
+    interceptor: DedupInterceptor, write: Handler, msg: Message, gate: asyncio.Event
+) -> None:
+    """Send ``msg`` through ``interceptor``, cancel the caller while ``write``
+    waits on ``gate``, then open the gate and let the write finish."""
+    caller = asyncio.create_task(interceptor([AppendContext(msg, 0)], write))
+    await asyncio.sleep(0)
+    caller.cancel()
+    await asyncio.gather(caller, return_exceptions=True)
+    gate.set()
+    await asyncio.sleep(0.01)
 
 
-async def test_a_retry_after_the_caller_was_cancelled_mid_write_is_not_written_again() -> None:
+async def wal_with_an_abandoned_write() -> tuple[GatedBackend, WAL]:
+    """A WAL on a closed gate whose append of ``x`` (prod, 1) was cancelled
+    while held at the gate: the client gave up on its stream, the appender
+    still writes once the gate opens."""
     backend = GatedBackend()
     wal = await WAL.open(backend, "p", 1, tso=LocalTSO(), options=QUIET)
     backend.gate.clear()
     first = asyncio.create_task(wal.append_many([produced(b"x", "prod", 1)]))
     await asyncio.sleep(0.05)
-    first.cancel()  # the client gave up on its stream; the appender still writes
+    first.cancel()
     await asyncio.gather(first, return_exceptions=True)
+    return backend, wal
+
+
+async def test_a_retry_after_the_caller_was_cancelled_mid_write_is_not_written_again() -> None:
+    backend, wal = await wal_with_an_abandoned_write()
     backend.gate.set()
     retried = await asyncio.wait_for(wal.append(produced(b"x", "prod", 1)), 10)
     assert retried.term == 1
@@ -88,13 +100,7 @@ async def test_a_retry_after_the_caller_was_cancelled_mid_write_is_not_written_a
 
 
 async def test_a_retry_during_the_cancelled_callers_write_waits_for_its_outcome() -> None:
-    backend = GatedBackend()
-    wal = await WAL.open(backend, "p", 1, tso=LocalTSO(), options=QUIET)
-    backend.gate.clear()
-    first = asyncio.create_task(wal.append_many([produced(b"x", "prod", 1)]))
-    await asyncio.sleep(0.05)
-    first.cancel()
-    await asyncio.gather(first, return_exceptions=True)
+    backend, wal = await wal_with_an_abandoned_write()
     retry = asyncio.create_task(wal.append(produced(b"x", "prod", 1)))
     await asyncio.sleep(0.05)
     assert not retry.done(), "the retry must wait for the write still in flight"
@@ -117,12 +123,7 @@ async def test_the_interceptor_remembers_a_write_that_ends_after_its_caller_left
             c.result = AppendResult(MID(i), 10 + i, 1)
 
     msg = produced(b"x", "p", 7)
-    caller = asyncio.create_task(interceptor([AppendContext(msg, 0)], write))
-    await asyncio.sleep(0)
-    caller.cancel()
-    await asyncio.gather(caller, return_exceptions=True)
-    gate.set()
-    await asyncio.sleep(0.01)
+    await call_then_leave(interceptor, write, msg, gate)
     assert interceptor.window.get(("p", 7)) == AppendResult(MID(0), 10, 1)
     repeat = AppendContext(msg, 0)
     await interceptor([repeat], write)
@@ -139,12 +140,7 @@ async def test_a_failed_write_after_its_caller_left_is_forgotten() -> None:
             c.fail(errors.Unavailable("disk went away"))
 
     msg = produced(b"x", "p", 7)
-    caller = asyncio.create_task(interceptor([AppendContext(msg, 0)], write))
-    await asyncio.sleep(0)
-    caller.cancel()
-    await asyncio.gather(caller, return_exceptions=True)
-    gate.set()
-    await asyncio.sleep(0.01)
+    await call_then_leave(interceptor, write, msg, gate)
     assert interceptor.window.get(("p", 7)) is None
     assert not interceptor._inflight
 

@@ -14,19 +14,18 @@ from pathlib import Path
 import pytest
 
 from headrace import errors
-from headrace.message import codec
 from headrace.message.types import Message, MessageType
 from headrace.tso import LocalTSO
 from headrace.wal import registry
 from headrace.wal.api import WALState
-from headrace.wal.contract import Backend, Record, StartPosition
+from headrace.wal.contract import Backend, Record
 from headrace.wal.framework import DEFAULT_OPEN_TIMEOUT_S, WAL, WALOptions, open_timeout
 from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.local.message_id import LocalMessageID
 from headrace.wal.memory.message_id import MemoryMessageID
 from headrace.wal.pulsar.message_id import PulsarMessageID
 from headrace.wal.rebuild import probe_start
-from tests.wal.delegating import CountingBackend, DelegatingBackend
+from tests.wal.delegating import CountingBackend, DelegatingBackend, payload_copies
 
 QUIET = WALOptions(timetick_interval_ms=3_600_000)
 LONG_LOG = 20_000
@@ -54,15 +53,6 @@ def make_backend(kind: str, tmp_path: Path) -> Backend:
     return registry.create("memory")
 
 
-async def copies(backend: Backend, payload: bytes) -> int:
-    reader = await backend.open_reader("p", StartPosition.earliest())
-    found = 0
-    while records := await reader.next_batch(1024, timeout=0):
-        found += sum(codec.decode(r.data).payload == payload for r in records)
-    await reader.close()
-    return found
-
-
 @pytest.mark.parametrize("kind", ["memory", "local"])
 async def test_reopen_after_a_crash_reads_from_the_last_tick_not_the_log_start(
     kind: str, tmp_path: Path
@@ -80,7 +70,7 @@ async def test_reopen_after_a_crash_reads_from_the_last_tick_not_the_log_start(
     wal3 = await WAL.open(counting, "p", 3, tso=LocalTSO(), options=QUIET)
     assert counting.fetched < 1_000, f"the rebuild read {counting.fetched} records"
     assert await wal3.append(produced(b"x", "prod", 1)) == original
-    assert await copies(backend, b"x") == 1
+    assert await payload_copies(backend, b"x") == 1
     await wal3.close()
     await wal2.close()
     await backend.close()
@@ -103,7 +93,7 @@ async def test_reopen_after_a_crash_without_a_tick_in_reach_reads_one_window(
     assert await wal2.append(produced(b"last", "prod", LONG_LOG)) == last
     inside = await wal2.append(produced(b"m%d" % (LONG_LOG - 50), "prod", LONG_LOG - 50))
     assert inside.term == 1, "a pair inside the window was written again"
-    assert await copies(backend, b"last") == 1
+    assert await payload_copies(backend, b"last") == 1
     await wal2.close()
     await wal1.close()
     await backend.close()
@@ -160,7 +150,7 @@ async def test_a_stalled_rebuild_read_fails_the_open_and_a_retried_open_catches_
     assert wal3.state is WALState.SERVING
     assert await wal3.append(produced(b"x", "prod", 2)) == original
     assert await wal3.append(produced(b"a", "prod", 1)) == first
-    assert await copies(backend, b"x") == 1
+    assert await payload_copies(backend, b"x") == 1
     await wal3.close()
     await wal1.close()
 
