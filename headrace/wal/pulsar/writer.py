@@ -159,9 +159,7 @@ class PulsarWriter(BackendWriter):
         back from storage makes the order of fencing follow term order.
         """
         before = client.read_stamps(self._client, self._settings, self._topic, prev, fence_id)
-        found = overtaken(
-            self.pchannel, self.term, self._nonce, before, prev, reacquire=reacquire
-        )
+        found = overtaken(self.pchannel, self.term, self._nonce, before, prev, reacquire=reacquire)
         if found is None:
             return
         try:
