@@ -64,24 +64,10 @@ _BROKERS = {
 _STALL_THEN_RESTART = FaultTimings(broker_gap_s=(1.0, 3.0), broker_stall_s=(3.0, 5.0))
 """A stall, then a restart, both started within the short run (after the
 first round of node faults)."""
-_PULSAR_FENCING_AFTER_RESTART = (
-    "a Pulsar broker restart can let a lower term's fence land after a higher term's "
-    "(the higher one's fence was still being persisted when the lower opener fenced its "
-    "producer and read the topic's end), then the higher term takes the topic back with "
-    "timeticks below that fence: stale-term records, timetick regressions, lost messages"
-)
 _RUNS = [
     pytest.param("kafka", BROKER_FAULT_KINDS, marks=pytest.mark.kafka, id="kafka"),
     pytest.param("pulsar", ("broker_stall",), marks=pytest.mark.pulsar, id="pulsar-stall"),
-    pytest.param(
-        "pulsar",
-        BROKER_FAULT_KINDS,
-        marks=[
-            pytest.mark.pulsar,
-            pytest.mark.xfail(reason=_PULSAR_FENCING_AFTER_RESTART, strict=False),
-        ],
-        id="pulsar-restart",
-    ),
+    pytest.param("pulsar", BROKER_FAULT_KINDS, marks=pytest.mark.pulsar, id="pulsar-restart"),
 ]
 
 

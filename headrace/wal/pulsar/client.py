@@ -156,6 +156,33 @@ def read_first_data(
         raise translate(exc, f"reading {topic}", settings) from None
 
 
+def read_stamps(
+    client: pulsar.Client,
+    settings: PulsarSettings,
+    topic: str,
+    after: PulsarMessageID | None,
+    until: PulsarMessageID,
+) -> list[tuple[PulsarMessageID, Stamp]]:
+    """The stamps of the messages after ``after`` (from the earliest when None) and
+    before ``until``, an acknowledged message: read from storage, so messages
+    whose persistence was still under way at an earlier look at the end are seen."""
+    position = pulsar.MessageId.earliest if after is None else to_pulsar(after)
+    found: list[tuple[PulsarMessageID, Stamp]] = []
+    try:
+        reader = _reader(client, topic, position, False)
+        try:
+            while True:
+                message: pulsar.Message = reader.read_next(_millis(settings))
+                mid = from_pulsar(message.message_id())
+                if mid >= until:
+                    return found
+                found.append((mid, stamp(message)))
+        finally:
+            reader.close()
+    except pulsar.PulsarException as exc:
+        raise translate(exc, f"reading {topic} up to {until}", settings) from None
+
+
 def read_exact(
     client: pulsar.Client, settings: PulsarSettings, topic: str, mid: PulsarMessageID
 ) -> pulsar.Message | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 
 from headrace import errors
 from headrace.wal.pulsar.message_id import PulsarMessageID
@@ -83,3 +84,50 @@ def fence_check(
             current_term=last.term,
         )
     return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Overtaken:
+    """A writer's fence record landed after a record it may not follow."""
+
+    fenced: errors.Fenced
+    restore: Stamp
+    """The fence record that puts the overtaking term back at the topic's end."""
+
+
+def overtaken(
+    pchannel: str,
+    term: int,
+    nonce: int,
+    before_fence: Sequence[tuple[PulsarMessageID, Stamp]],
+    prev: PulsarMessageID | None,
+    *,
+    reacquire: bool,
+) -> Overtaken | None:
+    """Whether a record stored before this writer's fence (after the last data
+    message it saw, ``prev``) belongs to a term that fences it (pure).
+
+    The look at the topic's end before fencing cannot see a message whose
+    persistence was still under way (a send in flight, or queued by a client
+    across a broker restart); such a message lands before the fence. If one of
+    them is of a higher term, this writer is fenced, and the restore record
+    (that term's stamp, pointing at the last data message) keeps "the last
+    message carries the highest term" true for every later opener.
+    """
+    last_data = prev
+    winner: Stamp | None = None
+    for mid, stamp in before_fence:
+        if stamp.kind is Kind.DATA:
+            last_data = mid
+        fences = fence_check(pchannel, term, nonce, stamp, reacquire=reacquire) is not None
+        if fences and (winner is None or stamp.term >= winner.term):
+            winner = stamp
+    if winner is None:
+        return None
+    fenced = errors.Fenced(
+        f"pchannel {pchannel}: term {term} is fenced, term {winner.term} wrote to the topic "
+        "while this writer was taking it",
+        term=term,
+        current_term=winner.term,
+    )
+    return Overtaken(fenced, Stamp(Kind.FENCE, winner.term, winner.nonce, last_data))

@@ -37,7 +37,7 @@ from headrace.message.ids import MessageID
 from headrace.wal.contract import BackendWriter
 from headrace.wal.groupcommit import Future, GroupCommit, failed
 from headrace.wal.pulsar import client
-from headrace.wal.pulsar.fencing import Kind, Stamp, fence_check
+from headrace.wal.pulsar.fencing import Kind, Stamp, fence_check, overtaken
 from headrace.wal.pulsar.message_id import PulsarMessageID
 from headrace.wal.pulsar.settings import PulsarSettings
 
@@ -139,11 +139,35 @@ class PulsarWriter(BackendWriter):
             prev = self._check(reacquire=reacquire)
             fence = Stamp(Kind.FENCE, self.term, self._nonce, prev).properties()
             try:
-                self._send([b""], fence)
-                return
+                [fence_id] = self._send([b""], fence)
             except _LostTopic:
                 reacquire = True
+                continue
+            self._verify(prev, fence_id, reacquire=reacquire)
+            return
         raise self._gave_up()
+
+    def _verify(
+        self, prev: PulsarMessageID | None, fence_id: PulsarMessageID, *, reacquire: bool
+    ) -> None:
+        """Raise Fenced if a record of a term that fences this writer lies before its
+        fence record, after the last data message the check saw.
+
+        Pulsar orders a topic's writes, and a record that was in flight when
+        this writer's producer took the topic is stored before the fence; the
+        look at the end (``_check``) may not have seen it. Reading the range
+        back from storage makes the order of fencing follow term order.
+        """
+        before = client.read_stamps(self._client, self._settings, self._topic, prev, fence_id)
+        found = overtaken(self.pchannel, self.term, self._nonce, before, prev, reacquire=reacquire)
+        if found is None:
+            return
+        try:
+            self._send([b""], found.restore.properties())
+        except (_LostTopic, errors.Unavailable) as exc:
+            client.LOG.debug("%s: no restore record after a stale fence: %r", self._topic, exc)
+        self._drop_producer()
+        raise found.fenced
 
     def _gave_up(self) -> errors.Unavailable:
         return errors.Unavailable(
