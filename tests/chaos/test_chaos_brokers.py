@@ -94,5 +94,7 @@ async def test_short_chaos_on_a_broker(
         timings=chaos.ChaosTimings(faults=faults),
         broker=broker_control(backend),
     )
-    assert_clean(result)
-    assert all(result["faults"][kind] >= 1 for kind in broker_kinds), result["faults"]
+    # A move needs an assigned pchannel: a broker restart (up to a minute here)
+    # can withhold every assignment for the whole short run, so moves are not
+    # required; the kills, pauses and the broker's own faults are.
+    assert_clean(result, ("kill", "stop", *broker_kinds))
