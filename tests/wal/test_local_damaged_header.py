@@ -144,3 +144,25 @@ async def test_a_damaged_segment_off_the_chain_is_ignored(tmp_path: Path) -> Non
     assert files.list_segments(str(tmp_path / P)) == sorted(
         [*(segment.parse_name(p.name) for p in paths), SegmentName(3, 2, 0)]
     )
+
+
+async def test_a_reader_waiting_at_the_tail_meets_a_later_damaged_header(tmp_path: Path) -> None:
+    await write(tmp_path, [b"a", b"b"])
+    backend = LocalBackend(str(tmp_path))
+    reader = await backend.open_reader(P, StartPosition.earliest())
+    try:
+        async with asyncio.timeout(WAIT):
+            got = await reader.next_batch(timeout=WAIT)
+        assert [r.data for r in got] == [b"a", b"b"]
+        assert await reader.next_batch(timeout=0.05) == []
+        await write(tmp_path, [b"c"], term=2)
+        second = segment_paths(tmp_path)[1]
+        damage_header(second)
+        with pytest.raises(errors.CorruptData) as corrupt:
+            async with asyncio.timeout(WAIT):
+                while True:
+                    assert await reader.next_batch(timeout=WAIT) == []
+        assert located(corrupt.value) == (str(second), 0)
+    finally:
+        await reader.close()
+        await backend.close()
