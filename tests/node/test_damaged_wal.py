@@ -245,3 +245,35 @@ async def test_damage_a_consumer_finds_makes_the_pchannel_corrupt(
         await producer.close()
     report = repair(str(root), BAD)
     assert report.damage is not None and report.damage.offset == offset
+
+
+async def test_a_damaged_segment_header_stops_the_pchannel_after_the_earlier_segments(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A damaged header of a later segment acts like a damaged record at its
+    offset 0: consumers get the records of the earlier segments, then CORRUPT."""
+    root = tmp_path / "wal"
+    bad_vchannel = vchannel_of(BAD)
+    await write_log(root, bad_vchannel, 5)
+    backend = LocalBackend(str(root))
+    wal = await WAL.open(backend, BAD, 2, tso=LocalTSO(), options=OPTIONS)
+    await wal.append(Message(MessageType.INSERT, bad_vchannel, b"term 2"))
+    await wal.close()
+    await backend.close()
+    first, second = (root / BAD / n.filename for n in files.list_segments(str(root / BAD)))
+    data = bytearray(second.read_bytes())
+    data[20] ^= 0xFF  # inside the header: its CRC fails
+    second.write_bytes(bytes(data))
+
+    await cluster.configure(PCHANNELS)
+    node = await start_local_node(cluster, root)
+    await cluster.assign(BAD, "node-a", 3)
+    assert node.manager.get(BAD).state.value == "CORRUPT"
+    stats = node.manager.get(BAD).stats()
+    assert (stats["corrupt_file"], stats["corrupt_offset"]) == (str(second), 0)
+
+    async with HeadraceClient(cluster.url, cluster.keys.cluster) as client:
+        got, corrupt = await inserts_until_corrupt(client, bad_vchannel)
+    assert got == [b"m%d" % i for i in range(5)]
+    assert str(second) in corrupt.message
+    assert first.exists()

@@ -11,6 +11,17 @@ writer added past a measured length. Ordering by identity rather than by term
 alone keeps a fenced writer of the same term (which may still roll into a new,
 empty segment) from ever becoming the head.
 
+A segment whose header cannot be read is placed by its file name (base LSN,
+writer identity). If it is on the chain (a readable segment names it as its
+predecessor) or would be its head, the chain is *broken* there: it holds the
+segments before it, the last one read up to the damaged segment's base LSN,
+and whoever reads past them gets the damage (file, offset 0) as CorruptData,
+like a damaged record. Headers are written whole under a temporary name and
+linked into place (:func:`.files.create_segment`), so a crash never leaves a
+torn header: a damaged one is always damage, never a torn tail. A damaged
+segment off the chain (below the head and named by no successor) is ignored
+like any other segment off the chain.
+
 A chain is *trusted* when its head was created by the stored identity, read
 after listing the segments; otherwise a new owner has stored its identity but
 not yet created its segment, and readers wait for it.
@@ -52,14 +63,21 @@ class Chain:
     """The stored writer identity, read after listing the segments."""
     marker: int
     """First LSN still readable according to the truncation marker."""
+    broken: errors.CorruptData | None = None
+    """Damage of the segment that follows the links (its header cannot be read)."""
 
     @property
     def head(self) -> Link | None:
+        """The newest segment; CorruptData if the chain is broken (its head is unknown)."""
+        if self.broken is not None:
+            raise self.broken
         return self.links[-1] if self.links else None
 
     @property
     def trusted(self) -> bool:
-        return not self.links or self.links[-1].header.fence >= self.fence
+        return (
+            self.broken is not None or not self.links or self.links[-1].header.fence >= self.fence
+        )
 
     @property
     def first_lsn(self) -> int:
@@ -73,6 +91,8 @@ class Chain:
         for index, link in enumerate(self.links):
             if link.end_lsn is None or lsn < link.end_lsn:
                 return index
+        if self.broken is not None:
+            raise self.broken
         raise errors.CorruptData("segment chain has no head")  # links always end in a head
 
     def position_of(self, name: SegmentName) -> int | None:
@@ -82,12 +102,57 @@ class Chain:
         return None
 
 
+def name_key(name: SegmentName) -> tuple[int, int, int, int]:
+    """The :attr:`~.segment.SegmentHeader.head_key` of a segment whose header
+    cannot be read, from its name read as the current format writes it."""
+    return (name.term, name.seq, name.base_lsn, name.seq)
+
+
 def build_chain(
-    directory: str, headers: Mapping[SegmentName, SegmentHeader], fence: Fence, marker: int
+    directory: str,
+    headers: Mapping[SegmentName, SegmentHeader],
+    fence: Fence,
+    marker: int,
+    damaged: Mapping[SegmentName, errors.CorruptData] | None = None,
 ) -> Chain:
-    """The chain of ``headers`` (all segments listed), ending in the head."""
+    """The chain of ``headers`` (all segments listed), ending in the head.
+
+    ``damaged``: the listed segments whose header cannot be read. If the chain
+    meets one, it ends before it: the last link is bounded by the damaged
+    segment's base LSN (``limit`` still None: the caller measures it) and
+    :attr:`Chain.broken` holds the damage.
+    """
+    damaged = damaged or {}
+    links, met = _walk(directory, headers)
+    head_key = links[-1].header.head_key if links else None
+    if met is None or met not in damaged:
+        newer = [n for n in damaged if head_key is None or name_key(n) > head_key]
+        if not newer:
+            return Chain(links, fence, marker)
+        met = max(newer, key=name_key)
+    bad_key = name_key(met)
+    before = build_chain(
+        directory,
+        {n: h for n, h in headers.items() if h.head_key < bad_key and n.base_lsn <= met.base_lsn},
+        fence,
+        marker,
+        {n: exc for n, exc in damaged.items() if name_key(n) < bad_key},
+    )
+    if before.broken is not None:
+        return before
+    kept = before.links
+    if kept:
+        kept = (*kept[:-1], dataclasses.replace(kept[-1], end_lsn=met.base_lsn))
+    return Chain(kept, fence, marker, damaged[met])
+
+
+def _walk(
+    directory: str, headers: Mapping[SegmentName, SegmentHeader]
+) -> tuple[tuple[Link, ...], SegmentName | None]:
+    """The links back from the head of ``headers``, and the predecessor the
+    walk stopped at for lack of its header (None if the first link has none)."""
     if not headers:
-        return Chain((), fence, marker)
+        return (), None
     head = max(headers.values(), key=lambda header: header.head_key)
     reversed_links = [Link(head, os.path.join(directory, head.name.filename), None, None)]
     current = head
@@ -102,4 +167,4 @@ def build_chain(
         reversed_links.append(Link(prev, path, current.prev_len, current.name.base_lsn))
         current = prev
     reversed_links.reverse()
-    return Chain(tuple(reversed_links), fence, marker)
+    return tuple(reversed_links), current.prev

@@ -7,7 +7,8 @@ import contextlib
 import os
 import threading
 
-from headrace.wal.local import chain, files
+from headrace import errors
+from headrace.wal.local import chain, files, scan
 from headrace.wal.local.fence import NO_FENCE, Fence
 from headrace.wal.local.segment import SegmentHeader, SegmentName
 
@@ -46,20 +47,31 @@ class Channel:
         return files.read_fence(fd, self.term_path)
 
     def load_chain(self) -> chain.Chain:
-        """List the segments, then read the fence: the chain as of now."""
+        """List the segments, then read the fence: the chain as of now.
+
+        A damaged segment header breaks the chain there (see :mod:`.chain`).
+        """
         names = files.list_segments(self.directory)
         headers: dict[SegmentName, SegmentHeader] = {}
+        damaged: dict[SegmentName, errors.CorruptData] = {}
         for name in names:
             header = self._headers.get(name)
             if header is None:
-                header = files.read_header(self.directory, name)
+                try:
+                    header = files.read_header(self.directory, name)
+                except errors.CorruptData as exc:
+                    damaged[name] = exc
+                    continue
                 if header is None:
                     continue
                 self._headers[name] = header
             headers[name] = header
         stored = self.fence()
         marker = files.read_marker(self.directory)
-        return chain.build_chain(self.directory, headers, stored, marker)
+        built = chain.build_chain(self.directory, headers, stored, marker, damaged)
+        if built.broken is not None and built.links:
+            return scan.bound_last(built)
+        return built
 
     def forget(self, names: list[SegmentName]) -> None:
         for name in names:

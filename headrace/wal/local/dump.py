@@ -42,6 +42,8 @@ def iter_dump(root: str, pchannel: str) -> Iterator[DumpRow]:
         chain = channel.load_chain()
         for link in chain.links:
             yield from _dump_segment(link, chain.marker)
+        if chain.broken is not None:
+            raise chain.broken
     except OSError as exc:
         raise files.storage_error(exc, f"reading {channel.directory}") from None
     finally:

@@ -249,7 +249,9 @@ def read_header(directory: str, name: SegmentName) -> SegmentHeader | None:
     finally:
         os.close(fd)
     if header.name != name:
-        raise errors.CorruptData(f"{path}: header names segment {header.name.filename}")
+        raise errors.CorruptData(
+            f"{path}: header names segment {header.name.filename}", path=path, offset=0
+        )
     return header
 
 

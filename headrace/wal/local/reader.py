@@ -158,6 +158,8 @@ class LocalReader(BackendReader):
 
     def _position(self) -> Chain | None:
         chain = self._channel.load_chain()
+        if not chain.links and chain.broken is not None:
+            raise chain.broken
         if not chain.trusted or not chain.links:
             return None
         target = chain.first_lsn if self._target is None else self._target
@@ -201,6 +203,8 @@ class LocalReader(BackendReader):
         return None
 
     def _next_link(self, chain: Chain) -> Chain:
+        if self._index + 1 == len(chain.links) and chain.broken is not None:
+            raise chain.broken
         self._index += 1
         link = chain.links[self._index]
         os.close(self._fd)

@@ -27,7 +27,7 @@ import time
 from headrace import errors
 from headrace.wal.local import files, scan, segment
 from headrace.wal.local.backend import PCHANNEL_PATTERN
-from headrace.wal.local.chain import Chain
+from headrace.wal.local.chain import Chain, name_key
 from headrace.wal.local.channel import Channel
 from headrace.wal.local.segment import SegmentName
 
@@ -152,14 +152,13 @@ class _Aside:
 def damaged_header(channel: Channel) -> Damage | None:
     """The first segment whose header cannot be read, if any: the log cannot
     be assembled past it."""
-    try:
-        channel.load_chain()
-    except errors.CorruptData as exc:
-        name = segment.parse_name(os.path.basename(exc.path))
-        if name is None or os.path.dirname(exc.path) != channel.directory:
-            raise
-        return Damage(exc.path, exc.offset, name.base_lsn)
-    return None
+    broken = channel.load_chain().broken
+    if broken is None:
+        return None
+    name = segment.parse_name(os.path.basename(broken.path))
+    if name is None or os.path.dirname(broken.path) != channel.directory:
+        raise broken
+    return Damage(broken.path, broken.offset, name.base_lsn)
 
 
 def _repair_locked(channel: Channel, now: float) -> RepairReport:
@@ -202,7 +201,7 @@ def _takeover_key(directory: str, name: SegmentName) -> tuple[int, int, int, int
     except errors.CorruptData:
         header = None
     if header is None:
-        return (name.term, name.seq, name.base_lsn, name.seq)
+        return name_key(name)
     return header.head_key
 
 

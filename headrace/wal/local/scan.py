@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from headrace import errors
@@ -162,8 +163,30 @@ def read_record(fd: int, link: Link, target: int) -> Record:
         pos, lsn = parsed.pos, parsed.lsn
 
 
+def bound_last(chain: Chain) -> Chain:
+    """A broken chain (see :mod:`.chain`) with the byte length of its last link
+    measured: up to the record at its ``end_lsn`` (the damaged segment's base
+    LSN), or where quick skipping stops before it, for readers to check."""
+    last = chain.links[-1]
+    assert last.end_lsn is not None
+    fd = open_segment(last)
+    if fd is None:
+        limit = HEADER_SIZE
+    else:
+        try:
+            limit = skip_to(fd, last, last.end_lsn)[0]
+        finally:
+            os.close(fd)
+    return dataclasses.replace(
+        chain, links=(*chain.links[:-1], dataclasses.replace(last, limit=limit))
+    )
+
+
 def last_record(chain: Chain) -> Record | None:
-    """The last record of the chain at or above its truncation marker."""
+    """The last record of the chain at or above its truncation marker;
+    CorruptData if the chain is broken (its last record is past the damage)."""
+    if chain.broken is not None:
+        raise chain.broken
     for link in reversed(chain.links):
         fd = open_segment(link)
         if fd is None:

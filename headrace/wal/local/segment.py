@@ -131,7 +131,9 @@ def decode_header(data: bytes, path: str) -> SegmentHeader:
     if version not in READABLE_VERSIONS:
         raise errors.CorruptData(
             f"{path}: segment format version {version} is not supported "
-            f"(this build reads {', '.join(map(str, READABLE_VERSIONS))})"
+            f"(this build reads {', '.join(map(str, READABLE_VERSIONS))})",
+            path=path,
+            offset=0,
         )
     prev = SegmentName(pbase, pterm, pseq) if flags & _FLAG_PREV else None
     return SegmentHeader(SegmentName(base, term, seq), prev, prev_len, version)
