@@ -233,7 +233,7 @@ async def apply_crds(kube: Kube) -> tuple[str, ...]:
     async def established() -> bool:
         for name in names:
             crd = await kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", name)
-            conditions = (crd or {}).get("status", {}).get("conditions") or []
+            conditions = ((crd or {}).get("status") or {}).get("conditions") or []
             if not any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
                 return False
         return True

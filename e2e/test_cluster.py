@@ -138,7 +138,7 @@ async def demo(e2e: E2E) -> AsyncIterator[Demo]:
             body = await kube.get(API_VERSION, "StreamingCluster", e2e.namespace, NAME)
             return body is None and not pods
 
-        await until(gone, "demo and its pods deleted", limit=60)
+        await until(gone, "demo and its pods deleted", limit=120)
         await history.stop()
         kube.close()
 

@@ -336,7 +336,7 @@ async def install_crds(kube: KubernetesApi) -> None:
             )
             established = [
                 c
-                for c in (crd or {}).get("status", {}).get("conditions", [])
+                for c in ((crd or {}).get("status") or {}).get("conditions") or []
                 if c["type"] == "Established" and c["status"] == "True"
             ]
             if established:
