@@ -112,11 +112,14 @@ class JavaServer(StopOnExit):
     def pid(self) -> int:
         return self.process.pid
 
-    def relaunch(self) -> None:
+    def relaunch(self, ready: Callable[[], bool], timeout: float) -> float:
         """Stop the process and start the same command again (same ports, same
-        data, log appended); the caller waits until it serves."""
+        data, log appended); wait until ``ready()``; the seconds it took."""
+        began = time.monotonic()
         self.stop()
         self.process = _spawn(self.command, self.data_dir, self.log_path)
+        wait_until(self, ready, timeout, "serving after a restart")
+        return time.monotonic() - began
 
     def stop(self) -> None:
         stop_process(self.process, STOP_TIMEOUT_S)
