@@ -11,6 +11,10 @@ the flush job share.
 * **Seal**: ``MessageType.FLUSH`` on a shard vchannel, properties
   ``headrace.collection`` and ``headrace.segment``: the segment takes no more
   rows; its position is fixed in log order. A flush range ends at a seal.
+* **Flush request**: ``MessageType.FLUSH`` on a shard vchannel with
+  ``headrace.collection`` and **no** ``headrace.segment``, written by
+  ``client.flush``: the node's segment interceptor replaces it by the seals of
+  every growing segment of the pchannel (it never reaches the log as is).
 
 Messages without the ``headrace.collection`` property are opaque and left
 alone. Until the node's segment interceptor stamps segments and seals itself,
@@ -84,6 +88,20 @@ def seal(collection: Collection, vchannel: str, segment_id: int) -> Message:
         vchannel,
         b"",
         {COLLECTION: collection.name, SEGMENT: _segment(segment_id)},
+    )
+
+
+def flush_request(collection: Collection, vchannel: str) -> Message:
+    """Ask the owner of ``vchannel``'s pchannel to seal its growing segments."""
+    _check_shard(collection, vchannel)
+    return Message(MessageType.FLUSH, vchannel, b"", {COLLECTION: collection.name})
+
+
+def is_flush_request(message: Message) -> bool:
+    return (
+        message.type is MessageType.FLUSH
+        and COLLECTION in message.properties
+        and SEGMENT not in message.properties
     )
 
 

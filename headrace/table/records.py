@@ -6,6 +6,7 @@ Keys (``<root>`` = ``/headrace/<cluster>``, see :class:`headrace.cluster.Keys`):
     <root>/tables/<collection>                    TableRecord: the table's metadata pointer
     <root>/segments/<pchannel>/<segment id:020d>  SegmentRecord
     <root>/checkpoints/<pchannel>                 CheckpointRecord, written last
+    <root>/seals/<pchannel>                       SealRecord: the last seal the owner wrote
 
 :class:`SegmentRecord` and :class:`CheckpointRecord` are the one definition of
 a recorded segment and of a channel checkpoint: the flush commit writes them and
@@ -84,6 +85,23 @@ class CheckpointRecord(JsonRecord):
     term: int = 0
     flush_start: str = ""
     flush_end: str = ""
+
+    def position_id(self) -> MessageID:
+        return ids.parse(self.position)
+
+
+class SealRecord(JsonRecord):
+    """The last seal the pchannel's owner wrote: every growing segment of the
+    pchannel was sealed at or before ``position`` (a message id), so
+    ``(checkpoint, position]`` is a range a flush can take. Written by the owner
+    node under its ``term`` after the seal messages are acknowledged; read by
+    flush launchers (the standalone's runner, the operator)."""
+
+    pchannel: str
+    position: str
+    timetick: int = 0
+    node: str = ""
+    term: int = 0
 
     def position_id(self) -> MessageID:
         return ids.parse(self.position)
@@ -189,6 +207,14 @@ def table_key(keys: Keys, collection: str) -> str:
 
 def tables_prefix(keys: Keys) -> str:
     return f"{keys.root}/tables/"
+
+
+def seal_key(keys: Keys, pchannel: str) -> str:
+    return f"{keys.root}/seals/{pchannel}"
+
+
+def seals_prefix(keys: Keys) -> str:
+    return f"{keys.root}/seals/"
 
 
 def segments_prefix(keys: Keys, pchannel: str) -> str:
