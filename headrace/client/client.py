@@ -6,21 +6,28 @@ import asyncio
 import dataclasses
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Collection as Container
+
+import pyarrow as pa
 
 from headrace import errors
 from headrace.client import arguments
 from headrace.client.arguments import Start
 from headrace.client.consumer import Consumer, ConsumerOptions
 from headrace.client.discovery import ChannelPool, ClusterView, Owner
+from headrace.client.flushing import FlushOutcome, WaitOptions, wait_flushed
 from headrace.client.manager import ManagerClient
 from headrace.client.producer import Producer, ProducerOptions
 from headrace.client.session import Session
 from headrace.cluster import DEFAULT_CLUSTER, Keys
-from headrace.message.types import MessageType
+from headrace.message.ids import MessageID
+from headrace.message.types import Message, MessageType
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
+from headrace.table import messages as table_messages
+from headrace.table.collections import Collection, CollectionSpec, CollectionStore, Dropped
 from headrace.wal import registry
+from headrace.wal.api import AppendResult
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,7 +162,7 @@ class HeadraceClient:
         self,
         vchannel: str,
         start: Start = "earliest",
-        types: Collection[MessageType] | None = None,
+        types: Container[MessageType] | None = None,
         options: ConsumerOptions | None = None,
     ) -> Consumer:
         """Iterate over ``vchannel``'s messages from ``start``.
@@ -165,3 +172,101 @@ class HeadraceClient:
         the WAL's own time ticks and fences.
         """
         return Consumer(self.session, vchannel, start, types, options or ConsumerOptions())
+
+    # -- collections ----------------------------------------------------------
+
+    @property
+    def collections(self) -> CollectionStore:
+        """The cluster's collection records (Closed if the client is not connected)."""
+        view = self.view
+        return CollectionStore(view.metastore, view.keys)
+
+    async def create_collection(
+        self, name: str, schema: pa.Schema, primary_key: str = "pk", shards: int = 1
+    ) -> Collection:
+        """Record a collection and announce it on each shard; the recorded collection.
+
+        Idempotent: the same definition again returns the same collection (and
+        appends its CREATE_COLLECTION again, which readers take as a no-op).
+        CONFLICT if the name holds another definition or was dropped;
+        INVALID_ARGUMENT for a bad definition (see ``CollectionSpec``).
+        """
+        if not isinstance(schema, pa.Schema):
+            raise errors.InvalidArgument(
+                f"schema must be a pyarrow Schema, got a {type(schema).__name__}"
+            )
+        spec = CollectionSpec(
+            arguments.instance(name, str, "name"),
+            schema,
+            arguments.instance(primary_key, str, "primary_key"),
+            arguments.instance(shards, int, "shards"),
+        )
+        collection = await self.collections.create(spec)
+        await self._append_all(
+            [table_messages.create_collection(collection, v) for v in collection.vchannels]
+        )
+        return collection
+
+    async def describe_collection(self, name: str) -> Collection:
+        """The recorded collection (dropped ones too); NOT_FOUND if there is none."""
+        return await self.collections.get(arguments.instance(name, str, "name"))
+
+    async def list_collections(self, *, include_dropped: bool = False) -> list[Collection]:
+        """The cluster's collections by name (dropped ones only if asked)."""
+        found = await self.collections.list()
+        return [c for c in found if include_dropped or c.dropped is None]
+
+    async def drop_collection(self, name: str) -> Collection:
+        """Append DROP_COLLECTION to each shard, then mark the record dropped.
+
+        Flushing of the collection stops and its table's data is garbage; its
+        name is never reused. Idempotent: a dropped collection is returned as
+        it is. NOT_FOUND if there is no such collection.
+        """
+        collection = await self.describe_collection(name)
+        if collection.dropped is not None:
+            return collection
+        results = await self._append_all(
+            [table_messages.drop_collection(collection, v) for v in collection.vchannels]
+        )
+        timetick = max(r.timetick for r in results)
+        return await self.collections.drop(collection.name, Dropped(time.time(), timetick))
+
+    async def flush(
+        self, collection: str, *, wait: bool = True, timeout: float | None = 300.0
+    ) -> FlushOutcome:
+        """Ask every shard's owner to seal the collection's growing segments.
+
+        With ``wait``, return once every involved pchannel's checkpoint is at
+        or past its acknowledged request (the rows written before the call are
+        in the table), or raise Unavailable after ``timeout`` seconds naming
+        the pchannels still behind and their checkpoints.
+        """
+        target = await self.describe_collection(collection)
+        if target.dropped is not None:
+            raise errors.NotFound(f"collection {target.name} was dropped")
+        limit = arguments.timeout(timeout)
+        results = await self._append_all(
+            [table_messages.flush_request(target, v) for v in target.vchannels]
+        )
+        targets: dict[str, MessageID] = {}
+        for vchannel, result in zip(target.vchannels, results, strict=True):
+            pchannel = self.route(vchannel)
+            known = targets.get(pchannel)
+            targets[pchannel] = result.id if known is None or known < result.id else known
+        if not wait:
+            return FlushOutcome(target.name, targets, {}, waited=False)
+        view = self.view
+        checkpoints = await wait_flushed(
+            view.metastore, view.keys, target.name, targets, WaitOptions(timeout=limit)
+        )
+        return FlushOutcome(target.name, targets, checkpoints, waited=True)
+
+    async def _append_all(self, batch: list[Message]) -> list[AppendResult]:
+        """Append ``batch`` with a producer of its own; the first error if any failed."""
+        async with self.producer() as producer:
+            outcomes = await producer.send_many(batch)
+        for outcome in outcomes:
+            if isinstance(outcome, errors.HeadraceError):
+                raise outcome
+        return [o for o in outcomes if isinstance(o, AppendResult)]

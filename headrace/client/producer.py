@@ -14,21 +14,40 @@ acknowledged after ``deadline`` seconds fails with the last error seen.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import itertools
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
 
 from headrace import errors
 from headrace.client import arguments
 from headrace.client.budget import ByteBudget
 from headrace.client.discovery import Owner
 from headrace.client.lane import Lane, LaneContext
+from headrace.client.routing import fitted, split_by_shard, split_keys_by_shard
 from headrace.client.sending import Group, Item, Outcome, ProducerOptions
 from headrace.client.session import Session
 from headrace.message.properties import PRODUCER_ID, PRODUCER_SEQ
 from headrace.message.types import Message, MessageType
+from headrace.table import messages as table_messages
+from headrace.table.collections import Collection, CollectionStore
+from headrace.table.payloads import Keys, Rows, check_rows, conform, key_array
 from headrace.wal.api import AppendResult
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What ``insert`` or ``delete`` wrote: one acknowledged message per part."""
+
+    collection: str
+    rows: int
+    """Rows inserted, or keys deleted."""
+    results: tuple[AppendResult, ...]
+    """In the order the parts were sent (by shard, then by row)."""
 
 
 class Producer:
@@ -42,6 +61,7 @@ class Producer:
         self.budget = ByteBudget(self.options.max_inflight_bytes)
         self._context = LaneContext(session, self.options, self.producer_id, self.settle)
         self._lanes: dict[str, Lane] = {}
+        self._collections: dict[str, Collection] = {}
         self._closed = False
 
     async def __aenter__(self) -> Producer:
@@ -105,6 +125,88 @@ class Producer:
             lane.push(item)
         return await group.future
 
+    async def insert(self, collection: str | Collection, rows: Rows) -> WriteResult:
+        """Insert ``rows`` (a pyarrow Table or RecordBatch of the collection's schema).
+
+        Rows go to the shard of their primary key (:mod:`headrace.client.routing`),
+        cut into messages of at most ``max_rows_bytes``, without a segment (the
+        node assigns it). Rows that do not fit the schema are INVALID_ARGUMENT
+        naming the field, and nothing is sent. If a message fails, its error is
+        raised; the other messages of the call may have been written.
+        """
+        if not isinstance(rows, pa.Table | pa.RecordBatch):
+            raise errors.InvalidArgument(
+                f"rows must be a pyarrow Table or RecordBatch, got a {type(rows).__name__}"
+            )
+        target = await self._collection(collection)
+        error = check_rows(target, rows)
+        if error is not None:
+            raise error
+        table = conform(target, rows)
+        parts = split_by_shard(table, target.primary_key, target.spec.shards)
+        batch = [
+            message
+            for shard, part in parts.items()
+            for message in fitted(
+                part,
+                self.options.max_rows_bytes,
+                functools.partial(table_messages.insert_request, target, target.vchannels[shard]),
+            )
+        ]
+        return await self._write(target, table.num_rows, batch)
+
+    async def delete(self, collection: str | Collection, keys: Keys) -> WriteResult:
+        """Delete the rows of primary keys ``keys`` (a pyarrow array or a list).
+
+        Each key goes to the same shard as its inserts. Keys of the wrong type
+        or holding nulls are INVALID_ARGUMENT and nothing is sent.
+        """
+        target = await self._collection(collection)
+        array = key_array(target, keys)
+        pk = target.primary_key
+
+        def build(vchannel: str, part: pa.Table) -> Message:
+            return table_messages.delete(target, vchannel, part.column(0).combine_chunks())
+
+        batch = [
+            message
+            for shard, part in split_keys_by_shard(array, target.spec.shards).items()
+            for message in fitted(
+                pa.Table.from_arrays([part], names=[pk]),
+                self.options.max_rows_bytes,
+                functools.partial(build, target.vchannels[shard]),
+            )
+        ]
+        return await self._write(target, len(array), batch)
+
+    async def _collection(self, collection: str | Collection) -> Collection:
+        """The recorded collection, read once per producer; NOT_FOUND if there is
+        none or it was dropped."""
+        name = collection.name if isinstance(collection, Collection) else collection
+        if not isinstance(name, str):
+            raise errors.InvalidArgument(
+                f"collection must be a name or a Collection, got a {type(name).__name__}"
+            )
+        found = self._collections.get(name)
+        if found is None:
+            view = self.session.view
+            found = await CollectionStore(view.metastore, view.keys).get(name)
+            if found.dropped is not None:
+                raise errors.NotFound(f"collection {name} was dropped")
+            self._collections[name] = found
+        return found
+
+    async def _write(self, target: Collection, rows: int, batch: list[Message]) -> WriteResult:
+        outcomes = await self.send_many(batch)
+        for outcome in outcomes:
+            if isinstance(outcome, errors.HeadraceError):
+                if outcome.code is errors.ErrorCode.NOT_FOUND:
+                    # Dropped meanwhile (or the node does not know it): read it again next time.
+                    self._collections.pop(target.name, None)
+                raise outcome
+        results = tuple(o for o in outcomes if isinstance(o, AppendResult))
+        return WriteResult(target.name, rows, results)
+
     def _lane(self, pchannel: str) -> Lane:
         lane = self._lanes.get(pchannel)
         if lane is None:
@@ -143,4 +245,4 @@ class Producer:
         return {p: lane.owner for p, lane in self._lanes.items()}
 
 
-__all__ = ["Group", "Producer", "ProducerOptions"]
+__all__ = ["Group", "Producer", "ProducerOptions", "WriteResult"]

@@ -28,12 +28,19 @@ class ProducerOptions:
     """Seconds a message may take, retries included, before it fails."""
     retry_backoff: float = 0.05
     max_retry_backoff: float = 1.0
+    max_rows_bytes: int = 1 << 20
+    """Largest payload ``insert`` and ``delete`` put in one message; larger
+    inputs are cut by rows into several messages."""
 
     def __post_init__(self) -> None:
         if self.max_batch_messages < 1 or self.max_batch_bytes < 1:
             raise errors.InvalidArgument("batch limits must be positive")
         if self.max_inflight_batches < 1 or self.max_inflight_bytes < 1:
             raise errors.InvalidArgument("in-flight limits must be positive")
+        if self.max_rows_bytes < 1:
+            raise errors.InvalidArgument(
+                f"max_rows_bytes must be positive, got {self.max_rows_bytes}"
+            )
         if self.deadline <= 0:
             raise errors.InvalidArgument(f"deadline must be positive, got {self.deadline}")
 

@@ -5,11 +5,18 @@ A collection is recorded once in the metastore::
     <root>/collections/<name>     CollectionRecord (JSON; the schema as Arrow IPC, base64)
     <root>/collection-ids         the last collection id handed out
 
+
 :meth:`CollectionStore.create` is idempotent: the same definition (schema,
 primary key, shard count) returns the existing record; another definition under
 the same name is CONFLICT naming both. Shard ``i`` of collection ``c`` is the
 vchannel ``c-i``; collection names use ``[A-Za-z0-9_]`` only, so the shard
 names cannot collide across collections.
+
+:meth:`CollectionStore.drop` keeps the record with a ``dropped`` mark (when,
+and the timetick of the DROP_COLLECTION messages): flushing stops and the
+table's data is garbage. A dropped name is never given out again (CONFLICT
+naming the drop): its shard vchannels still hold the old collection's
+messages, and a new collection on them would read as the old one's.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import re
+import time
 
 import pyarrow as pa
 
@@ -109,11 +117,23 @@ class CollectionSpec:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Dropped:
+    """When a collection was dropped."""
+
+    at: float
+    """Wall-clock seconds (``time.time()``) when the drop was recorded."""
+    timetick: int = 0
+    """The largest timetick of its DROP_COLLECTION messages (0 if unknown)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Collection:
     """A recorded collection: its definition and the id the metastore gave it."""
 
     spec: CollectionSpec
     collection_id: int
+    dropped: Dropped | None = None
+    """Set once the collection is dropped: no more writes or flushes."""
 
     @property
     def name(self) -> str:
@@ -142,7 +162,27 @@ class Collection:
             schema_ipc=base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
             primary_key=self.primary_key,
             vchannels=list(self.vchannels),
+            dropped=self.dropped is not None,
+            dropped_at=0.0 if self.dropped is None else self.dropped.at,
+            dropped_timetick=0 if self.dropped is None else self.dropped.timetick,
         )
+
+    def describe(self) -> dict[str, object]:
+        """The collection as plain values (for JSON and the CLI)."""
+        return {
+            "name": self.name,
+            "collection_id": self.collection_id,
+            "primary_key": self.primary_key,
+            "shards": self.spec.shards,
+            "vchannels": list(self.vchannels),
+            "fields": [
+                {"name": f.name, "type": str(f.type), "nullable": f.nullable}
+                for f in self.schema
+            ],
+            "dropped": self.dropped is not None,
+            "dropped_at": None if self.dropped is None else self.dropped.at,
+            "dropped_timetick": None if self.dropped is None else self.dropped.timetick,
+        }
 
 
 class CollectionRecord(JsonRecord):
@@ -154,6 +194,10 @@ class CollectionRecord(JsonRecord):
     """The Arrow schema, serialized as an Arrow IPC schema message, base64."""
     primary_key: str
     vchannels: list[str]
+    dropped: bool = False
+    """True once the collection is dropped (see :class:`Dropped`)."""
+    dropped_at: float = 0.0
+    dropped_timetick: int = 0
 
     def collection(self) -> Collection:
         """The decoded collection; CorruptData if the record does not hold one."""
@@ -167,7 +211,8 @@ class CollectionRecord(JsonRecord):
                 f"collection record {self.name!r} names vchannels {self.vchannels}, "
                 f"expected {list(spec.vchannels)}"
             )
-        return Collection(spec, self.collection_id)
+        dropped = Dropped(self.dropped_at, self.dropped_timetick) if self.dropped else None
+        return Collection(spec, self.collection_id, dropped)
 
 
 class CollectionStore:
@@ -218,12 +263,42 @@ class CollectionStore:
         return CollectionRecord.from_json(kv.value).collection()
 
     async def list(self) -> list[Collection]:
+        """Every recorded collection, dropped ones included, by name."""
         items = await self.metastore.get_prefix(collections_prefix(self.keys))
-        return [CollectionRecord.from_json(item.value).collection() for item in items]
+        found = [CollectionRecord.from_json(item.value).collection() for item in items]
+        return sorted(found, key=lambda c: c.name)
+
+    async def drop(self, name: str, dropped: Dropped) -> Collection:
+        """Mark ``name`` dropped (idempotent: a dropped one is returned as it is).
+
+        NOT_FOUND if there is no such collection.
+        """
+        key = collection_key(self.keys, name)
+        for _ in range(self.max_attempts):
+            kv = await self.metastore.get(key)
+            if kv is None:
+                raise errors.NotFound(f"no collection {name!r} in cluster {self.keys.cluster}")
+            current = CollectionRecord.from_json(kv.value).collection()
+            if current.dropped is not None:
+                return current
+            marked = dataclasses.replace(current, dropped=dropped)
+            result = await self.metastore.txn(
+                [Compare.mod_revision_is(key, kv.mod_revision)],
+                [Put(key, marked.to_record().to_json())],
+            )
+            if result.succeeded:
+                return marked
+        raise errors.Unavailable(f"dropping collection {name}: its record kept changing; try again")
 
 
 def _same_or_conflict(record: CollectionRecord, spec: CollectionSpec) -> Collection:
     existing = record.collection()
+    if existing.dropped is not None:
+        raise errors.Conflict(
+            f"collection {spec.name} was dropped (at {_when(existing.dropped.at)}); the name of "
+            "a dropped collection is not reused, as its shard vchannels still hold the old "
+            "collection's messages: choose another name"
+        )
     differences = existing.spec.differences(spec)
     if differences:
         raise errors.Conflict(
@@ -231,6 +306,10 @@ def _same_or_conflict(record: CollectionRecord, spec: CollectionSpec) -> Collect
             + "; ".join(differences)
         )
     return existing
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
 def _counter(value: bytes) -> int:

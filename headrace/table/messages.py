@@ -5,6 +5,14 @@ the flush job share.
   properties ``headrace.collection`` (name) and ``headrace.segment`` (the
   growing segment the rows belong to, a decimal id), payload an Insert payload
   (:mod:`headrace.table.payloads`).
+* **Insert request**: the same without ``headrace.segment``, written by
+  ``producer.insert``: the node's segment interceptor stamps the segment
+  before the message reaches the log (:func:`insert_request`).
+* **Create / drop**: ``MessageType.CREATE_COLLECTION`` /
+  ``DROP_COLLECTION`` on every shard vchannel, properties
+  ``headrace.collection`` and ``headrace.collection-id``; a create carries the
+  collection's record (JSON, schema included) as its payload, a drop none.
+  A repeated create of the same id is a no-op for readers.
 * **Delete**: ``MessageType.DELETE`` on a shard vchannel, property
   ``headrace.collection``, payload a Delete payload. A delete removes its keys
   from every row of the collection before it in log order.
@@ -31,10 +39,19 @@ import pyarrow as pa
 from headrace import errors
 from headrace.message.types import Message, MessageType
 from headrace.table.collections import Collection
-from headrace.table.payloads import Rows, check_keys, conform, decode, encode_keys, encode_rows
+from headrace.table.payloads import (
+    Keys,
+    Rows,
+    check_keys,
+    conform,
+    decode,
+    encode_keys,
+    encode_rows,
+)
 
 COLLECTION = "headrace.collection"
 SEGMENT = "headrace.segment"
+COLLECTION_ID = "headrace.collection-id"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,9 +89,41 @@ def insert(collection: Collection, vchannel: str, segment_id: int, rows: Rows) -
     )
 
 
-def delete(
-    collection: Collection, vchannel: str, keys: pa.Array | list[int] | list[str]
-) -> Message:
+def insert_request(collection: Collection, vchannel: str, rows: Rows) -> Message:
+    """An INSERT of ``rows`` with no segment, as a client writes it (the node
+    assigns the segment); InvalidArgument if the rows do not fit the schema."""
+    _check_shard(collection, vchannel)
+    return Message(
+        MessageType.INSERT,
+        vchannel,
+        encode_rows(conform(collection, rows)),
+        {COLLECTION: collection.name},
+    )
+
+
+def create_collection(collection: Collection, vchannel: str) -> Message:
+    """The CREATE_COLLECTION DDL of ``collection`` on one of its shards."""
+    _check_shard(collection, vchannel)
+    return Message(
+        MessageType.CREATE_COLLECTION,
+        vchannel,
+        collection.to_record().to_json(),
+        {COLLECTION: collection.name, COLLECTION_ID: str(collection.collection_id)},
+    )
+
+
+def drop_collection(collection: Collection, vchannel: str) -> Message:
+    """The DROP_COLLECTION DDL of ``collection`` on one of its shards."""
+    _check_shard(collection, vchannel)
+    return Message(
+        MessageType.DROP_COLLECTION,
+        vchannel,
+        b"",
+        {COLLECTION: collection.name, COLLECTION_ID: str(collection.collection_id)},
+    )
+
+
+def delete(collection: Collection, vchannel: str, keys: Keys) -> Message:
     _check_shard(collection, vchannel)
     return Message(
         MessageType.DELETE, vchannel, encode_keys(collection, keys), {COLLECTION: collection.name}

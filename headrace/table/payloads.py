@@ -33,19 +33,33 @@ def encode_rows(rows: Rows) -> bytes:
     return payload
 
 
-def encode_keys(collection: Collection, keys: pa.Array | list[int] | list[str]) -> bytes:
-    """A Delete payload holding ``keys`` (InvalidArgument if they do not fit the key type)."""
+Keys: TypeAlias = "pa.Array | pa.ChunkedArray | list[int] | list[str]"
+
+
+def key_array(collection: Collection, keys: Keys) -> pa.Array:
+    """``keys`` as one checked array of the primary key's type (InvalidArgument
+    naming the key field if they do not fit it)."""
     try:
-        array = keys if isinstance(keys, pa.Array) else pa.array(keys, collection.primary_key_type)
+        if isinstance(keys, pa.ChunkedArray):
+            array = keys.combine_chunks()
+        elif isinstance(keys, pa.Array):
+            array = keys
+        else:
+            array = pa.array(keys, collection.primary_key_type)
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise errors.InvalidArgument(
             f"delete keys of {collection.name} are not {collection.primary_key_type}: {exc}"
         ) from None
-    batch = pa.RecordBatch.from_arrays([array], names=[collection.primary_key])
-    error = check_keys(collection, batch)
+    error = check_keys(collection, pa.RecordBatch.from_arrays([array], [collection.primary_key]))
     if error is not None:
         raise error
-    return encode_rows(batch)
+    return array
+
+
+def encode_keys(collection: Collection, keys: Keys) -> bytes:
+    """A Delete payload holding ``keys`` (InvalidArgument if they do not fit the key type)."""
+    array = key_array(collection, keys)
+    return encode_rows(pa.RecordBatch.from_arrays([array], names=[collection.primary_key]))
 
 
 def decode(payload: bytes, what: str) -> pa.Table:
