@@ -17,15 +17,20 @@ import threading
 from collections.abc import Collection, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from headrace import errors
 from headrace.client import arguments
 from headrace.client.arguments import Start
 from headrace.client.client import ClientOptions, HeadraceClient
 from headrace.client.consumer import Consumer, ConsumerOptions
 from headrace.client.discovery import Owner
-from headrace.client.producer import Producer, ProducerOptions
+from headrace.client.flushing import FlushOutcome
+from headrace.client.producer import Producer, ProducerOptions, WriteResult
 from headrace.cluster import DEFAULT_CLUSTER
 from headrace.message.types import LogEntry, Message, MessageType
+from headrace.table.collections import Collection as TableCollection
+from headrace.table.payloads import Keys, Rows
 from headrace.wal.api import AppendResult
 
 T = TypeVar("T")
@@ -110,6 +115,46 @@ class SyncClient:
             return await producer.send_many(batch)
 
         return self._run(send())
+
+    def create_collection(
+        self, name: str, schema: pa.Schema, primary_key: str = "pk", shards: int = 1
+    ) -> TableCollection:
+        """See :meth:`HeadraceClient.create_collection`."""
+        return self._run(self._client.create_collection(name, schema, primary_key, shards))
+
+    def describe_collection(self, name: str) -> TableCollection:
+        return self._run(self._client.describe_collection(name))
+
+    def list_collections(self, *, include_dropped: bool = False) -> list[TableCollection]:
+        return self._run(self._client.list_collections(include_dropped=include_dropped))
+
+    def drop_collection(self, name: str) -> TableCollection:
+        """See :meth:`HeadraceClient.drop_collection`."""
+        return self._run(self._client.drop_collection(name))
+
+    def insert(self, collection: str, rows: Rows) -> WriteResult:
+        """See :meth:`Producer.insert`."""
+
+        async def send() -> WriteResult:
+            producer = await self._get_producer()
+            return await producer.insert(collection, rows)
+
+        return self._run(send())
+
+    def delete(self, collection: str, keys: Keys) -> WriteResult:
+        """See :meth:`Producer.delete`."""
+
+        async def send() -> WriteResult:
+            producer = await self._get_producer()
+            return await producer.delete(collection, keys)
+
+        return self._run(send())
+
+    def flush(
+        self, collection: str, *, wait: bool = True, timeout: float | None = 300.0
+    ) -> FlushOutcome:
+        """See :meth:`HeadraceClient.flush` (its own timeout bounds the wait)."""
+        return self._run(self._client.flush(collection, wait=wait, timeout=timeout))
 
     def wait_ready(self, pchannel: str, timeout: float = 30.0) -> Owner:
         return self._run(self._client.wait_ready(pchannel, timeout))
