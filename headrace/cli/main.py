@@ -71,7 +71,7 @@ def _add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from headrace.cli import admin, bench, data, run  # noqa: PLC0415 - keep start-up light
+    from headrace.cli import admin, bench, collection, data, run  # noqa: PLC0415 - light start
 
     parser = argparse.ArgumentParser(
         prog="headrace", description="Headrace write-ahead-log streaming service"
@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=data.consume)
 
     _add_admin_commands(sub)
+    collection.add_commands(sub)
 
     p = sub.add_parser("wal", help="inspect WAL storage")
     wal_sub = p.add_subparsers(dest="wal_command", required=True)

@@ -29,11 +29,17 @@ from headrace.coordinator.control import (
 from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot, wait_for
 from headrace.metastore.contract import Get, KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
+from headrace.table.collections import CollectionSpec
 
 __all__ = [
     "HeadraceClient",
     "check_cluster",
     "cluster_status",
+    "create_collection",
+    "describe_collection",
+    "drop_collection",
+    "flush_collection",
+    "list_collections",
     "request_drain",
     "request_move",
     "request_undrain",
@@ -237,6 +243,62 @@ async def set_balancer(
     async with _cluster_store(metastore_url, cluster) as store:
         await ClusterAdmin(store, cluster).suspend_balance(suspended)
     return {"balancer": "suspended" if suspended else "active"}
+
+
+async def list_collections(
+    metastore_url: str, cluster: str = DEFAULT_CLUSTER, *, include_dropped: bool = False
+) -> list[dict[str, Any]]:
+    """The cluster's collections, described, ready for JSON."""
+    async with _connected(metastore_url, cluster) as client:
+        found = await client.list_collections(include_dropped=include_dropped)
+    return [c.describe() for c in found]
+
+
+async def describe_collection(
+    metastore_url: str, name: str, cluster: str = DEFAULT_CLUSTER
+) -> dict[str, Any]:
+    async with _connected(metastore_url, cluster) as client:
+        return (await client.describe_collection(name)).describe()
+
+
+async def create_collection(
+    metastore_url: str, spec: CollectionSpec, cluster: str = DEFAULT_CLUSTER
+) -> dict[str, Any]:
+    """See :meth:`HeadraceClient.create_collection` (idempotent)."""
+    async with _connected(metastore_url, cluster) as client:
+        created = await client.create_collection(
+            spec.name, spec.schema, spec.primary_key, spec.shards
+        )
+    return created.describe()
+
+
+async def drop_collection(
+    metastore_url: str, name: str, cluster: str = DEFAULT_CLUSTER
+) -> dict[str, Any]:
+    async with _connected(metastore_url, cluster) as client:
+        return (await client.drop_collection(name)).describe()
+
+
+async def flush_collection(
+    metastore_url: str,
+    collection: str,
+    cluster: str = DEFAULT_CLUSTER,
+    *,
+    wait: bool = False,
+    timeout: float | None = 300.0,
+) -> dict[str, Any]:
+    """See :meth:`HeadraceClient.flush`."""
+    async with _connected(metastore_url, cluster) as client:
+        outcome = await client.flush(collection, wait=wait, timeout=timeout)
+    return outcome.describe()
+
+
+@contextlib.asynccontextmanager
+async def _connected(metastore_url: str, cluster: str) -> AsyncIterator[HeadraceClient]:
+    """A connected client of ``cluster``, NotFound at once if there is none."""
+    await check_cluster(metastore_url, cluster)
+    async with HeadraceClient(metastore_url, cluster) as client:
+        yield client
 
 
 async def check_cluster(metastore_url: str, cluster: str = DEFAULT_CLUSTER) -> None:

@@ -46,9 +46,7 @@ def _hashes(keys: pa.Array) -> pa.Array:
     if pa.types.is_int64(keys.type):
         return _fmix64(pc.cast(keys, pa.uint64(), safe=False))
     if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
-        return pa.array(
-            [zlib.crc32(key.encode()) for key in keys.to_pylist()], pa.uint64()
-        )
+        return pa.array([zlib.crc32(key.encode()) for key in keys.to_pylist()], pa.uint64())
     raise errors.InvalidArgument(f"primary keys must be int64 or string, got {keys.type}")
 
 

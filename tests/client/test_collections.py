@@ -29,6 +29,7 @@ from headrace.client.flushing import (
 )
 from headrace.client.routing import fitted, shards_of, split_by_shard, split_keys_by_shard
 from headrace.client.sync import SyncClient
+from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.table import messages
 from headrace.table.collections import Collection, CollectionSpec
@@ -36,7 +37,8 @@ from headrace.table.payloads import decode
 from headrace.table.records import CheckpointRecord
 from headrace.wal.local.message_id import LocalMessageID
 from headrace.wal.memory.message_id import MemoryMessageID
-from tests.node.harness import Cluster
+from tests.client.conftest import PCHANNELS
+from tests.node.harness import HANG_GUARD, Cluster
 
 SCHEMA = pa.schema(
     [
@@ -317,15 +319,24 @@ async def test_a_large_insert_is_cut_into_messages_under_max_rows_bytes(
 async def test_flush_requests_reach_every_shard_and_wait_for_the_checkpoints(
     served: Cluster, client: HeadraceClient
 ) -> None:
-    orders = await client.create_collection("orders", SCHEMA, shards=4)
+    # 8 shards: orders-0..3 route to pchannel-000, orders-4..7 to pchannel-001.
+    orders = await client.create_collection("orders", SCHEMA, shards=8)
     outcome = await client.flush("orders", wait=False)
     pchannels = {client.route(v) for v in orders.vchannels}
+    assert pchannels == set(PCHANNELS)
     assert set(outcome.targets) == pchannels
     assert not outcome.waited and outcome.checkpoints == {}
+    last: dict[str, MessageID] = {}
     for vchannel in orders.vchannels:
-        got = await read_all(client, vchannel, [MessageType.FLUSH])
-        assert len(got) == 1 and messages.is_flush_request(got[0])
-        assert got[0].properties[messages.COLLECTION] == "orders"
+        async with client.consume(vchannel, types=[MessageType.FLUSH]) as consumer:
+            entry = await consumer.next(HANG_GUARD)
+            assert entry is not None and await consumer.next(0.3) is None
+        assert messages.is_flush_request(entry.message)
+        assert entry.message.properties[messages.COLLECTION] == "orders"
+        pchannel = client.route(vchannel)
+        last[pchannel] = max(last.get(pchannel, entry.id), entry.id)
+    # Each pchannel waits for its last request.
+    assert outcome.targets == last
 
     # No flush runner: the wait runs out of time naming each pchannel behind.
     with pytest.raises(errors.Unavailable) as caught:
