@@ -83,6 +83,9 @@ NOT_RUN = {
     "Set-up: two commands": "scripts/demo.sh and scripts/test.sh install into .venv and run the "
     "whole suite: CI runs them (.ci/run), not a test inside that suite",
     "Architecture": "a diagram, not code",
+    "Collections": "flush --wait needs the node's segment interceptor and the standalone's "
+    "flush runner (issue #12); the same calls are tested against in-process nodes in "
+    "tests/client/test_collections.py and tests/cli/test_collections_cli.py",
     "On Kubernetes": "needs a Kubernetes cluster, Helm and docker; the manifests are checked by "
     "the operator's tests",
 }
