@@ -32,9 +32,10 @@ from headrace.client.sync import SyncClient
 from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.table import messages
-from headrace.table.collections import Collection, CollectionSpec
+from headrace.table.collections import Collection, CollectionSpec, Dropped
 from headrace.table.payloads import decode
 from headrace.table.records import CheckpointRecord
+from headrace.wal.api import AppendResult
 from headrace.wal.local.message_id import LocalMessageID
 from headrace.wal.memory.message_id import MemoryMessageID
 from tests.client.conftest import PCHANNELS
@@ -433,3 +434,25 @@ def test_the_client_imports_no_pyiceberg() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+async def test_a_not_found_answer_makes_the_producer_read_the_collection_again(
+    served: Cluster, client: HeadraceClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await client.create_collection("orders", SCHEMA, shards=2)
+    async with client.producer() as producer:
+        await producer.insert("orders", rows(range(4)))  # looked up and cached
+        # Dropped behind the producer's back: the cached record still says live,
+        # until a node answers NOT_FOUND (the node's collection check, once built).
+        await client.collections.drop("orders", Dropped(at=1.0))
+        real_send_many = producer.send_many
+
+        async def refused(batch: list[Message]) -> list[AppendResult | errors.HeadraceError]:
+            return [errors.NotFound("no collection orders at the node") for _ in batch]
+
+        monkeypatch.setattr(producer, "send_many", refused)
+        with pytest.raises(errors.NotFound, match="at the node"):
+            await producer.insert("orders", rows(range(4)))
+        monkeypatch.setattr(producer, "send_many", real_send_many)
+        with pytest.raises(errors.NotFound, match="orders was dropped"):
+            await producer.insert("orders", rows(range(4)))
