@@ -35,7 +35,7 @@ from headrace.message.properties import PRODUCER_ID, PRODUCER_SEQ
 from headrace.message.types import Message, MessageType
 from headrace.table import messages as table_messages
 from headrace.table.collections import Collection, CollectionStore
-from headrace.table.payloads import Keys, Rows, check_rows, conform, key_array
+from headrace.table.payloads import Keys, Rows, conform, key_array
 from headrace.wal.api import AppendResult
 
 
@@ -139,10 +139,7 @@ class Producer:
                 f"rows must be a pyarrow Table or RecordBatch, got a {type(rows).__name__}"
             )
         target = await self._collection(collection)
-        error = check_rows(target, rows)
-        if error is not None:
-            raise error
-        table = conform(target, rows)
+        table = conform(target, rows)  # InvalidArgument naming the field, before any send
         parts = split_by_shard(table, target.primary_key, target.spec.shards)
         batch = [
             message

@@ -284,6 +284,9 @@ async def test_a_batch_that_does_not_fit_the_schema_is_refused_and_nothing_is_se
         with pytest.raises(errors.NotFound, match="no collection 'other'"):
             await producer.insert("other", rows(range(3)))
         await producer.insert("orders", rows([7]))
+        nothing = await producer.insert("orders", rows([]))
+        no_keys = await producer.delete("orders", [])
+    assert (nothing.rows, nothing.results, no_keys.rows, no_keys.results) == (0, (), 0, ())
     for vchannel in orders.vchannels:
         got = await read_all(client, vchannel, DATA_TYPES)
         assert [decode(m.payload, "insert").column("pk").to_pylist() for m in got] == (
