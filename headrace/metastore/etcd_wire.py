@@ -259,10 +259,13 @@ def _auth_failure(
     if code is grpc.StatusCode.UNAUTHENTICATED or "auth store is old" in details:
         return TokenRejected(f"{where} rejected the auth token of {client}: {details}")
     if code is grpc.StatusCode.PERMISSION_DENIED:
-        return errors.PermissionDenied(
-            f"{where} denied the request to {client}: {details} "
-            "(its roles lack the permission on this key range)"
+        why = (
+            f"the roles of user {security.user!r} lack the permission on this key range"
+            if security.user
+            else "without a user, etcd acts as the client certificate's common name: "
+            f"no such etcd user, or its roles lack the permission (or set {ENV_USER})"
         )
+        return errors.PermissionDenied(f"{where} denied the request to {client}: {details} ({why})")
     if "authentication failed" in details:
         return errors.PermissionDenied(
             f"{where} rejected {client}: wrong user name or password "

@@ -244,11 +244,14 @@ ETCD_CLIENT_CN = "headrace"
 ETCD_EXPIRED_CLIENT = "expired-client"
 ETCD_STRANGER = "stranger"
 """A client identity signed by the other CA."""
+ETCD_NOBODY = "nobody"
+"""A valid client identity whose common name is no etcd user."""
 
 
 def write_etcd_pki(directory: Path) -> EtcdPki:
     """A CA, etcd's serving identity (``server``, for 127.0.0.1 and localhost) and
-    client identities: valid, expired, and one signed by an untrusted CA."""
+    client identities: valid, expired, one signed by an untrusted CA, and one
+    whose common name is no user."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
         pki = EtcdPki(directory)
@@ -267,6 +270,7 @@ def write_etcd_pki(directory: Path) -> EtcdPki:
             ETCD_CLIENT: _issue(ca, _name(ETCD_CLIENT_CN), server=False),
             ETCD_EXPIRED_CLIENT: _issue(ca, _name(ETCD_CLIENT_CN), server=False, expired=True),
             ETCD_STRANGER: _issue(other, _name(ETCD_CLIENT_CN), server=False),
+            ETCD_NOBODY: _issue(ca, _name(ETCD_NOBODY), server=False),
         }
         for stem, identity in identities.items():
             _write_identity_at(directory, stem, identity)

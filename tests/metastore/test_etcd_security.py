@@ -31,7 +31,7 @@ from headrace.metastore.etcd_security import (
 from headrace.metastore.factory import open_metastore, parse_url
 from headrace_testbed.etcd import EtcdServer
 from headrace_testbed.etcd_auth import READER, TOKEN_TTL_S, WRITER
-from headrace_testbed.pki import ETCD_EXPIRED_CLIENT, ETCD_STRANGER, write_etcd_pki
+from headrace_testbed.pki import ETCD_EXPIRED_CLIENT, ETCD_NOBODY, ETCD_STRANGER, write_etcd_pki
 from tests.fixtures_etcd import secure_settings
 
 NOW = datetime.datetime(2026, 11, 23, tzinfo=datetime.UTC)
@@ -172,6 +172,24 @@ async def test_client_certificate_alone_authenticates_as_its_common_name(
 
 
 @pytest.mark.etcd
+async def test_certificate_of_no_user_without_a_password_is_permission_denied(
+    etcd_secure_server: EtcdServer,
+) -> None:
+    auth = etcd_secure_server.auth
+    assert auth is not None
+    nobody = _settings(
+        etcd_secure_server,
+        user="",
+        password_file="",
+        cert_file=str(auth.pki.cert(ETCD_NOBODY)),
+        key_file=str(auth.pki.key(ETCD_NOBODY)),
+    )
+    refused = await _refused(etcd_secure_server, nobody)
+    assert "the client certificate's common name: no such etcd user" in refused.message
+    assert ENV_USER in refused.message and str(auth.pki.cert(ETCD_NOBODY)) in refused.message
+
+
+@pytest.mark.etcd
 async def test_wrong_password_is_permission_denied_naming_the_user(
     etcd_secure_server: EtcdServer, tmp_path: Path
 ) -> None:
@@ -281,7 +299,8 @@ async def test_a_role_without_write_permission_is_permission_denied(
     )
     async with await open_metastore(etcd_secure_server.url, etcd_security=reader) as store:
         assert await store.get("/security/anything") is None
-        with pytest.raises(errors.PermissionDenied, match=f"user {READER!r}.*permission denied"):
+        denied = f"user {READER!r}.*permission denied.*roles of user {READER!r} lack"
+        with pytest.raises(errors.PermissionDenied, match=denied):
             await store.put("/security/by-reader", b"x")
         with pytest.raises(errors.PermissionDenied, match="permission denied"):
             await store.txn([], [Put("/security/by-reader", b"x")])
