@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -328,3 +331,39 @@ async def test_an_expired_token_is_renewed_and_the_call_repeated(
         await watch.close()
     finally:
         await store.close()
+
+
+def _cli_status(url: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "headrace.cli", "status", "--metastore", url, "--cluster", "c"]
+    return subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.etcd
+def test_a_headrace_process_takes_its_etcd_credentials_from_the_environment(
+    etcd_secure_server: EtcdServer,
+) -> None:
+    """`headrace status` reaches the secure etcd with the variables alone (it
+    finds no cluster there: NOT_FOUND, after authenticating); with the reader's
+    password file it is refused by name."""
+    settings = secure_settings(etcd_secure_server)
+    env = dict(
+        os.environ,
+        **{
+            ENV_CACERT: settings.ca_file,
+            ENV_CERT: settings.cert_file,
+            ENV_KEY: settings.key_file,
+            ENV_USER: settings.user,
+            ENV_PASSWORD_FILE: settings.password_file,
+        },
+    )
+    found = _cli_status(etcd_secure_server.url, env)
+    assert "NOT_FOUND" in found.stderr and "has no cluster 'c'" in found.stderr, found.stderr
+    auth = etcd_secure_server.auth
+    assert auth is not None
+    env[ENV_PASSWORD_FILE] = str(auth.password_file(READER))
+    refused = _cli_status(etcd_secure_server.url, env)
+    assert refused.returncode != 0
+    assert "PERMISSION_DENIED" in refused.stderr and "wrong user name or password" in refused.stderr
+    assert auth.password(READER) not in refused.stderr + refused.stdout
