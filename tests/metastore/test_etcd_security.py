@@ -35,6 +35,7 @@ from headrace.metastore.factory import open_metastore, parse_url
 from headrace_testbed.etcd import EtcdServer
 from headrace_testbed.etcd_auth import READER, TOKEN_TTL_S, WRITER
 from headrace_testbed.pki import ETCD_EXPIRED_CLIENT, ETCD_NOBODY, ETCD_STRANGER, write_etcd_pki
+from headrace_testbed.ports import free_port
 from tests.fixtures_etcd import secure_settings
 
 NOW = datetime.datetime(2026, 11, 23, tzinfo=datetime.UTC)
@@ -367,3 +368,15 @@ def test_a_headrace_process_takes_its_etcd_credentials_from_the_environment(
     assert refused.returncode != 0
     assert "PERMISSION_DENIED" in refused.stderr and "wrong user name or password" in refused.stderr
     assert auth.password(READER) not in refused.stderr + refused.stdout
+
+
+@pytest.mark.etcd
+async def test_several_tls_endpoints_fail_over_to_the_one_that_answers(
+    etcd_secure_server: EtcdServer, etcd_secure_settings: EtcdSecurity
+) -> None:
+    """Several endpoints share one channel of resolved addresses; over TLS the
+    first one, down, is skipped (given as an address and as a name)."""
+    for first in ("127.0.0.1", "localhost"):
+        url = f"etcds://{first}:{free_port()},localhost:{etcd_secure_server.client_port}"
+        async with await open_metastore(url, etcd_security=etcd_secure_settings) as store:
+            await store.put("/security/failover", first.encode())
