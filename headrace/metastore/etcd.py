@@ -55,7 +55,13 @@ from headrace.metastore.contract import (
     Watch,
     WatchEvent,
 )
-from headrace.metastore.etcd_security import PLAINTEXT, EtcdCredentials, EtcdSecurity, load
+from headrace.metastore.etcd_security import (
+    PLAINTEXT,
+    EtcdCredentials,
+    EtcdSecurity,
+    load,
+    read_password,
+)
 from headrace.metastore.etcd_wire import Endpoint
 from headrace.metastore.ranges import check_lease_ttl, encode_key
 
@@ -130,7 +136,6 @@ class EtcdMetastore(Metastore):
         self._lease: Any = None
         self._watch: Any = None
         self._auth: Any = None
-        self._password = ""
         self._token = ""
         self._token_lock = asyncio.Lock()
         self._closed = False
@@ -156,7 +161,6 @@ class EtcdMetastore(Metastore):
             store._lease = rpc.LeaseStub(store._channel)
             store._watch = rpc.WatchStub(store._channel)
             store._auth = rpc.AuthStub(store._channel)
-            store._password = credentials.password
             await store._renew_token("", deadline=connect_timeout)
             await store._unary(
                 store._kv.Range,
@@ -190,7 +194,8 @@ class EtcdMetastore(Metastore):
         async with self._token_lock:
             if self._token != rejected:
                 return
-            request = rpc.AuthenticateRequest(name=self._security.user, password=self._password)
+            password = read_password(self._security)
+            request = rpc.AuthenticateRequest(name=self._security.user, password=password)
             try:
                 response = await self._auth.Authenticate(request, timeout=deadline or self._timeout)
             except grpc.aio.AioRpcError as exc:

@@ -9,7 +9,8 @@ from the command line, where a password would be visible to ``ps``:
   its key, for an etcd run with ``--client-cert-auth`` (etcd takes the
   certificate's common name as the user when no password is given);
 * ``HEADRACE_ETCD_USER`` and ``HEADRACE_ETCD_PASSWORD_FILE``: an etcd user and
-  the file holding its password (one line; a trailing newline is dropped).
+  the file holding its password (one line; a trailing newline is dropped),
+  read again whenever the client authenticates (a rotated Secret is picked up).
 
 TLS is chosen by the URL: ``etcds://host:port`` speaks TLS, ``etcd://`` does
 not, and certificate settings with an ``etcd://`` URL are an error rather than
@@ -94,14 +95,12 @@ PLAINTEXT = EtcdSecurity()
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EtcdCredentials:
-    """The contents of the files an :class:`EtcdSecurity` names."""
+    """The contents of the TLS files an :class:`EtcdSecurity` names."""
 
     tls: bool
     root_certificates: bytes | None
     private_key: bytes | None
     certificate_chain: bytes | None
-    user: str
-    password: str
 
 
 def _read(name: str, path: str, what: str) -> bytes:
@@ -124,18 +123,24 @@ def _read_pem(name: str, path: str, what: str) -> bytes:
 
 
 def load(security: EtcdSecurity, now: datetime.datetime) -> EtcdCredentials:
-    """Read every file ``security`` names; a client certificate must be valid at ``now``."""
+    """Read the TLS files ``security`` names; a client certificate must be valid
+    at ``now`` (the password file is read at each authentication)."""
     ca = _read_pem(ENV_CACERT, security.ca_file, "CA certificate") if security.ca_file else None
     cert = key = None
     if security.cert_file:
         cert = _read_pem(ENV_CERT, security.cert_file, "client certificate")
         key = _read_pem(ENV_KEY, security.key_file, "client key")
         check_validity(cert, now, f"{ENV_CERT}={security.cert_file}")
-    password = ""
-    if security.password_file:
-        raw = _read(ENV_PASSWORD_FILE, security.password_file, "password file")
-        password = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-    return EtcdCredentials(security.tls, ca, key, cert, security.user, password)
+    return EtcdCredentials(security.tls, ca, key, cert)
+
+
+def read_password(security: EtcdSecurity) -> str:
+    """The password in ``security``'s file (empty without one). Read again at
+    every authentication, so a rotated Secret is picked up without a restart."""
+    if not security.password_file:
+        return ""
+    raw = _read(ENV_PASSWORD_FILE, security.password_file, "password file")
+    return raw.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
 def check_validity(pem: bytes, now: datetime.datetime, where: str) -> None:

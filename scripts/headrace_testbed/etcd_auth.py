@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import ssl
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from aetcd import rpc
@@ -35,6 +37,7 @@ ROOT = "root"
 TOKEN_TTL_S = 3
 """etcd's ``--auth-token-ttl`` in the secure mode: short, so tests see tokens expire."""
 _CALL_TIMEOUT_S = 10.0
+Metadata = tuple[tuple[str, str], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,3 +121,39 @@ def enable_auth(auth: EtcdAuth, endpoint: str) -> None:
             raise TestbedError(
                 f"cannot enable authentication on etcd at {endpoint}: {exc}"
             ) from exc
+
+
+def _as_root(auth: EtcdAuth, endpoint: str, request: Callable[[Any, Metadata], object]) -> None:
+    """Run ``request(auth_stub, metadata)`` authenticated as root."""
+    with _channel(auth, endpoint) as channel:
+        stub = rpc.AuthStub(channel)
+        try:
+            token = stub.Authenticate(
+                rpc.AuthenticateRequest(name=ROOT, password=auth.password(ROOT)),
+                timeout=_CALL_TIMEOUT_S,
+            ).token
+            request(stub, (("token", token),))
+        except grpc.RpcError as exc:
+            raise TestbedError(f"etcd at {endpoint} refused an admin request: {exc}") from exc
+
+
+def add_user(auth: EtcdAuth, endpoint: str, user: str, password: str, role: str) -> None:
+    """``etcdctl user add`` and ``user grant-role``, as root."""
+
+    def request(stub: Any, metadata: Metadata) -> None:
+        add = rpc.AuthUserAddRequest(name=user, password=password)
+        stub.UserAdd(add, timeout=_CALL_TIMEOUT_S, metadata=metadata)
+        grant = rpc.AuthUserGrantRoleRequest(user=user, role=role)
+        stub.UserGrantRole(grant, timeout=_CALL_TIMEOUT_S, metadata=metadata)
+
+    _as_root(auth, endpoint, request)
+
+
+def change_password(auth: EtcdAuth, endpoint: str, user: str, password: str) -> None:
+    """``etcdctl user passwd``, as root."""
+
+    def request(stub: Any, metadata: Metadata) -> None:
+        change = rpc.AuthUserChangePasswordRequest(name=user, password=password)
+        stub.UserChangePassword(change, timeout=_CALL_TIMEOUT_S, metadata=metadata)
+
+    _as_root(auth, endpoint, request)

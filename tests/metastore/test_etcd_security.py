@@ -30,10 +30,17 @@ from headrace.metastore.etcd_security import (
     certificate_validity,
     check_validity,
     load,
+    read_password,
 )
 from headrace.metastore.factory import open_metastore, parse_url
 from headrace_testbed.etcd import EtcdServer
-from headrace_testbed.etcd_auth import READER, TOKEN_TTL_S, WRITER
+from headrace_testbed.etcd_auth import (
+    READER,
+    TOKEN_TTL_S,
+    WRITER,
+    add_user,
+    change_password,
+)
 from headrace_testbed.pki import ETCD_EXPIRED_CLIENT, ETCD_NOBODY, ETCD_STRANGER, write_etcd_pki
 from headrace_testbed.ports import free_port
 from tests.fixtures_etcd import secure_settings
@@ -99,13 +106,13 @@ def test_unreadable_or_foreign_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "empty").write_text("")
     no_password = EtcdSecurity(user="u", password_file=str(tmp_path / "empty"))
     with pytest.raises(errors.InvalidArgument, match=f"{ENV_PASSWORD_FILE}=.*is empty"):
-        load(no_password, NOW)
+        read_password(no_password)
 
 
 def test_password_file_keeps_everything_but_the_line_end(tmp_path: Path) -> None:
     (tmp_path / "password").write_text(" s3cret with spaces \n")
     security = EtcdSecurity(user="u", password_file=str(tmp_path / "password"))
-    assert load(security, NOW).password == " s3cret with spaces "
+    assert read_password(security) == " s3cret with spaces "
 
 
 def test_certificate_validity_matches_cryptography(tmp_path: Path) -> None:
@@ -380,3 +387,28 @@ async def test_several_tls_endpoints_fail_over_to_the_one_that_answers(
         url = f"etcds://{first}:{free_port()},localhost:{etcd_secure_server.client_port}"
         async with await open_metastore(url, etcd_security=etcd_secure_settings) as store:
             await store.put("/security/failover", first.encode())
+
+
+@pytest.mark.etcd
+async def test_a_rotated_password_file_is_read_at_the_next_authentication(
+    etcd_secure_server: EtcdServer, tmp_path: Path
+) -> None:
+    """The password changes in etcd and in the file (a rotated Secret) while a
+    store is open: once the old token expires, the store authenticates with
+    the new password and the call goes through."""
+    auth = etcd_secure_server.auth
+    assert auth is not None
+    user = f"rotating-{tmp_path.name[-8:]}"
+    password_file = tmp_path / "password"
+    password_file.write_text("first-password\n")
+    endpoint = etcd_secure_server.endpoint
+    await asyncio.to_thread(add_user, auth, endpoint, user, "first-password", WRITER)
+    rotating = _settings(etcd_secure_server, user=user, password_file=str(password_file))
+    async with await open_metastore(etcd_secure_server.url, etcd_security=rotating) as store:
+        await store.put("/security/rotation", b"before")
+        await asyncio.to_thread(change_password, auth, endpoint, user, "second-password")
+        password_file.write_text("second-password\n")
+        await asyncio.sleep(TOKEN_TTL_S + 2)
+        await store.put("/security/rotation", b"after")
+        got = await store.get("/security/rotation")
+        assert got is not None and got.value == b"after"
