@@ -412,3 +412,14 @@ async def test_a_rotated_password_file_is_read_at_the_next_authentication(
         await store.put("/security/rotation", b"after")
         got = await store.get("/security/rotation")
         assert got is not None and got.value == b"after"
+
+
+@pytest.mark.etcd
+async def test_a_user_for_an_etcd_without_auth_is_not_needed(etcd_url: str, tmp_path: Path) -> None:
+    """Like etcd's own client: authentication not enabled on the server means
+    calls without a token, not an error."""
+    (tmp_path / "password").write_text("unused\n")
+    security = EtcdSecurity(user="someone", password_file=str(tmp_path / "password"))
+    async with await open_metastore(etcd_url, etcd_security=security) as store:
+        await store.put("/security/no-auth", b"ok")
+        assert isinstance(store, EtcdMetastore) and store._metadata() == ()
