@@ -28,6 +28,7 @@ class ErrorCode(enum.Enum):
     STORAGE_FULL = "STORAGE_FULL"
     CLOSED = "CLOSED"
     TXN_ABORTED = "TXN_ABORTED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
     INTERNAL = "INTERNAL"
 
 
@@ -159,6 +160,14 @@ class TxnAborted(HeadraceError):
     code = ErrorCode.TXN_ABORTED
 
 
+class PermissionDenied(HeadraceError):
+    """Credentials were missing, wrong or expired, or lack a permission (a
+    rejected certificate or password, a role without the right); retrying
+    unchanged cannot succeed. The message names what was refused."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
 QUOTE_LIMIT = 100
 """Characters of a user-given value an error message repeats at most."""
 
@@ -189,6 +198,7 @@ _BY_CODE: dict[ErrorCode, type[HeadraceError]] = {
     ErrorCode.STORAGE_FULL: StorageFull,
     ErrorCode.CLOSED: Closed,
     ErrorCode.TXN_ABORTED: TxnAborted,
+    ErrorCode.PERMISSION_DENIED: PermissionDenied,
     ErrorCode.INTERNAL: HeadraceError,
 }
 

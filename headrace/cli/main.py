@@ -29,7 +29,8 @@ def _add_metastore(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metastore",
         required=True,
-        help="metastore URL: sqlite:///path/to/meta.db or etcd://host:port[,host:port]",
+        help="metastore URL: sqlite:///path/to/meta.db or etcd://host:port[,host:port] "
+        "(etcds:// for TLS; certificates and user from HEADRACE_ETCD_* variables)",
     )
     p.add_argument("--cluster", default="default", help="cluster name (default: default)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")

@@ -54,7 +54,12 @@ def add_standalone_args(p: argparse.ArgumentParser) -> None:
 
 def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-id", required=True)
-    p.add_argument("--metastore", required=True, help="sqlite:///path or etcd://host:port")
+    p.add_argument(
+        "--metastore",
+        required=True,
+        help="sqlite:///path, etcd://host:port or etcds://host:port (TLS; certificates "
+        "and user from HEADRACE_ETCD_* variables, never flags)",
+    )
     p.add_argument("--cluster", default="default")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port (port 0: any free port)")
     p.add_argument("--wal", choices=WAL_BACKENDS, default="local", help="WAL backend")

@@ -16,7 +16,18 @@ channel; :mod:`headrace.metastore.etcd_wire` does the pure translation.
   :class:`headrace.errors.Truncated`.
 * Several endpoints (``etcd://h1:2379,h2:2379``) share one channel whose
   pick-first policy fails over between them; their names are resolved to IP
-  addresses when the store is opened.
+  addresses when the store is opened (over TLS every server certificate must
+  then be valid for the first endpoint's name).
+* ``etcds://`` speaks TLS, with the CA and client certificate of
+  :class:`~headrace.metastore.etcd_security.EtcdSecurity`. With a user, the
+  store authenticates when it opens and sends the token with every call; a
+  token etcd no longer accepts (simple tokens expire after ``--auth-token-ttl``
+  idle seconds) is renewed once and the call repeated, which is safe because
+  etcd checks the token before doing anything. aetcd's own ``Client`` cannot
+  do this: it only opens insecure channels and authenticates once.
+* Rejected credentials (wrong password, a role without the permission, an
+  untrusted server certificate, a client certificate etcd refuses) raise
+  :class:`headrace.errors.PermissionDenied` naming what was refused.
 """
 
 from __future__ import annotations
@@ -24,9 +35,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import datetime
 import socket
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import grpc
 from aetcd import rpc
@@ -43,8 +55,18 @@ from headrace.metastore.contract import (
     Watch,
     WatchEvent,
 )
+from headrace.metastore.etcd_security import (
+    PLAINTEXT,
+    EtcdCredentials,
+    EtcdSecurity,
+    load,
+    read_password,
+)
 from headrace.metastore.etcd_wire import Endpoint
 from headrace.metastore.ranges import check_lease_ttl, encode_key
+
+T = TypeVar("T")
+Metadata = tuple[tuple[str, str], ...]
 
 _EOF = cast(Any, grpc.aio).EOF
 """What ``read()`` of a finished gRPC stream returns (missing from grpc-stubs)."""
@@ -77,18 +99,45 @@ async def _resolve(endpoints: Sequence[Endpoint]) -> list[Endpoint]:
     return resolved
 
 
+def _channel(
+    target: str, endpoints: Sequence[Endpoint], credentials: EtcdCredentials
+) -> grpc.aio.Channel:
+    if not credentials.tls:
+        return grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+    options: tuple[tuple[str, Any], ...] = _CHANNEL_OPTIONS
+    if len(endpoints) > 1:
+        options += (("grpc.ssl_target_name_override", endpoints[0][0]),)
+    channel_credentials = grpc.ssl_channel_credentials(
+        root_certificates=credentials.root_certificates,
+        private_key=credentials.private_key,
+        certificate_chain=credentials.certificate_chain,
+    )
+    return grpc.aio.secure_channel(target, channel_credentials, options=options)
+
+
 class EtcdMetastore(Metastore):
     """The metastore on an etcd cluster; create with :meth:`connect`."""
 
-    def __init__(self, endpoints: Sequence[Endpoint], *, request_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        *,
+        request_timeout: float = 5.0,
+        security: EtcdSecurity = PLAINTEXT,
+    ) -> None:
         self.endpoints = list(endpoints)
-        self.url = "etcd://" + ",".join(wire.format_endpoint(e) for e in self.endpoints)
+        scheme = "etcds" if security.tls else "etcd"
+        self.url = f"{scheme}://" + ",".join(wire.format_endpoint(e) for e in self.endpoints)
         self._where = ",".join(wire.format_endpoint(e) for e in self.endpoints)
+        self._security = security
         self._timeout = request_timeout
         self._channel: grpc.aio.Channel | None = None
         self._kv: Any = None
         self._lease: Any = None
         self._watch: Any = None
+        self._auth: Any = None
+        self._token = ""
+        self._token_lock = asyncio.Lock()
         self._closed = False
         self._watches: set[_EtcdWatch] = set()
 
@@ -99,15 +148,20 @@ class EtcdMetastore(Metastore):
         *,
         connect_timeout: float = 3.0,
         request_timeout: float = 5.0,
+        security: EtcdSecurity = PLAINTEXT,
     ) -> EtcdMetastore:
-        """Open a channel and check that etcd answers within ``connect_timeout``."""
-        store = cls(endpoints, request_timeout=request_timeout)
+        """Open a channel, authenticate if ``security`` has a user, and check
+        that etcd answers within ``connect_timeout``."""
+        credentials = load(security.checked(), datetime.datetime.now(datetime.UTC))
+        store = cls(endpoints, request_timeout=request_timeout, security=security)
         try:
-            target = wire.channel_target(await _resolve(store.endpoints))
-            store._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            resolved = await _resolve(store.endpoints)
+            store._channel = _channel(wire.channel_target(resolved), store.endpoints, credentials)
             store._kv = rpc.KVStub(store._channel)
             store._lease = rpc.LeaseStub(store._channel)
             store._watch = rpc.WatchStub(store._channel)
+            store._auth = rpc.AuthStub(store._channel)
+            await store._renew_token("", deadline=connect_timeout)
             await store._unary(
                 store._kv.Range,
                 rpc.RangeRequest(key=b"\0", count_only=True),
@@ -127,17 +181,54 @@ class EtcdMetastore(Metastore):
     def _error(self, exc: grpc.aio.AioRpcError) -> errors.HeadraceError:
         if self._closed:
             return errors.Closed(f"etcd metastore {self.url} is closed")
-        return wire.translate(exc, self._where)
+        return wire.translate(exc, self._where, self._security)
+
+    def _metadata(self) -> Metadata:
+        return (("token", self._token),) if self._token else ()
+
+    async def _renew_token(self, rejected: str, *, deadline: float | None = None) -> None:
+        """Authenticate (if there is a user) unless another task already
+        replaced the ``rejected`` token. Auth not enabled on etcd: no token."""
+        if not self._security.user:
+            return
+        async with self._token_lock:
+            if self._token != rejected:
+                return
+            password = read_password(self._security)
+            request = rpc.AuthenticateRequest(name=self._security.user, password=password)
+            try:
+                response = await self._auth.Authenticate(request, timeout=deadline or self._timeout)
+            except grpc.aio.AioRpcError as exc:
+                if wire.auth_not_enabled(exc):
+                    return
+                raise self._error(exc) from None
+            self._token = str(response.token)
+
+    async def _authorized(self, attempt: Callable[[Metadata], Awaitable[T]]) -> T:
+        """``attempt`` with the current token; once more with a new token if
+        etcd rejected the token (before doing anything)."""
+        token = self._token
+        try:
+            return await attempt(self._metadata())
+        except wire.TokenRejected:
+            if not self._security.user:
+                raise
+        await self._renew_token(token)
+        return await attempt(self._metadata())
 
     async def _unary(self, method: Any, request: Any, *, deadline: float | None = None) -> Any:
         """Call a unary RPC; ``deadline`` (seconds) defaults to the request timeout."""
         self._check_open()
-        try:
-            return await method(request, timeout=deadline or self._timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from None
-        except grpc.aio.UsageError:
-            raise errors.Closed(f"etcd metastore {self.url} is closed") from None
+
+        async def attempt(metadata: Metadata) -> Any:
+            try:
+                return await method(request, timeout=deadline or self._timeout, metadata=metadata)
+            except grpc.aio.AioRpcError as exc:
+                raise self._error(exc) from None
+            except grpc.aio.UsageError:
+                raise errors.Closed(f"etcd metastore {self.url} is closed") from None
+
+        return await self._authorized(attempt)
 
     # -- the contract -----------------------------------------------------
 
@@ -186,15 +277,21 @@ class EtcdMetastore(Metastore):
 
     async def keep_alive(self, lease: int) -> None:
         self._check_open()
-        call = self._lease.LeaseKeepAlive(
-            iter([rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=self._timeout
-        )
-        try:
-            reply = await call.read()
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from None
-        finally:
-            call.cancel()
+
+        async def attempt(metadata: Metadata) -> Any:
+            call = self._lease.LeaseKeepAlive(
+                iter([rpc.LeaseKeepAliveRequest(ID=lease)]),
+                timeout=self._timeout,
+                metadata=metadata,
+            )
+            try:
+                return await call.read()
+            except grpc.aio.AioRpcError as exc:
+                raise self._error(exc) from None
+            finally:
+                call.cancel()
+
+        reply = await self._authorized(attempt)
         if reply is _EOF:
             raise errors.Unavailable(f"etcd at {self._where} closed the keep-alive stream")
         if reply.TTL <= 0:
@@ -207,7 +304,14 @@ class EtcdMetastore(Metastore):
     async def watch_prefix(self, prefix: str, *, start_revision: int = 0) -> Watch:
         self._check_open()
         request = wire.watch_create_request(prefix, start_revision)
-        call = self._watch.Watch()
+
+        async def attempt(metadata: Metadata) -> Watch:
+            return await self._create_watch(request, metadata)
+
+        return await self._authorized(attempt)
+
+    async def _create_watch(self, request: Any, metadata: Metadata) -> Watch:
+        call = self._watch.Watch(metadata=metadata)
         watch = _EtcdWatch(self, call)
         self._watches.add(watch)
         try:

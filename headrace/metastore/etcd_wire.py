@@ -25,6 +25,13 @@ from headrace.metastore.contract import (
     Target,
     WatchEvent,
 )
+from headrace.metastore.etcd_security import (
+    ENV_CACERT,
+    ENV_PASSWORD_FILE,
+    ENV_USER,
+    PLAINTEXT,
+    EtcdSecurity,
+)
 from headrace.metastore.ranges import check_compare, check_ops, encode_key, prefix_end
 
 DEFAULT_PORT = 2379
@@ -206,13 +213,94 @@ def unwrap_txn(response: Any, depth: int) -> Any:
     return response
 
 
-def translate(exc: grpc.aio.AioRpcError, target: str) -> errors.HeadraceError:
-    """The Headrace error for a failed etcd call to ``target``."""
+class TokenRejected(errors.PermissionDenied):
+    """etcd no longer accepts the auth token (expired, or the auth store changed):
+    authenticate again and repeat the call."""
+
+
+def auth_not_enabled(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether an Authenticate call failed only because etcd has auth off."""
+    details = exc.details() or ""
+    return exc.code() is grpc.StatusCode.FAILED_PRECONDITION and "not enabled" in details
+
+
+def _tls_failure(details: str, where: str, security: EtcdSecurity) -> errors.HeadraceError | None:
+    """The error for a failed TLS connection, if ``details`` describe one.
+
+    gRPC names a server certificate the client does not trust; a client
+    certificate etcd refuses (missing, expired, unknown CA) shows only as data
+    that cannot be decrypted right after the handshake (TLS 1.3 alerts arrive
+    then), so that error lists the possible reasons."""
+    if "CERTIFICATE_VERIFY_FAILED" in details or "handshake failed" in details.lower():
+        trusted = f"{ENV_CACERT}={security.ca_file}" if security.ca_file else "the system's CAs"
+        return errors.PermissionDenied(
+            f"TLS handshake with {where} failed: its server certificate is not "
+            f"trusted by {trusted} ({details})"
+        )
+    if "TSI_DATA_CORRUPTED" in details or "Unwrap failed" in details:
+        given = (
+            f"the client certificate {security.cert_file}"
+            if security.cert_file
+            else "no client certificate"
+        )
+        return errors.PermissionDenied(
+            f"{where} refused the TLS connection after the handshake, as it does when it "
+            f"rejects a client certificate: this client presented {given}; etcd needs one "
+            f"signed by its --trusted-ca-file CA and not expired ({details})"
+        )
+    return None
+
+
+def _auth_failure(
+    code: grpc.StatusCode, details: str, where: str, security: EtcdSecurity
+) -> errors.HeadraceError | None:
+    """The error for a refused identity or permission, if ``details`` say so."""
+    client = security.describe_client()
+    if code is grpc.StatusCode.UNAUTHENTICATED or "auth store is old" in details:
+        return TokenRejected(f"{where} rejected the auth token of {client}: {details}")
+    if code is grpc.StatusCode.PERMISSION_DENIED:
+        why = (
+            f"the roles of user {security.user!r} lack the permission on this key range"
+            if security.user
+            else "without a user, etcd acts as the client certificate's common name: "
+            f"no such etcd user, or its roles lack the permission (or set {ENV_USER})"
+        )
+        return errors.PermissionDenied(f"{where} denied the request to {client}: {details} ({why})")
+    if "authentication failed" in details:
+        return errors.PermissionDenied(
+            f"{where} rejected {client}: wrong user name or password "
+            f"({ENV_USER}, {ENV_PASSWORD_FILE}): {details}"
+        )
+    if "user name is empty" in details or "user name not found" in details:
+        return errors.PermissionDenied(
+            f"{where} has authentication on and was given {client}: set {ENV_USER} and "
+            f"{ENV_PASSWORD_FILE}, or a client certificate whose common name is an etcd user "
+            f"({details})"
+        )
+    return None
+
+
+def translate(
+    exc: grpc.aio.AioRpcError, target: str, security: EtcdSecurity = PLAINTEXT
+) -> errors.HeadraceError:
+    """The Headrace error for a failed etcd call to ``target`` made with ``security``."""
     code = exc.code()
     details = exc.details() or code.name
     where = f"etcd at {target}"
     if code is grpc.StatusCode.NOT_FOUND and "lease not found" in details:
         return LeaseExpired(f"{where}: {details}")
+    refused = _auth_failure(code, details, where, security)
+    if refused is not None:
+        return refused
+    if code is grpc.StatusCode.UNAVAILABLE and security.tls:
+        tls_failure = _tls_failure(details, where, security)
+        if tls_failure is not None:
+            return tls_failure
+        if "Handshake read failed" in details:
+            return errors.Unavailable(
+                f"{where} closed the connection during the TLS handshake (is it serving "
+                f"TLS, as etcds:// expects? or going down?): {details}"
+            )
     if code in (
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,

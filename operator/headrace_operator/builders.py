@@ -42,6 +42,8 @@ from headrace_operator.models import StreamingClusterSpec
 GRPC_PORT = 19530
 WAL_MOUNT = "/var/lib/headrace/wal"
 KAFKA_TLS_MOUNT = "/etc/headrace/kafka-tls"
+TMP_MOUNT = "/tmp"
+"""An emptyDir of the pod's own (the root filesystem is read-only)."""
 NODE_UID = 10001
 FIELD_MANAGER = "headrace-operator"
 
@@ -345,8 +347,10 @@ def _kafka_tls_args(spec: StreamingClusterSpec) -> list[str]:
 def _volumes(
     ref: ClusterRef, spec: StreamingClusterSpec
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes: list[dict[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
+    # The root filesystem is read-only: /tmp (Python's and the broker clients'
+    # scratch space) is the one writable place besides the WAL volume.
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": TMP_MOUNT}]
     if spec.wal.backend == "local":
         claim = {"claimName": pvc_name(ref.name)}
         volumes.append({"name": "wal", "persistentVolumeClaim": claim})

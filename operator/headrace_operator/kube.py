@@ -59,6 +59,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "clusterroles",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "clusterrolebindings",
     ("apps/v1", "Deployment"): "deployments",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): "customresourcedefinitions",
     (models.API_VERSION, "StreamingCluster"): "streamingclusters",
     (models.API_VERSION, "PChannelAssignment"): "pchannelassignments",

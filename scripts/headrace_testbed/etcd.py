@@ -5,12 +5,15 @@
 ``<cache>/bin/etcd-<version>``; the version is the one ``go.mod`` requires.
 Concurrent builders (several pytest processes) serialise on a file lock and
 reuse the first result. ``start_etcd(data_dir)`` runs a single-member cluster
-on free 127.0.0.1 ports and waits until ``/health`` answers.
+on free 127.0.0.1 ports and waits until ``/health`` answers;
+``start_etcd(data_dir, secure=True)`` serves TLS only, requires client
+certificates and has authentication on (:mod:`headrace_testbed.etcd_auth`).
 
 Command line::
 
     PYTHONPATH=scripts python -m headrace_testbed.etcd build        # print the path
     PYTHONPATH=scripts python -m headrace_testbed.etcd run DATA_DIR  # serve until ^C
+    PYTHONPATH=scripts python -m headrace_testbed.etcd run --secure DATA_DIR
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ import contextlib
 import dataclasses
 import json
 import os
+import ssl
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from headrace_testbed import TestbedError, gobuild
+from headrace_testbed import TestbedError, etcd_auth, gobuild
 from headrace_testbed.cache import bin_dir, file_lock
 from headrace_testbed.ports import LOOPBACK, free_ports
 from headrace_testbed.process import (
@@ -106,6 +110,8 @@ class EtcdServer(StopOnExit):
     peer_port: int
     data_dir: Path
     log_path: Path
+    auth: etcd_auth.EtcdAuth | None = None
+    """Set in the secure mode: TLS with client certificates, authentication on."""
 
     @property
     def endpoint(self) -> str:
@@ -114,8 +120,8 @@ class EtcdServer(StopOnExit):
 
     @property
     def url(self) -> str:
-        """The metastore URL, ``etcd://127.0.0.1:<client port>``."""
-        return f"etcd://{self.endpoint}"
+        """The metastore URL: ``etcd://127.0.0.1:<port>``, ``etcds://`` in the secure mode."""
+        return f"{'etcds' if self.auth else 'etcd'}://{self.endpoint}"
 
     def stop(self) -> None:
         stop_process(self.process, STOP_TIMEOUT_S)
@@ -130,19 +136,23 @@ class EtcdServer(StopOnExit):
         return log_tail(self.log_path, limit)
 
 
-def _healthy(client_port: int) -> bool:
-    url = f"http://{LOOPBACK}:{client_port}/health"
+def _healthy(server: EtcdServer) -> bool:
+    scheme = "https" if server.auth else "http"
+    url = f"{scheme}://{LOOPBACK}:{server.client_port}/health"
+    context: ssl.SSLContext | None = server.auth.ssl_context() if server.auth else None
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
+        with urllib.request.urlopen(url, timeout=1.0, context=context) as response:
             body = json.loads(response.read() or b"{}")
     except (OSError, urllib.error.URLError, ValueError):
         return False
     return str(body.get("health")) == "true"
 
 
-def _launch(binary: Path, data_dir: Path, fsync: bool) -> EtcdServer:
+def _launch(
+    binary: Path, data_dir: Path, fsync: bool, auth: etcd_auth.EtcdAuth | None
+) -> EtcdServer:
     client_port, peer_port = free_ports(2)
-    client_url = f"http://{LOOPBACK}:{client_port}"
+    client_url = f"{'https' if auth else 'http'}://{LOOPBACK}:{client_port}"
     peer_url = f"http://{LOOPBACK}:{peer_port}"
     command = [
         str(binary),
@@ -161,25 +171,38 @@ def _launch(binary: Path, data_dir: Path, fsync: bool) -> EtcdServer:
     ]
     if not fsync:
         command.append("--unsafe-no-fsync")
+    if auth:
+        command += etcd_auth.server_flags(auth)
     log_path = data_dir / "etcd.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    return EtcdServer(process, client_port, peer_port, data_dir, log_path)
+    return EtcdServer(process, client_port, peer_port, data_dir, log_path, auth)
 
 
-def start_etcd(data_dir: Path, *, fsync: bool = False) -> EtcdServer:
+def start_etcd(data_dir: Path, *, fsync: bool = False, secure: bool = False) -> EtcdServer:
     """Start etcd with its data under ``data_dir`` and wait until it is healthy.
 
     ``fsync=False`` (the default for tests) runs with ``--unsafe-no-fsync``.
+    ``secure=True``: certificates under ``data_dir/pki``, TLS only, client
+    certificates required, then authentication enabled (see
+    :mod:`headrace_testbed.etcd_auth` for the users).
     """
     binary = ensure_etcd()
     data_dir.mkdir(parents=True, exist_ok=True)
-    return start_server(
-        lambda: _launch(binary, data_dir, fsync),
-        lambda server: _healthy(server.client_port),
+    auth = etcd_auth.prepare(data_dir / "pki") if secure else None
+    server = start_server(
+        lambda: _launch(binary, data_dir, fsync, auth),
+        _healthy,
         f"etcd in {data_dir} did not become healthy",
         StartOptions(attempts=_START_ATTEMPTS, timeout_s=START_TIMEOUT_S, poll_s=0.05),
     )
+    if auth:
+        try:
+            etcd_auth.enable_auth(auth, server.endpoint)
+        except BaseException:
+            server.stop()
+            raise
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,12 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("build", help="build (or reuse) the cached etcd binary; print its path")
     run = commands.add_parser("run", help="run etcd on free loopback ports until interrupted")
     run.add_argument("data_dir", type=Path)
+    run.add_argument(
+        "--secure", action="store_true", help="TLS with client certificates, authentication on"
+    )
     args = parser.parse_args(argv)
     if args.command == "build":
         print(ensure_etcd())
         return 0
-    with start_etcd(args.data_dir, fsync=True) as server:
+    with start_etcd(args.data_dir, fsync=True, secure=args.secure) as server:
         print(server.url, flush=True)
+        if server.auth:
+            print(f"certificates and password files in {server.auth.pki.directory}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             server.process.wait()
     return 0

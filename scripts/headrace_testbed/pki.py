@@ -1,9 +1,13 @@
-"""Certificates and keys for the Kubernetes test bed (``cryptography`` package).
+"""Certificates and keys for the test bed (``cryptography`` package).
 
-One throw-away CA signs the API server's serving certificate (for
-``127.0.0.1`` and ``localhost`` plus the first service IP) and an admin client
+For Kubernetes (:func:`write_pki`), one throw-away CA signs the API server's
+serving certificate (for ``127.0.0.1`` and ``localhost`` plus the first
+service IP) and an admin client
 certificate in ``system:masters``; a separate key pair signs service-account
-tokens. Keys are ECDSA P-256: quick to make and accepted by every component.
+tokens. For etcd with TLS (:func:`write_etcd_pki`), a CA signs a serving
+certificate for loopback, a client certificate, an expired client certificate,
+and a second CA that etcd does not trust signs a stranger's client certificate.
+Keys are ECDSA P-256: quick to make and accepted by every component.
 """
 
 from __future__ import annotations
@@ -84,17 +88,22 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 
 def _builder(
-    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    expired: bool = False,
 ) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
+    start = now - (VALIDITY if expired else datetime.timedelta(minutes=5))
+    end = now - datetime.timedelta(days=1) if expired else now + VALIDITY
     return (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
+        .not_valid_before(start)
+        .not_valid_after(end)
     )
 
 
@@ -131,11 +140,12 @@ def _issue(
     server: bool,
     dns_names: tuple[str, ...] = (),
     ip_addresses: tuple[str, ...] = (),
+    expired: bool = False,
 ) -> _Identity:
     key = _new_key()
     usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
     builder = (
-        _builder(subject, ca.cert.subject, key)
+        _builder(subject, ca.cert.subject, key, expired)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(
@@ -163,9 +173,14 @@ def _write(path: Path, data: bytes, private: bool) -> None:
         path.chmod(0o600)
 
 
+def _write_identity_at(directory: Path, stem: str, identity: _Identity) -> None:
+    cert_pem = identity.cert.public_bytes(serialization.Encoding.PEM)
+    _write(directory / f"{stem}.crt", cert_pem, False)
+    _write(directory / f"{stem}.key", _key_pem(identity.key), True)
+
+
 def _write_identity(pki: Pki, stem: str, identity: _Identity) -> None:
-    _write(pki.path(f"{stem}.crt"), identity.cert.public_bytes(serialization.Encoding.PEM), False)
-    _write(pki.path(f"{stem}.key"), _key_pem(identity.key), True)
+    _write_identity_at(pki.directory, stem, identity)
 
 
 def write_pki(directory: Path, *, service_ip: str = "10.0.0.1") -> Pki:
@@ -196,4 +211,69 @@ def write_pki(directory: Path, *, service_ip: str = "10.0.0.1") -> Pki:
         )
     except OSError as exc:
         raise TestbedError(f"cannot write test certificates under {directory}: {exc}") from exc
+    return pki
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdPki:
+    """Paths of the PEM files written by :func:`write_etcd_pki` (``<stem>.crt``
+    and ``<stem>.key`` for each identity)."""
+
+    directory: Path
+
+    def cert(self, stem: str) -> Path:
+        return self.directory / f"{stem}.crt"
+
+    def key(self, stem: str) -> Path:
+        return self.directory / f"{stem}.key"
+
+    @property
+    def ca_cert(self) -> Path:
+        """The CA etcd trusts, which signed every identity but the stranger's."""
+        return self.cert("ca")
+
+    @property
+    def other_ca_cert(self) -> Path:
+        """A CA that signed nothing etcd serves: a client trusting it fails the handshake."""
+        return self.cert("other-ca")
+
+
+ETCD_CLIENT = "client"
+"""Stem of the valid client identity (its common name is :data:`ETCD_CLIENT_CN`)."""
+ETCD_CLIENT_CN = "headrace"
+ETCD_EXPIRED_CLIENT = "expired-client"
+ETCD_STRANGER = "stranger"
+"""A client identity signed by the other CA."""
+ETCD_NOBODY = "nobody"
+"""A valid client identity whose common name is no etcd user."""
+
+
+def write_etcd_pki(directory: Path) -> EtcdPki:
+    """A CA, etcd's serving identity (``server``, for 127.0.0.1 and localhost) and
+    client identities: valid, expired, one signed by an untrusted CA, and one
+    whose common name is no user."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        pki = EtcdPki(directory)
+        ca = _make_ca("headrace-etcd-ca")
+        other = _make_ca("headrace-untrusted-ca")
+        identities = {
+            "ca": ca,
+            "other-ca": other,
+            "server": _issue(
+                ca,
+                _name("etcd"),
+                server=True,
+                dns_names=("localhost",),
+                ip_addresses=("127.0.0.1",),
+            ),
+            ETCD_CLIENT: _issue(ca, _name(ETCD_CLIENT_CN), server=False),
+            ETCD_EXPIRED_CLIENT: _issue(ca, _name(ETCD_CLIENT_CN), server=False, expired=True),
+            ETCD_STRANGER: _issue(other, _name(ETCD_CLIENT_CN), server=False),
+            ETCD_NOBODY: _issue(ca, _name(ETCD_NOBODY), server=False),
+        }
+        for stem, identity in identities.items():
+            _write_identity_at(directory, stem, identity)
+    except OSError as exc:
+        raise TestbedError(f"cannot write etcd test certificates under {directory}: {exc}") from exc
     return pki

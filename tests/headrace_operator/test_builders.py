@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from headrace_operator import builders, models
 from headrace_operator.builders import ClusterRef
 
@@ -45,13 +47,54 @@ def test_node_pod_runs_headrace_node_with_its_identity() -> None:
     assert args[args.index("--listen") + 1] == "$(POD_IP):19530"
     assert args[args.index("--wal") + 1] == "local"
     assert args[args.index("--wal-dir") + 1] == builders.WAL_MOUNT
-    assert pod["spec"]["volumes"] == [
-        {"name": "wal", "persistentVolumeClaim": {"claimName": "demo-wal"}}
+    assert {"name": "wal", "persistentVolumeClaim": {"claimName": "demo-wal"}} in pod["spec"][
+        "volumes"
     ]
-    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert pod["spec"]["serviceAccountName"] == "demo-node"
     assert container["readinessProbe"]["grpc"]["port"] == 19530
+
+
+BACKENDS: dict[str, dict[str, Any]] = {
+    "local": {},
+    "kafka": {"wal": {"backend": "kafka", "kafka": {"bootstrapServers": ["k:9092"]}}},
+    "pulsar": {"wal": {"backend": "pulsar", "pulsar": {"serviceUrl": "pulsar://p:6650"}}},
+}
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_node_pods_run_with_least_privilege(backend: str) -> None:
+    """Non-root, no privilege escalation, no capabilities, RuntimeDefault
+    seccomp, a read-only root filesystem, no API token; every path the node
+    writes (the WAL directory, /tmp) is a volume of its own."""
+    pod = builders.node_pod(REF, spec(**BACKENDS[backend]), 0)["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": builders.NODE_UID,
+        "runAsGroup": builders.NODE_UID,
+        "fsGroup": builders.NODE_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert builders.NODE_UID != 0
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert "privileged" not in container["securityContext"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/tmp"]["name"]] == {"name": "tmp", "emptyDir": {}}
+    args = container["args"]
+    if backend == "local":
+        wal_dir = args[args.index("--wal-dir") + 1]
+        assert "persistentVolumeClaim" in volumes[mounts[wal_dir]["name"]]
+    else:
+        assert "--wal-dir" not in args
+    for mount in mounts.values():
+        assert mount["name"] in volumes
 
 
 def test_config_map_carries_what_the_node_reads() -> None:
@@ -144,8 +187,8 @@ def test_every_node_pod_mounts_the_one_shared_wal_volume() -> None:
         pod = builders.node_pod(REF, spec(nodes=3), ordinal)
         (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "wal"]
         mounted.add(volume["persistentVolumeClaim"]["claimName"])
-        (mount,) = pod["spec"]["containers"][0]["volumeMounts"]
-        assert mount == {"name": "wal", "mountPath": builders.WAL_MOUNT}
+        mounts = pod["spec"]["containers"][0]["volumeMounts"]
+        assert {"name": "wal", "mountPath": builders.WAL_MOUNT} in mounts
     assert mounted == {"demo-wal"}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,9 +68,9 @@ def test_lint(helm: Helm) -> None:
     assert "0 chart(s) failed" in output
 
 
-def test_defaults_render_a_non_root_deployment_and_cluster_rbac(helm: Helm) -> None:
+def test_defaults_render_a_non_root_deployment_and_namespaced_rbac(helm: Helm) -> None:
     kinds = by_kind(render(helm))
-    assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    assert sorted(kinds) == ["Deployment", "Role", "RoleBinding", "ServiceAccount"]
     deployment = kinds["Deployment"][0]
     assert deployment["spec"]["replicas"] == 2, "a standby replica for coordinator failover"
     spread = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
@@ -80,28 +81,84 @@ def test_defaults_render_a_non_root_deployment_and_cluster_rbac(helm: Helm) -> N
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = pod["containers"][0]
     assert container["image"] == "headrace-operator:0.1.0"
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["args"] == ["--liveness=http://0.0.0.0:8080/healthz", "--resync-seconds=10"]
+    assert container["args"] == [
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "--resync-seconds=10",
+        "--namespace=ops",
+    ], "by default the operator watches only its own namespace"
     assert pod["serviceAccountName"] == "rel-headrace-operator"
-    binding = kinds["ClusterRoleBinding"][0]
+    (role,) = kinds["Role"]
+    (binding,) = kinds["RoleBinding"]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "ops"
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "rel-headrace-operator", "namespace": "ops"}
     ]
 
 
-def test_rbac_is_least_privilege(helm: Helm) -> None:
-    rules = by_kind(render(helm))["ClusterRole"][0]["rules"]
-    granted = {
+def test_operator_pod_runs_with_least_privilege(helm: Helm) -> None:
+    pod = by_kind(render(helm))["Deployment"][0]["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    (mount,) = container["volumeMounts"]
+    assert mount["mountPath"] == "/tmp"
+    assert {"name": mount["name"], "emptyDir": {}} in pod["volumes"]
+
+
+def test_cluster_wide_is_an_explicit_choice(helm: Helm) -> None:
+    kinds = by_kind(render(helm, "--set", "clusterWide=true"))
+    assert sorted(kinds) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    args = kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--namespace")]
+    assert kinds["ClusterRoleBinding"][0]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rel-headrace-operator", "namespace": "ops"}
+    ]
+    with pytest.raises(TestbedError, match="leave watchNamespaces empty"):
+        render(helm, "--set", "clusterWide=true", "--set", "watchNamespaces={a}")
+
+
+def granted_verbs(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    return {
         (group, resource): set(rule["verbs"])
         for rule in rules
         for group in rule["apiGroups"]
         for resource in rule["resources"]
     }
+
+
+README_TABLE_ROW = re.compile(r"^\| `([^`]*)` \| `([^`]+)` \| `([a-z]+)` \|", re.MULTILINE)
+
+
+def readme_verbs() -> dict[tuple[str, str], set[str]]:
+    """The chart README's table of verbs: (group, resource) -> verbs."""
+    table: dict[tuple[str, str], set[str]] = {}
+    for group, resource, verb in README_TABLE_ROW.findall((CHART / "README.md").read_text()):
+        table.setdefault(("" if group == "core" else group, resource), set()).add(verb)
+    return table
+
+
+def test_rbac_is_least_privilege(helm: Helm) -> None:
+    granted = granted_verbs(by_kind(render(helm))["Role"][0]["rules"])
+    assert (
+        granted_verbs(by_kind(render(helm, "--set", "clusterWide=true"))["ClusterRole"][0]["rules"])
+        == granted
+    )
     for (group, resource), verbs in granted.items():
         assert "*" not in verbs and group != "*" and resource != "*"
         assert resource not in ("secrets", "nodes", "clusterroles", "customresourcedefinitions")
         assert not {"escalate", "bind", "impersonate", "deletecollection"} & verbs
-    assert granted[("", "pods")] == {"get", "list", "watch", "create", "patch", "delete"}
+    assert granted[("", "pods")] == {"list", "watch", "create", "patch", "delete"}, (
+        "pods are listed and watched, applied, annotated and deleted; never read one by one"
+    )
     assert granted[("", "persistentvolumeclaims")] == {"get", "create", "patch"}, (
         "the shared WAL volume is only ensured, never listed or deleted by the operator"
     )
@@ -117,7 +174,15 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
         "watch",
         "patch",
     }, "the UpgradePlan controller reads plans and patches the cluster's node targets"
-    assert granted[("streaming.headrace.io", "upgradeplans/status")] == {"get", "patch"}
+    for status in ("streamingclusters", "pchannelassignments", "upgradeplans"):
+        assert granted[("streaming.headrace.io", f"{status}/status")] == {"patch"}
+    assert granted[("", "events")] == {"create"}, "events are posted, never patched"
+    assert ("events.k8s.io", "events") not in granted
+
+
+def test_the_readme_lists_every_granted_verb(helm: Helm) -> None:
+    granted = granted_verbs(by_kind(render(helm))["Role"][0]["rules"])
+    assert readme_verbs() == granted
 
 
 def test_watched_namespaces_get_roles_instead(helm: Helm) -> None:
@@ -127,6 +192,50 @@ def test_watched_namespaces_get_roles_instead(helm: Helm) -> None:
     assert sorted(r["metadata"]["namespace"] for r in kinds["RoleBinding"]) == ["a", "b"]
     args = kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=a" in args and "--namespace=b" in args and "-v" in args
+    assert "--namespace=ops" not in args
+
+
+def test_network_policy_is_off_by_default(helm: Helm) -> None:
+    assert "NetworkPolicy" not in by_kind(render(helm))
+
+
+def test_network_policy_admits_only_the_operator_nodes_and_clients(helm: Helm) -> None:
+    clients = "networkPolicy.clients[0].namespaceSelector.matchLabels.team=apps"
+    docs = render(
+        helm,
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        "watchNamespaces={a,b}",
+        "--set",
+        clients,
+    )
+    policies = by_kind(docs)["NetworkPolicy"]
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["a", "b"]
+    nodes = {"app.kubernetes.io/name": "headrace", "app.kubernetes.io/component": "streaming-node"}
+    operator_labels = by_kind(docs)["Deployment"][0]["spec"]["selector"]["matchLabels"]
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec["podSelector"] == {"matchLabels": nodes}
+        assert spec["policyTypes"] == ["Ingress"]
+        (rule,) = spec["ingress"]
+        assert rule["ports"] == [{"port": 19530, "protocol": "TCP"}]
+        assert rule["from"] == [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+                "podSelector": {"matchLabels": operator_labels},
+            },
+            {"podSelector": {"matchLabels": nodes}},
+            {"namespaceSelector": {"matchLabels": {"team": "apps"}}},
+        ]
+
+
+def test_network_policy_with_cluster_wide_needs_its_namespaces(helm: Helm) -> None:
+    on = ("--set", "networkPolicy.enabled=true", "--set", "clusterWide=true")
+    with pytest.raises(TestbedError, match=r"networkPolicy\.namespaces"):
+        render(helm, *on)
+    policies = by_kind(render(helm, *on, "--set", "networkPolicy.namespaces={x}"))["NetworkPolicy"]
+    assert [p["metadata"]["namespace"] for p in policies] == ["x"]
 
 
 def test_chart_installs_the_generated_crds(helm: Helm) -> None:
@@ -151,7 +260,10 @@ def namespace(kube_cluster: KubeTestbed) -> Iterator[str]:
 async def test_rendered_chart_passes_server_side_dry_run(
     helm: Helm, kube_cluster: KubeTestbed, namespace: str
 ) -> None:
-    docs = render(helm, "--include-crds", namespace=namespace)
+    docs = render(
+        helm, "--include-crds", "--set", "networkPolicy.enabled=true", namespace=namespace
+    )
+    assert "NetworkPolicy" in by_kind(docs)
     api = KubernetesApi(kube_cluster.api_client())
     try:
         for doc in docs:
@@ -184,13 +296,22 @@ def service_account_client(admin: Any, namespace: str, account: str) -> Any:
 
 @pytest.mark.kube
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("scope", ["namespaced", "clusterWide"])
 async def test_a_pass_needs_no_more_than_the_chart_grants(
-    helm: Helm, kube_cluster: KubeTestbed, namespace: str
+    helm: Helm, kube_cluster: KubeTestbed, namespace: str, scope: str
 ) -> None:
+    """A full reconcile (scale to one node and back to none) as the chart's
+    ServiceAccount, with the default Role in the release namespace and with
+    the ClusterRole of ``clusterWide``."""
     release = f"r{uuid.uuid4().hex[:6]}"
+    values = ("--set", "clusterWide=true") if scope == "clusterWide" else ()
     docs = [
-        d for d in render(helm, release=release, namespace=namespace) if d["kind"] != "Deployment"
+        d
+        for d in render(helm, *values, release=release, namespace=namespace)
+        if d["kind"] != "Deployment"
     ]
+    expected = {"ClusterRole"} if scope == "clusterWide" else {"Role"}
+    assert {d["kind"] for d in docs} & {"Role", "ClusterRole"} == expected
     admin = KubernetesApi(kube_cluster.api_client())
     await install_crds(admin)
     for doc in docs:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from headrace_operator import builders
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,10 +48,22 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path) -> None:
     assert "DL3007" in result.stdout
 
 
-def test_operator_image_runs_as_non_root() -> None:
-    text = (ROOT / "Dockerfile").read_text()
-    stages = [line for line in text.splitlines() if line.startswith("FROM ")]
+@pytest.mark.parametrize(
+    ("dockerfile", "entrypoint"),
+    [
+        ("Dockerfile", 'ENTRYPOINT ["python", "-m", "headrace_operator"]'),
+        ("node_image/Dockerfile", 'ENTRYPOINT ["headrace", "node"]'),
+    ],
+)
+def test_images_run_as_the_non_root_user_the_pods_expect(dockerfile: str, entrypoint: str) -> None:
+    """Both images end as uid:gid 10001, which they create, the uid the chart's
+    operator pod and the operator's node pods run as (runAsNonRoot needs a
+    numeric USER to check)."""
+    text = (ROOT / dockerfile).read_text()
+    lines = text.splitlines()
+    stages = [line for line in lines if line.startswith("FROM ")]
     assert len(stages) >= 2, "multi-stage build"
-    users = [line for line in text.splitlines() if line.startswith("USER ")]
-    assert users and users[-1].split()[1].split(":")[0] not in ("0", "root")
-    assert 'ENTRYPOINT ["python", "-m", "headrace_operator"]' in text
+    users = [line for line in lines if line.startswith("USER ")]
+    assert users and users[-1].split()[1] == f"{builders.NODE_UID}:{builders.NODE_UID}"
+    assert f"--uid {builders.NODE_UID}" in text and f"--gid {builders.NODE_UID}" in text
+    assert entrypoint in text

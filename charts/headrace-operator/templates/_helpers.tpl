@@ -24,6 +24,21 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/*
+The namespaces the operator watches, as a JSON list: watchNamespaces, else the
+release's namespace; none with clusterWide (which forbids watchNamespaces).
+*/}}
+{{- define "headrace-operator.namespaces" -}}
+{{- if .Values.clusterWide -}}
+{{- if .Values.watchNamespaces -}}
+{{- fail "clusterWide watches every namespace: leave watchNamespaces empty" -}}
+{{- end -}}
+[]
+{{- else -}}
+{{- default (list .Release.Namespace) .Values.watchNamespaces | toJson -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "headrace-operator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "headrace-operator.fullname" .) .Values.serviceAccount.name -}}
@@ -33,13 +48,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/*
-The operator's permissions: exactly the requests it makes.
+The operator's permissions: exactly the requests it makes (the chart's
+README.md has a table of every verb with its reason).
 - its custom resources: watched by kopf, patched for kopf's finalizer and
-  annotations, status written by the operator; PChannelAssignments are created
-  and deleted by the operator (server-side apply needs create and patch);
+  annotations, status patched by the operator (never read through the status
+  subresource); PChannelAssignments are created and deleted by the operator
+  (server-side apply needs create and patch);
 - the objects it builds for each cluster (node pods, the shared WAL volume, config,
   services, node ServiceAccount and Role, disruption budget);
-- events it records.
+- core/v1 events it records (kopf posts there too; nothing patches an event).
 The Role it creates for the nodes grants only `get` on a ConfigMap, which the
 operator holds itself (RBAC forbids granting more than one holds).
 */}}
@@ -49,13 +66,13 @@ operator holds itself (RBAC forbids granting more than one holds).
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["streaming.headrace.io"]
   resources: ["streamingclusters/status", "pchannelassignments/status", "upgradeplans/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 - apiGroups: ["streaming.headrace.io"]
   resources: ["pchannelassignments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "create", "patch"]
@@ -68,7 +85,7 @@ operator holds itself (RBAC forbids granting more than one holds).
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "create", "patch", "delete"]
-- apiGroups: ["", "events.k8s.io"]
+- apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end -}}
