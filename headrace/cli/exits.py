@@ -5,7 +5,8 @@
   metastore is unavailable, data is corrupt, ...); the same command may work later.
 * 2 (:data:`EXIT_USAGE`): the request itself is wrong (bad flags, an invalid or
   too large message, an unknown pchannel or node, a metastore holding no
-  cluster, a data directory or node id that another live process holds);
+  cluster, a data directory or node id that another live process holds, credentials
+  the metastore refuses);
   repeating it unchanged cannot succeed.
 * 130: interrupted (Ctrl-C); 141: stdout was closed early (``| head``), as
   other command-line tools end on SIGPIPE.
@@ -30,6 +31,7 @@ INPUT_ERRORS = frozenset(
         errors.ErrorCode.TRUNCATED,
         errors.ErrorCode.NOT_FOUND,
         errors.ErrorCode.IN_USE,
+        errors.ErrorCode.PERMISSION_DENIED,
     }
 )
 """Codes that blame the request: retrying it unchanged cannot succeed."""
