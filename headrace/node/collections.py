@@ -45,15 +45,19 @@ class NodeCollections:
         self._cache.pop(name, None)
 
     async def checkpoint(self, pchannel: str) -> MessageID | None:
-        kv = await self.metastore.get(self.keys.checkpoint(pchannel))
+        """The flush checkpoint; a malformed record is Unavailable (not CorruptData,
+        which would hold the WAL as a damaged log): the open is retried and the
+        failure reported until the record is repaired."""
+        key = self.keys.checkpoint(pchannel)
+        kv = await self.metastore.get(key)
         if kv is None:
             return None
-        record = CheckpointRecord.from_json(kv.value)
         try:
-            return record.position_id()
-        except errors.InvalidArgument as exc:
-            raise errors.CorruptData(
-                f"checkpoint of {pchannel} holds no position: {exc.message}"
+            return CheckpointRecord.from_json(kv.value).position_id()
+        except (errors.CorruptData, errors.InvalidArgument) as exc:
+            raise errors.Unavailable(
+                f"the checkpoint record {key} is malformed ({exc.message}); the WAL of "
+                f"{pchannel} cannot rebuild its growing segments until it is repaired"
             ) from None
 
     async def record_seal(

@@ -180,3 +180,14 @@ async def test_unknown_collection_and_foreign_vchannel_are_refused(cluster: Clus
         isinstance(foreign, errors.InvalidArgument) and "not one of its shards" in foreign.message
     )
     assert [e.id for e in await the_log(cluster)] == [acked(ok).id]
+
+
+async def test_a_malformed_checkpoint_record_is_unavailable_not_a_damaged_log(
+    cluster: Cluster,
+) -> None:
+    hooks = NodeCollections(cluster.metastore, cluster.keys, "node-a")
+    assert await hooks.checkpoint(P) is None
+    for junk in (b"{not json", CheckpointRecord(pchannel=P, position="nowhere").to_json()):
+        await cluster.metastore.put(cluster.keys.checkpoint(P), junk)
+        with pytest.raises(errors.Unavailable, match=r"checkpoint record .* is malformed"):
+            await hooks.checkpoint(P)

@@ -23,7 +23,7 @@ from headrace.table.collections import Collection, CollectionSpec
 from headrace.table.messages import COLLECTION, SEGMENT
 from headrace.table.payloads import encode_keys, encode_rows
 from headrace.tso import LocalTSO, compose
-from headrace.wal.api import AppendResult
+from headrace.wal.api import AppendResult, WALState
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.interceptors.segments import (
     Arrival,
@@ -34,7 +34,7 @@ from headrace.wal.interceptors.segments import (
 )
 from headrace.wal.memory import MemoryBackend, MemoryStore
 from spark_apps.shard import fold
-from tests.wal.test_framework import backend_log
+from tests.wal.test_framework import HookedBackend, backend_log
 
 P = "p"
 SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("name", pa.string())])
@@ -631,3 +631,58 @@ def test_every_recorded_seal_ends_a_range_that_folds(script: list[Op]) -> None:
     assert {segment_of(e.message) for e in tail if e.message.type is MessageType.INSERT} == growing
     ids = [segment_of(e.message) for e in entries if e.message.type is MessageType.FLUSH]
     assert len(ids) == len(set(ids))  # a segment is sealed once, ids are never reused
+
+
+async def test_a_seal_whose_append_failed_stops_the_wal_and_the_reopen_rebuilds_from_the_log() -> (
+    None
+):
+    backend = HookedBackend()
+    hooks = Hooks()
+    options = WALOptions(timetick_interval_ms=QUIET)
+    tso = LocalTSO()
+    wal = await WAL.open(backend, P, 1, tso=tso, options=options, collections=hooks)
+    grew = await wal.append(insert(ORDERS, 0, [1]))
+    backend.writers[-1].fail_before = errors.Unavailable("broker hiccup")
+    (outcome,) = await wal.append_many([flush()])
+    assert isinstance(outcome, errors.Unavailable)
+    assert wal.state is WALState.UNAVAILABLE  # never guesses whether the seal is in
+    await wal.close()
+    wal = await WAL.open(backend, P, 2, tso=tso, options=options, collections=hooks)
+    try:
+        done = await wal.append(flush())
+    finally:
+        await wal.close()
+    entries = await backend_log(backend, P)
+    assert seals_in([e for e in entries if e.message.type is MessageType.FLUSH]) == [
+        ("orders-0", stamped(grew, entries))
+    ]
+    assert hooks.seals == [(P, 2, done.id, done.timetick)]
+
+
+async def test_a_create_without_the_collection_property_also_reopens_a_dropped_vchannel() -> None:
+    bed = Bed()
+    wal = await bed.open()
+    try:
+        await wal.append(ddl(MessageType.DROP_COLLECTION, USERS))
+        (refused,) = await wal.append_many([insert(USERS, 0, [1])])
+        await wal.append(Message(MessageType.CREATE_COLLECTION, "users-0"))
+        (taken,) = await wal.append_many([insert(USERS, 0, [2])])
+    finally:
+        await wal.close()
+    assert isinstance(refused, errors.NotFound)
+    assert isinstance(taken, AppendResult)
+
+
+async def test_dropped_vchannels_are_rebuilt_from_the_log() -> None:
+    bed = Bed()
+    wal = await bed.open(term=1)
+    await wal.append(insert(USERS, 0, [1]))
+    await wal.append(ddl(MessageType.DROP_COLLECTION, USERS))
+    await wal.close()
+    wal = await bed.open(term=2)
+    try:
+        (refused,) = await wal.append_many([insert(USERS, 0, [2])])
+    finally:
+        await wal.close()
+    assert isinstance(refused, errors.NotFound)
+    assert "dropped" in refused.message

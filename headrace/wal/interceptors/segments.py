@@ -28,9 +28,12 @@ For a message carrying ``headrace.collection`` (:mod:`headrace.table.messages`):
   is replaced by one *marker* seal of a fresh, empty segment on its vchannel,
   so it still has a position (readers ignore a seal of a segment without
   rows). A producer's FLUSH naming a segment is refused: only the WAL seals.
-* **DROP_COLLECTION**: the collection's growing segments on that vchannel are
-  sealed just before it, and later inserts, deletes and flush requests there
-  are refused until a CREATE_COLLECTION of the same name.
+* **DROP_COLLECTION** (carrying ``headrace.collection``): the collection's
+  growing segment on that vchannel is sealed just before it, and later
+  inserts, deletes and flush requests there are refused (NOT_FOUND) until a
+  CREATE_COLLECTION on the vchannel. Both make the lookup cache forget the
+  name. What is dropped is known from the log since the checkpoint; beyond
+  it, the collection record in the metastore is the authority.
 * Once a group of seals that leaves nothing growing is acknowledged, its last
   position is handed to :meth:`CollectionHooks.record_seal` (the node writes
   the ``SealRecord`` under its term). A failed record is retried by the chores
@@ -296,6 +299,8 @@ class _SealGroup:
 
 _DATA = frozenset((MessageType.INSERT, MessageType.DELETE, MessageType.FLUSH))
 _SCHEMA = frozenset((MessageType.CREATE_COLLECTION, MessageType.DROP_COLLECTION))
+_NEW_SEGMENT = frozenset((MessageType.INSERT, MessageType.FLUSH))
+"""Messages that may take a new segment id (an insert opening one, a marker seal)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -334,16 +339,27 @@ class SegmentInterceptor:
 
     async def __call__(self, batch: list[AppendContext], call_next: Handler) -> None:
         names: set[str] = set()
+        new_segments = 0
         for ctx in batch:
-            properties = ctx.message.properties
+            msg = ctx.message
+            properties = msg.properties
             if properties and COLLECTION in properties:
-                names.add(properties[COLLECTION])
+                name = properties[COLLECTION]
+                names.add(name)
+                if msg.type in _SCHEMA:
+                    # A definition may change under the name only by a drop
+                    # and a create: look it up afresh.
+                    self._hooks.forget(name)
+                elif msg.type in _NEW_SEGMENT:
+                    new_segments += 1
+            elif msg.type is MessageType.CREATE_COLLECTION:
+                self.table.create(msg.vchannel)
         if not names:
             await call_next(batch)
             return
         collections = await self._resolve(names)
         checked = [self._check(ctx, collections) for ctx in batch]
-        await self._reserve(sum(1 for c in batch if c.message.type in _DATA))
+        await self._reserve(new_segments)
         # No suspension from here until call_next queues the batch: the
         # segment state changes in the same order as the log.
         forward: list[AppendContext] = []
@@ -371,8 +387,6 @@ class SegmentInterceptor:
         name = msg.properties.get(COLLECTION) if msg.properties else None
         if name is None or (msg.type not in _DATA and msg.type not in _SCHEMA):
             return None
-        if msg.type in _SCHEMA:
-            self._hooks.forget(name)
         collection = collections[name]
         if isinstance(collection, errors.HeadraceError):
             if msg.type in _SCHEMA and isinstance(collection, errors.NotFound):
