@@ -34,6 +34,7 @@ from headrace.wal.interceptors.segments import (
 )
 from headrace.wal.memory import MemoryBackend, MemoryStore
 from spark_apps.shard import fold
+from tests.node.harness import until
 from tests.wal.test_framework import HookedBackend, backend_log
 
 P = "p"
@@ -78,6 +79,8 @@ class Hooks:
     seals: list[tuple[str, int, MessageID, int]] = dataclasses.field(default_factory=list)
     forgotten: list[str] = dataclasses.field(default_factory=list)
     refuse_records: errors.HeadraceError | None = None
+    stall: asyncio.Event | None = None
+    """While set to an unset event, recording a seal hangs (a stuck metastore)."""
     lookups: int = 0
     recorded: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
@@ -97,6 +100,8 @@ class Hooks:
     async def record_seal(
         self, pchannel: str, term: int, position: MessageID, timetick: int
     ) -> None:
+        if self.stall is not None:
+            await self.stall.wait()
         if self.refuse_records is not None:
             raise self.refuse_records
         self.seals.append((pchannel, term, position, timetick))
@@ -686,3 +691,23 @@ async def test_dropped_vchannels_are_rebuilt_from_the_log() -> None:
         await wal.close()
     assert isinstance(refused, errors.NotFound)
     assert "dropped" in refused.message
+
+
+async def test_a_stuck_seal_record_does_not_hold_back_the_timeticks() -> None:
+    bed = Bed()
+    bed.hooks.stall = asyncio.Event()
+    policy = SegmentPolicy(idle_s=0.1, check_interval_s=0.05)
+    wal = await bed.open(policy=policy, interval_ms=10)
+    try:
+        await wal.append(insert(ORDERS, 0, [1]))
+        await until(lambda: wal.stats()["growing_segments"] == 0)  # sealed
+        ticks = wal.last_timetick
+        await until(lambda: wal.last_timetick > ticks)  # the chores gave up on the record
+        assert bed.hooks.seals == []
+        bed.hooks.stall.set()  # the metastore answers again: the chores record it
+        async with asyncio.timeout(10):
+            await bed.hooks.recorded.wait()
+    finally:
+        await wal.close()
+    (seal,) = [e for e in await bed.data() if e.message.type is MessageType.FLUSH]
+    assert bed.hooks.seals[-1][2] == seal.id

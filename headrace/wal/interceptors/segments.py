@@ -59,6 +59,7 @@ lookups, the id reservations and the writing.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections import deque
@@ -505,7 +506,9 @@ class SegmentInterceptor:
             return
         forward.append(ctx)
 
-    async def _settle_groups(self, groups: list[_SealGroup]) -> None:
+    async def _settle_groups(
+        self, groups: list[_SealGroup], record_within: float | None = None
+    ) -> None:
         last_complete: AppendResult | None = None
         failure: errors.HeadraceError | None = None
         for group in groups:
@@ -531,7 +534,7 @@ class SegmentInterceptor:
                     group.request.fail(failure)
         if last_complete is None:
             return
-        error = await self._record(last_complete)
+        error = await self._record(last_complete, record_within)
         if error is not None:
             for group in groups:
                 if group.request is not None and group.request.result is not None:
@@ -543,13 +546,24 @@ class SegmentInterceptor:
                         )
                     )
 
-    async def _record(self, seal: AppendResult) -> errors.HeadraceError | None:
-        """Record ``seal`` (or remember it for the chores to retry)."""
+    async def _record(
+        self, seal: AppendResult, within: float | None = None
+    ) -> errors.HeadraceError | None:
+        """Record ``seal`` (or remember it for the chores to retry), giving up
+        after ``within`` seconds if given."""
         newest = self._unrecorded
         if newest is None or newest.id < seal.id:
             newest = seal
         try:
-            await self._hooks.record_seal(self._pchannel, self._term, newest.id, newest.timetick)
+            async with asyncio.timeout(within):
+                await self._hooks.record_seal(
+                    self._pchannel, self._term, newest.id, newest.timetick
+                )
+        except TimeoutError:
+            self._unrecorded = newest
+            return errors.Unavailable(
+                f"recording the seal of {self._pchannel} at {newest.id} took more than {within:g} s"
+            )
         except errors.HeadraceError as exc:
             self._unrecorded = newest
             log.warning("recording the seal of %s at %s failed: %s", self._pchannel, seal.id, exc)
@@ -563,19 +577,22 @@ class SegmentInterceptor:
         """Seal on idle time or lifetime; retry an unwritten seal record.
 
         ``write`` is the appender: the seals are queued right after the
-        decision, with no suspension in between."""
+        decision, with no suspension in between. A seal record is given
+        ``check_interval_s`` here: the chores run before each timetick, which
+        a slow metastore must not hold back."""
         now = self._clock()
         if now < self._next_check:
             return
-        self._next_check = now + self.table.policy.check_interval_s
+        bound = self.table.policy.check_interval_s
+        self._next_check = now + bound
         reason = self.table.due(now)
         if reason is not None:
             log.info("sealing the growing segments of %s: %s", self._pchannel, reason)
             seals = _contexts(self.table.seal_all())
             await write(seals)
-            await self._settle_groups([_SealGroup(seals, complete=True)])
+            await self._settle_groups([_SealGroup(seals, complete=True)], bound)
         elif self._unrecorded is not None:
-            await self._record(self._unrecorded)
+            await self._record(self._unrecorded, bound)
 
 
 def _contexts(orders: list[SealOrder]) -> list[AppendContext]:
