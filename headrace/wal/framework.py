@@ -41,6 +41,7 @@ from headrace.wal.interceptors.segments import (
     SegmentInterceptor,
     SegmentPolicy,
     SegmentTable,
+    scan_start,
 )
 from headrace.wal.interceptors.timetick import Appender, AppenderConfig, TimetickSync
 from headrace.wal.interceptors.txn import (
@@ -232,7 +233,13 @@ class WAL:
                 collections[1],
                 collections[0],
                 SegmentContext(
-                    pchannel, term, options.max_message_bytes, tso, self._appender.fail, time.time
+                    pchannel,
+                    term,
+                    options.max_message_bytes,
+                    tso,
+                    self._appender.fail,
+                    time.time,
+                    lambda: self._appender.last_id,
                 ),
             )
         chain: list[Interceptor] = [lock, DedupInterceptor(dedup), self._txn]
@@ -309,7 +316,7 @@ class WAL:
                 last = Position(last_record.id, last_msg.timetick)
                 scan = None
                 if collections is not None and segments is not None:
-                    start = await collections.checkpoint(pchannel)
+                    start = scan_start(await collections.checkpoint(pchannel), last_msg)
                     scan = TailScan(start, segments.replay_record)
                 await rebuild(backend, pchannel, last_record, last_msg, dedup, scan=scan)
             wal = cls(
@@ -524,7 +531,10 @@ class WAL:
 
     def _tick_properties(self) -> dict[str, str]:
         start = self._dedup.oldest_id() or self._appender.last_id
-        return {DEDUP_FROM: str(start)} if start is not None else {}
+        properties = {DEDUP_FROM: str(start)} if start is not None else {}
+        if self._segments is not None:
+            properties.update(self._segments.tick_properties())
+        return properties
 
     async def _last_record(self) -> Record | None:
         return await self._backend.last_record(self.pchannel)

@@ -26,15 +26,18 @@ from headrace.tso import LocalTSO, compose
 from headrace.wal.api import AppendResult, WALState
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.interceptors.segments import (
+    SEGMENTS_FROM,
     Arrival,
     SealOrder,
     SegmentPolicy,
     SegmentTable,
+    scan_start,
     segment_of,
 )
-from headrace.wal.memory import MemoryBackend, MemoryStore
+from headrace.wal.memory import MemoryBackend, MemoryMessageID, MemoryStore
 from spark_apps.shard import fold
 from tests.node.harness import until
+from tests.wal.delegating import CountingBackend
 from tests.wal.test_framework import HookedBackend, backend_log
 
 P = "p"
@@ -711,3 +714,72 @@ async def test_a_stuck_seal_record_does_not_hold_back_the_timeticks() -> None:
         await wal.close()
     (seal,) = [e for e in await bed.data() if e.message.type is MessageType.FLUSH]
     assert bed.hooks.seals[-1][2] == seal.id
+
+
+# -- where the open reads from ---------------------------------------------------
+
+
+def test_the_scan_starts_at_the_later_of_checkpoint_and_the_ticks_hint() -> None:
+    early, late = MemoryMessageID(3), MemoryMessageID(9)
+    tick = Message(MessageType.TIME_TICK, properties={SEGMENTS_FROM: str(late)})
+    assert scan_start(None, tick) == late
+    assert scan_start(early, tick) == late
+    assert scan_start(MemoryMessageID(12), tick) == MemoryMessageID(12)
+    data = Message(MessageType.INSERT, "v", b"", {SEGMENTS_FROM: str(late)})  # not the WAL's
+    assert scan_start(early, data) == early
+    assert scan_start(None, Message(MessageType.TIME_TICK)) is None
+    assert (
+        scan_start(early, Message(MessageType.FENCE, properties={SEGMENTS_FROM: "junk"})) == early
+    )
+
+
+def test_the_hint_is_the_oldest_growing_segments_start_or_the_last_record() -> None:
+    table = SegmentTable(SegmentPolicy())
+    assert table.read_from(MemoryMessageID(5)) == MemoryMessageID(5)
+    table.assign(dataclasses.replace(arrival("orders-0"), since=MemoryMessageID(7)), new_id=1)
+    table.assign(dataclasses.replace(arrival("users-0"), since=MemoryMessageID(4)), new_id=2)
+    assert table.read_from(MemoryMessageID(20)) == MemoryMessageID(4)
+    table.assign(arrival("orders-1"), new_id=3)  # opened on an empty log
+    assert table.read_from(MemoryMessageID(20)) is None
+
+
+async def reopen_counting(bed: Bed, term: int) -> tuple[WAL, CountingBackend]:
+    backend = CountingBackend(MemoryBackend(bed.store))
+    options = WALOptions(timetick_interval_ms=QUIET)
+    wal = await WAL.open(backend, P, term, tso=bed.tso, options=options, collections=bed.hooks)
+    return wal, backend
+
+
+async def test_an_open_reads_only_from_the_oldest_growing_segment_not_the_whole_log() -> None:
+    bed = Bed()
+    wal = await bed.open(term=1)
+    await wal.append_many([Message(MessageType.INSERT, "logs", b"%d" % i) for i in range(500)])
+    await wal.close()
+    wal, counting = await reopen_counting(bed, 2)  # nothing grows: the tail alone
+    await wal.append_many([Message(MessageType.INSERT, "logs", b"%d" % i) for i in range(500)])
+    grew = await wal.append(insert(ORDERS, 0, [1]))
+    await wal.append_many([Message(MessageType.INSERT, "logs", b"%d" % i) for i in range(100)])
+    await wal.close()
+    assert counting.fetched < 10
+    wal, counting = await reopen_counting(bed, 3)
+    try:
+        grown = {v: s.segment_id for v, s in wal._segments.table.growing.items()}  # type: ignore[union-attr]
+    finally:
+        await wal.close()
+    assert grown == {"orders-0": stamped(grew, await bed.log())}
+    assert 100 < counting.fetched < 120  # from just before the insert
+
+
+async def test_a_log_without_hints_or_checkpoint_is_read_whole() -> None:
+    bed = Bed()
+    wal = await WAL.open(MemoryBackend(bed.store), P, 1, tso=bed.tso, options=WALOptions())
+    await wal.append(insert(ORDERS, 0, [1], **{SEGMENT: "77"}))  # a writer without the node
+    await wal.append_many([Message(MessageType.INSERT, "logs", b"%d" % i) for i in range(300)])
+    await wal.close()
+    wal, counting = await reopen_counting(bed, 2)
+    try:
+        grown = {v: s.segment_id for v, s in wal._segments.table.growing.items()}  # type: ignore[union-attr]
+    finally:
+        await wal.close()
+    assert grown == {"orders-0": 77}
+    assert counting.fetched > 300

@@ -41,14 +41,18 @@ For a message carrying ``headrace.collection`` (:mod:`headrace.table.messages`):
   whose append failed (outcome unknown) stops the WAL's writing: it is reopened
   and rebuilds its segments from the log, never guessing whether the seal is in.
 
-**Recovery**: segment state is rebuilt when the WAL opens, from the
-checkpoint (:meth:`CollectionHooks.checkpoint`) to the last record, in the
-same read as the dedup window (:mod:`headrace.wal.rebuild`): segments with
-inserts and no seal are still growing and **keep their ids** (the new owner
-goes on filling them). A checkpoint is always the end of a flush range, i.e. a
-position where nothing grew, so every growing segment's whole history lies
-after it and the rebuilt counts are exact; sealing them at open instead would
-cut a small segment at every handoff for nothing.
+**Recovery**: segment state is rebuilt when the WAL opens, from a position
+where nothing before matters to the last record, in the same read as the
+dedup window (:mod:`headrace.wal.rebuild`): segments with inserts and no seal
+are still growing and **keep their ids** (the new owner goes on filling them;
+sealing them at open instead would cut a small segment at every handoff for
+nothing). That position (:func:`scan_start`) is the later of the flush
+checkpoint (:meth:`CollectionHooks.checkpoint`: the end of a flush range, where
+nothing grew) and :data:`SEGMENTS_FROM`, which the WAL's own ticks and fences
+carry: where its oldest growing segment starts, or its last record when
+nothing grows. So a pchannel without collection data (no checkpoint ever) is
+not read from its beginning at each open; only after a crash (the last record
+is data, no tick names the position) and with no checkpoint is it read whole.
 
 Collection data inside transactions is refused: a transaction is delivered
 at its commit, which could fall after a seal of the segment its inserts name.
@@ -67,7 +71,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from headrace import errors
-from headrace.message import codec
+from headrace.message import codec, ids
 from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.table.collections import Collection
@@ -78,6 +82,10 @@ from headrace.wal.api import AppendResult
 from headrace.wal.interceptors.chain import AppendContext, Handler
 
 log = logging.getLogger(__name__)
+
+SEGMENTS_FROM = "segments_from"
+"""Property of the WAL's own ticks and fences: where a rebuild of its growing
+segments may start reading (inclusive)."""
 
 _SEGMENT_PROPERTY_BYTES = 6 + len(SEGMENT) + 20
 """What stamping a segment id adds to an encoded message, at most."""
@@ -141,6 +149,8 @@ class Growing:
     opened: float
     """Seconds (wall clock) of its first insert."""
     last_insert: float
+    since: MessageID | None
+    """A position at or before its first insert (None: the log's beginning)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -169,6 +179,8 @@ class Arrival:
     """Payload bytes."""
     at: float
     """Wall-clock seconds."""
+    since: MessageID | None = None
+    """A position at or before this insert's (the WAL's last id when decided)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -193,7 +205,7 @@ class SegmentTable:
         vchannel, now = insert.vchannel, insert.at
         segment = self.growing.get(vchannel)
         if segment is None or segment.collection != insert.collection:
-            segment = Growing(new_id, insert.collection, vchannel, 0, 0, now, now)
+            segment = Growing(new_id, insert.collection, vchannel, 0, 0, now, now, insert.since)
             self.growing[vchannel] = segment
         segment.rows += insert.rows
         segment.bytes += insert.size
@@ -233,13 +245,26 @@ class SegmentTable:
                 return f"segment {segment.segment_id} was idle for {policy.idle_s} s"
         return None
 
-    def replay_record(self, _id: MessageID, msg: Message) -> None:
+    def read_from(self, last: MessageID | None) -> MessageID | None:
+        """Where a rebuild of this state may start reading, ``last`` being the
+        log's last record (None: from the beginning)."""
+        if not self.growing:
+            return last
+        start: MessageID | None = last
+        for segment in self.growing.values():
+            if segment.since is None:
+                return None
+            if start is None or segment.since < start:
+                start = segment.since
+        return start
+
+    def replay_record(self, mid: MessageID, msg: Message) -> None:
         """:meth:`replay` a record of the open's tail read."""
         properties = msg.properties
         if properties and COLLECTION in properties:
-            self.replay(msg, rows_in(msg.payload) if msg.type is MessageType.INSERT else 0)
+            self.replay(msg, rows_in(msg.payload) if msg.type is MessageType.INSERT else 0, mid)
 
-    def replay(self, msg: Message, rows: int) -> None:
+    def replay(self, msg: Message, rows: int, mid: MessageID | None = None) -> None:
         """Take in one message read back from the log (recovery, in log order)."""
         name = msg.properties.get(COLLECTION)
         if name is None:
@@ -260,8 +285,28 @@ class SegmentTable:
                 return
             seconds = physical_ms(msg.timetick) / 1000.0
             if current is None or current.segment_id != segment_id:
-                self.growing[vchannel] = Growing(segment_id, name, vchannel, 0, 0, seconds, seconds)
-            self.assign(Arrival(name, vchannel, rows, len(msg.payload), seconds), new_id=segment_id)
+                self.growing[vchannel] = Growing(
+                    segment_id, name, vchannel, 0, 0, seconds, seconds, mid
+                )
+            self.assign(
+                Arrival(name, vchannel, rows, len(msg.payload), seconds, mid), new_id=segment_id
+            )
+
+
+def scan_start(checkpoint: MessageID | None, last: Message) -> MessageID | None:
+    """Where the open's read for the segments starts (None: the beginning):
+    the later of the checkpoint and the :data:`SEGMENTS_FROM` of the log's
+    last record, if it is a tick or fence naming one (pure)."""
+    hint: MessageID | None = None
+    value = last.properties.get(SEGMENTS_FROM) if last.type.is_system else None
+    if value:
+        try:
+            hint = ids.parse(value)
+        except errors.InvalidArgument:
+            hint = None
+    if hint is None or (checkpoint is not None and hint < checkpoint):
+        return checkpoint
+    return hint
 
 
 def segment_of(msg: Message) -> int | None:
@@ -316,6 +361,8 @@ class SegmentContext:
     """Stops the WAL's writing (it is reopened and rebuilt from the log)."""
     clock: Callable[[], float]
     """Wall-clock seconds (idle time and lifetime; recovery uses the TSO's)."""
+    last_id: Callable[[], MessageID | None]
+    """The WAL's last acknowledged record."""
 
 
 class SegmentInterceptor:
@@ -329,6 +376,7 @@ class SegmentInterceptor:
         self._max_bytes = wal.max_message_bytes
         self._clock = wal.clock
         self._fail = wal.fail
+        self._last_id = wal.last_id
         """Stops the WAL's writing (it is reopened and rebuilt from the log)."""
         self._ids: deque[int] = deque()
         """Segment ids reserved from the TSO, not used yet."""
@@ -483,7 +531,9 @@ class SegmentInterceptor:
             return
         if msg.type is MessageType.INSERT:
             assert found.collection is not None
-            arrival = Arrival(name, msg.vchannel, found.rows, len(msg.payload), self._clock())
+            arrival = Arrival(
+                name, msg.vchannel, found.rows, len(msg.payload), self._clock(), self._last_id()
+            )
             assigned = table.assign(arrival, new_id=self._ids[0])
             if assigned.segment_id == self._ids[0]:
                 self._ids.popleft()
@@ -570,6 +620,11 @@ class SegmentInterceptor:
             return exc
         self._unrecorded = None
         return None
+
+    def tick_properties(self) -> dict[str, str]:
+        """What the WAL's ticks and fences say about its segments."""
+        start = self.table.read_from(self._last_id())
+        return {} if start is None else {SEGMENTS_FROM: str(start)}
 
     # -- the timetick chore ------------------------------------------------
 
