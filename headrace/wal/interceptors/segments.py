@@ -32,7 +32,7 @@ For a message carrying ``headrace.collection`` (:mod:`headrace.table.messages`):
   growing segment on that vchannel is sealed just before it, and later
   inserts, deletes and flush requests there are refused (NOT_FOUND) until a
   CREATE_COLLECTION on the vchannel. Both make the lookup cache forget the
-  name. What is dropped is known from the log since the checkpoint; beyond
+  name. What is dropped is known from the log the open reads; beyond
   it, the collection record in the metastore is the authority.
 * Once a group of seals that leaves nothing growing is acknowledged, its last
   position is handed to :meth:`CollectionHooks.record_seal` (the node writes
