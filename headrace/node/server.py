@@ -49,6 +49,7 @@ from headrace.metastore.contract import KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.metastore.session import Session, start_exclusive
 from headrace.node.assignments import Reactor
+from headrace.node.collections import NodeCollections
 from headrace.node.services import ConsumerService, Limits, ManagerService, ProducerService
 from headrace.node.walmanager import WALManager
 from headrace.proto import rpc
@@ -174,7 +175,13 @@ class StreamingNode:
                 self._backend = registry.create(cfg.wal_backend, **dict(cfg.backend_settings))
             if self._tso is None:
                 self._tso = MetastoreTSO(self._metastore, self.keys.tso)
-            self.manager = WALManager(cfg.node_id, self._backend, self._tso, cfg.wal_options)
+            self.manager = WALManager(
+                cfg.node_id,
+                self._backend,
+                self._tso,
+                cfg.wal_options,
+                collections=NodeCollections(self._metastore, self.keys, cfg.node_id),
+            )
             await self._serve()
             self.reactor = Reactor(
                 self.metastore,

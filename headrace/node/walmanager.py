@@ -38,8 +38,10 @@ from headrace.wal.contract import Backend, where
 from headrace.wal.damaged import DamagedWAL
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.hosted import HostedWAL
+from headrace.wal.interceptors.segments import CollectionHooks
 
 log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OpenFailure:
@@ -137,8 +139,11 @@ class WALManager:
         *,
         open_timeout_s: float | None = None,
         damage_retry: DamageRetry = DamageRetry(),
+        collections: CollectionHooks | None = None,
     ) -> None:
         self.node_id = node_id
+        self.collections = collections
+        """Given to every WAL it opens (collection lookups, checkpoints, seal records)."""
         self.backend = backend
         self.tso = tso
         self.options = (
@@ -313,7 +318,14 @@ class WALManager:
     async def _open_bounded(self, pchannel: str, term: int) -> WAL:
         """WAL.open (bounded by the options' open timeout); every failure a Headrace error."""
         try:
-            return await WAL.open(self.backend, pchannel, term, tso=self.tso, options=self.options)
+            return await WAL.open(
+                self.backend,
+                pchannel,
+                term,
+                tso=self.tso,
+                options=self.options,
+                collections=self.collections,
+            )
         except errors.HeadraceError:
             raise
         except Exception as exc:  # an untranslated library error must not stop the node

@@ -25,8 +25,9 @@ the flush job share.
   every growing segment of the pchannel (it never reaches the log as is).
 
 Messages without the ``headrace.collection`` property are opaque and left
-alone. Until the node's segment interceptor stamps segments and seals itself,
-producers (and tests) write these messages with the functions below.
+alone. The node's segments interceptor (:mod:`headrace.wal.interceptors.segments`)
+stamps the segment of every insert (replacing a producer's) and writes the
+seals itself; it refuses a producer's seal.
 """
 
 from __future__ import annotations

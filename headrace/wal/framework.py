@@ -3,8 +3,11 @@
 ``WAL.open`` fences older terms in the backend, recovers the last timetick and
 id, rebuilds the dedup window from the log's tail, writes a FENCE above every
 timetick in the log, and serves. Appends pass the interceptor chain
-(lock -> dedup -> txn -> timetick); the timetick stage group-commits to the
-backend and feeds the write-ahead buffer that tail readers use.
+(lock -> dedup -> txn -> segments -> timetick); the timetick stage
+group-commits to the backend and feeds the write-ahead buffer that tail readers
+use. The segments stage (collections: schema checks, growing segments, seals,
+:mod:`.interceptors.segments`) is there when the node gives the WAL its
+:class:`CollectionHooks`; without them every message is opaque.
 """
 
 from __future__ import annotations
@@ -29,9 +32,17 @@ from headrace.wal.api import AppendResult, ReadOptions, WALState
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
 from headrace.wal.contract import Backend, BackendWriter, Record, where
 from headrace.wal.damaged import damage_stats
-from headrace.wal.interceptors.chain import AppendContext, build_chain
+from headrace.wal.interceptors.chain import AppendContext, Interceptor, build_chain
 from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
 from headrace.wal.interceptors.lock import LockInterceptor
+from headrace.wal.interceptors.segments import (
+    CollectionHooks,
+    SegmentContext,
+    SegmentInterceptor,
+    SegmentPolicy,
+    SegmentTable,
+    scan_start,
+)
 from headrace.wal.interceptors.timetick import Appender, AppenderConfig, TimetickSync
 from headrace.wal.interceptors.txn import (
     DEFAULT_MAX_OPEN_TXNS,
@@ -40,7 +51,7 @@ from headrace.wal.interceptors.txn import (
     TxnInterceptor,
     TxnTable,
 )
-from headrace.wal.rebuild import DEDUP_FROM, rebuild
+from headrace.wal.rebuild import DEDUP_FROM, TailScan, rebuild
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
 
 __all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner"]
@@ -72,6 +83,8 @@ class WALOptions:
     """Bound of :meth:`WAL.open` (fencing, the dedup rebuild, the FENCE): past
     it the open fails with ``Unavailable`` and is retried, it never hangs.
     None: see :func:`open_timeout`."""
+    segments: SegmentPolicy = dataclasses.field(default_factory=SegmentPolicy)
+    """When growing segments of collections are sealed."""
 
     def __post_init__(self) -> None:
         minimums: dict[str, float] = {
@@ -187,6 +200,7 @@ class WAL:
         writer: BackendWriter,
         last: Position,
         dedup: DedupWindow,
+        collections: tuple[CollectionHooks, SegmentTable] | None = None,
     ) -> None:
         self.pchannel = pchannel
         self.term = term
@@ -213,12 +227,32 @@ class WAL:
         table = TxnTable(options.txn_keepalive_s, options.max_txn_bytes, options.max_open_txns)
         self._txn = TxnInterceptor(table, tso, options.max_message_bytes, time.monotonic)
         lock = LockInterceptor()
-        self._chain = build_chain([lock, DedupInterceptor(dedup), self._txn], self._appender.write)
+        self._segments: SegmentInterceptor | None = None
+        if collections is not None:
+            self._segments = SegmentInterceptor(
+                collections[1],
+                collections[0],
+                SegmentContext(
+                    pchannel,
+                    term,
+                    options.max_message_bytes,
+                    tso,
+                    self._appender.fail,
+                    time.time,
+                    lambda: self._appender.last_id,
+                ),
+            )
+        chain: list[Interceptor] = [lock, DedupInterceptor(dedup), self._txn]
+        if self._segments is not None:
+            chain.append(self._segments)
+        self._chain = build_chain(chain, self._appender.write)
         self._plain_chain = build_chain([lock], self._appender.write)
         """The chain for batches of plain messages: no properties (so no
         dedup key), no txn id, no DDL or transaction control type."""
         self._sync = TimetickSync(
-            self._appender, options.timetick_interval_ms / 1000.0, [self._expire_txns]
+            self._appender,
+            options.timetick_interval_ms / 1000.0,
+            [self._expire_txns, self._seal_due],
         )
         self._good_vchannels: set[str] = set()
         """Vchannel names that passed validation (well formed, hence ASCII)."""
@@ -241,12 +275,18 @@ class WAL:
         *,
         tso: TimestampAllocator,
         options: WALOptions = WALOptions(),
+        collections: CollectionHooks | None = None,
     ) -> WAL:
-        """Open ``pchannel`` at ``term`` within :func:`open_timeout`."""
+        """Open ``pchannel`` at ``term`` within :func:`open_timeout`.
+
+        ``collections``: the node's lookups for collection messages; the
+        growing segments are rebuilt from its checkpoint."""
         bound = open_timeout(options, backend.describe())
         try:
             async with asyncio.timeout(bound):
-                return await cls._open(backend, pchannel, term, tso, options)
+                return await cls._open(
+                    backend, pchannel, term, tso, options, collections=collections
+                )
         except TimeoutError:
             raise errors.Unavailable(
                 f"opening the WAL of {pchannel} at term {term} did not finish within "
@@ -261,6 +301,8 @@ class WAL:
         term: int,
         tso: TimestampAllocator,
         options: WALOptions,
+        *,
+        collections: CollectionHooks | None,
     ) -> WAL:
         writer = await backend.open_writer(pchannel, term)
         wal: WAL | None = None
@@ -268,10 +310,15 @@ class WAL:
             last_record = await backend.last_record(pchannel)
             last = START
             dedup = DedupWindow(options.dedup_window)
+            segments = None if collections is None else SegmentTable(options.segments)
             if last_record is not None:
                 last_msg = codec.decode(last_record.data)
                 last = Position(last_record.id, last_msg.timetick)
-                await rebuild(backend, pchannel, last_record, last_msg, dedup)
+                scan = None
+                if collections is not None and segments is not None:
+                    start = scan_start(await collections.checkpoint(pchannel), last_msg)
+                    scan = TailScan(start, segments.replay_record)
+                await rebuild(backend, pchannel, last_record, last_msg, dedup, scan=scan)
             wal = cls(
                 backend=backend,
                 pchannel=pchannel,
@@ -281,6 +328,9 @@ class WAL:
                 writer=writer,
                 last=last,
                 dedup=dedup,
+                collections=None
+                if collections is None or segments is None
+                else (collections, segments),
             )
             wal._appender.start()
             await wal._appender.fence()
@@ -469,6 +519,7 @@ class WAL:
             "term": self.term,
             "appended_total": self._appender.appended_total,
             "open_txns": len(self._txn.table),
+            "growing_segments": 0 if self._segments is None else len(self._segments.table.growing),
         }
 
     # -- internals ---------------------------------------------------------
@@ -480,7 +531,10 @@ class WAL:
 
     def _tick_properties(self) -> dict[str, str]:
         start = self._dedup.oldest_id() or self._appender.last_id
-        return {DEDUP_FROM: str(start)} if start is not None else {}
+        properties = {DEDUP_FROM: str(start)} if start is not None else {}
+        if self._segments is not None:
+            properties.update(self._segments.tick_properties())
+        return properties
 
     async def _last_record(self) -> Record | None:
         return await self._backend.last_record(self.pchannel)
@@ -489,6 +543,10 @@ class WAL:
         rollbacks = self._txn.abandoned()
         if rollbacks:
             await self._write_system(rollbacks)
+
+    async def _seal_due(self) -> None:
+        if self._segments is not None and self._state is WALState.SERVING:
+            await self._segments.chore(self._appender.write)
 
     async def _write_system(self, msgs: list[Message]) -> None:
         await self._appender.write([AppendContext(m, codec.encoded_size(m)) for m in msgs])

@@ -22,6 +22,7 @@ rebuild completely.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from headrace import errors
 from headrace.message import codec, ids
@@ -54,6 +55,15 @@ class Span:
     """The range was read from the earliest record still in the log."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TailScan:
+    """Every record from ``start`` (None: the earliest) to the last one, in log
+    order, shown to ``observe``."""
+
+    start: MessageID | None
+    observe: Callable[[MessageID, Message], None]
+
+
 def anchor_of(msg: Message) -> MessageID | None:
     """The rebuild anchor a record names, None if it names none (pure)."""
     if not msg.type.is_system:
@@ -83,9 +93,34 @@ def enough(span: Span, capacity: int) -> bool:
 
 
 async def rebuild(
+    backend: Backend,
+    pchannel: str,
+    last: Record,
+    last_msg: Message,
+    window: DedupWindow,
+    *,
+    scan: TailScan | None = None,
+) -> None:
+    """Refill ``window`` from the log's tail ending at ``last``; show ``scan``
+    its range in the same read."""
+    if scan is not None:
+        span = await read_span(backend, pchannel, scan.start, last.id, observe=scan.observe)
+        pairs = span.pairs
+        anchor = anchor_of(last_msg) or span.anchor
+        whole = span.from_earliest or scan.start is None or len(pairs) >= window.capacity
+        if whole or (anchor is not None and scan.start is not None and anchor >= scan.start):
+            window.remember_many(list(pairs))
+            return
+        if anchor is not None:
+            earlier = await read_span(backend, pchannel, anchor, last.id, before=scan.start)
+            window.remember_many(list(earlier.pairs + pairs))
+            return
+    await _rebuild_window(backend, pchannel, last, last_msg, window)
+
+
+async def _rebuild_window(
     backend: Backend, pchannel: str, last: Record, last_msg: Message, window: DedupWindow
 ) -> None:
-    """Refill ``window`` from the log's tail ending at ``last``."""
     if window.capacity == 0:
         return
     anchor = anchor_of(last_msg)
@@ -120,7 +155,9 @@ async def read_span(
     pchannel: str,
     start: MessageID | None,
     last: MessageID,
+    *,
     before: MessageID | None = None,
+    observe: Callable[[MessageID, Message], None] | None = None,
 ) -> Span:
     """The keyed messages from ``start`` (None: the earliest record) up to
     ``last`` inclusive, or up to ``before`` exclusive when given.
@@ -129,20 +166,20 @@ async def read_span(
     still there). Unavailable if a read times out before the end is reached.
     """
     try:
-        return await _read(backend, pchannel, start, last, before)
+        return await _read(backend, pchannel, (start, last, before), observe)
     except errors.Truncated:
         if start is None:
             raise
-        return await _read(backend, pchannel, None, last, before)
+        return await _read(backend, pchannel, (None, last, before), observe)
 
 
 async def _read(
     backend: Backend,
     pchannel: str,
-    start: MessageID | None,
-    last: MessageID,
-    before: MessageID | None,
+    bounds: tuple[MessageID | None, MessageID, MessageID | None],
+    observe: Callable[[MessageID, Message], None] | None,
 ) -> Span:
+    start, last, before = bounds
     position = StartPosition.earliest() if start is None else StartPosition.at(start)
     pairs: list[Pair] = []
     anchor: MessageID | None = None
@@ -163,6 +200,8 @@ async def _read(
                     return Span(tuple(pairs), anchor, start is None)
                 read += 1
                 msg = codec.decode(record.data)
+                if observe is not None:
+                    observe(record.id, msg)
                 if msg.properties:
                     pair = logged_pair(record.id, msg)
                     if pair is not None:

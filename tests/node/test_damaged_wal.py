@@ -23,6 +23,7 @@ from headrace.message import codec
 from headrace.message.types import Message, MessageType
 from headrace.node.server import NodeConfig, StreamingNode
 from headrace.node.walmanager import DamageRetry
+from headrace.table.records import CheckpointRecord
 from headrace.tso import LocalTSO
 from headrace.wal.damaged import DamagedWAL
 from headrace.wal.framework import WAL, WALOptions
@@ -212,10 +213,14 @@ async def test_damage_a_consumer_finds_makes_the_pchannel_corrupt(
     await write_log(root, bad_vchannel, 12)
     backend = LocalBackend(str(root))
     wal = await WAL.open(backend, BAD, 2, tso=LocalTSO(), options=OPTIONS)
-    await wal.append(Message(MessageType.INSERT, bad_vchannel, b"term 2"))
+    last = await wal.append(Message(MessageType.INSERT, bad_vchannel, b"term 2"))
     await wal.close()
     await backend.close()
     path, offset, before = damage_middle(root)
+    # Flushed up to its last record: opening reads from there (a WAL rebuilds
+    # its growing segments from the checkpoint), not through the damage.
+    checkpoint = CheckpointRecord(pchannel=BAD, position=str(last.id), term=2)
+    await cluster.metastore.put(cluster.keys.checkpoint(BAD), checkpoint.to_json())
 
     await cluster.configure(PCHANNELS)
     node = await start_local_node(cluster, root)

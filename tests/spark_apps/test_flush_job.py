@@ -1,9 +1,10 @@
 """The PySpark flush job end to end: real streaming nodes, real local Spark,
 DuckDB as the independent reader of the committed Iceberg table.
 
-The nodes do not stamp segments and seals yet, so the test writes INSERT,
-DELETE and seal (FLUSH) messages with :mod:`headrace.table.messages`, the
-convention the job reads.
+The test writes INSERT and DELETE messages of :mod:`headrace.table.messages`
+without segments and ends each range with a flush request: the node stamps
+the segments and replaces the request by the seals of every growing segment,
+whose last position (the request's result) is the range's end.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from headrace.table import (
     messages,
 )
 from headrace.table.collections import Collection, CollectionSpec, CollectionStore
+from headrace.table.payloads import encode_rows
 from headrace.wal.api import AppendResult
 from tests.fixtures_s3 import S3Store
 from tests.node.harness import Cluster, make_cluster
@@ -93,13 +95,20 @@ def shard_of(collection: Collection, pk: int) -> str:
     return collection.vchannels[pk % len(collection.vchannels)]
 
 
-def inserts(collection: Collection, pks: list[int], segment_base: int) -> list[Message]:
-    """Rows split by shard (pk % shards), segment ``segment_base + shard``."""
+def inserts(collection: Collection, pks: list[int]) -> list[Message]:
+    """Rows split by shard (pk % shards); the node stamps their segments."""
     built = []
-    for shard, vchannel in enumerate(collection.vchannels):
+    for vchannel in collection.vchannels:
         mine = [p for p in pks if shard_of(collection, p) == vchannel]
         if mine:
-            built.append(messages.insert(collection, vchannel, segment_base + shard, rows(mine)))
+            built.append(
+                Message(
+                    MessageType.INSERT,
+                    vchannel,
+                    encode_rows(rows(mine)),
+                    {messages.COLLECTION: collection.name},
+                )
+            )
     return built
 
 
@@ -111,11 +120,9 @@ def deletes(collection: Collection, pks: list[int]) -> list[Message]:
     ]
 
 
-def seals(collection: Collection, segment_base: int) -> list[Message]:
-    return [
-        messages.seal(collection, v, segment_base + shard)
-        for shard, v in enumerate(collection.vchannels)
-    ]
+def seals(collection: Collection) -> list[Message]:
+    """A flush request: its result is the last seal of every growing segment."""
+    return [messages.flush_request(collection, collection.vchannels[0])]
 
 
 class Job:
@@ -188,11 +195,11 @@ async def test_two_flushes_with_deletes_read_back_by_duckdb(
     orders = await create(cluster)
     first = await write(
         cluster,
-        inserts(orders, list(range(100)), segment_base=10),
-        inserts(orders, list(range(100, 200)), segment_base=10),
+        inserts(orders, list(range(100))),
+        inserts(orders, list(range(100, 200))),
         deletes(orders, [5, 150, 999]),
         [Message(MessageType.INSERT, "opaque-log", b"not collection data")],
-        seals(orders, segment_base=10),
+        seals(orders),
     )
     end1 = str(first[-1].id)
     code, out, err = await Job(cluster, warehouse, 1, "", end1).run()
@@ -205,9 +212,9 @@ async def test_two_flushes_with_deletes_read_back_by_duckdb(
     # The next range: deletes of committed rows and of rows in the range, a re-insert.
     second = await write(
         cluster,
-        inserts(orders, [200, 201, 202, 5], segment_base=20),
+        inserts(orders, [200, 201, 202, 5]),
         deletes(orders, [10, 201, 11]),
-        seals(orders, segment_base=20),
+        seals(orders),
     )
     end2 = str(second[-1].id)
     code, out, err = await Job(cluster, warehouse, 1, end1, end2).run()
@@ -228,7 +235,7 @@ async def test_a_job_launched_under_a_stale_term_cannot_commit(
 ) -> None:
     warehouse = tmp_path / "warehouse"
     orders = await create(cluster, shards=1)
-    written = await write(cluster, inserts(orders, [1, 2, 3], 1), seals(orders, 1))
+    written = await write(cluster, inserts(orders, [1, 2, 3]), seals(orders))
     await cluster.start_node("n2")
     moved = await cluster.move(P, "n2")
     assert moved.term == 2
@@ -245,18 +252,19 @@ async def test_a_job_launched_under_a_stale_term_cannot_commit(
 async def test_a_refused_job_never_changes_committed_files(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    """A later range whose segment id repeats a flushed one (a producer bug the
-    commit refuses) must leave the committed rows alone: its data files may
-    not take the names of committed ones."""
+    """A job of a range overlapping a committed one (a launcher bug the commit
+    refuses) writes files of the same segments first: they may not take the
+    names of the committed ones, which would change the committed rows."""
     warehouse = tmp_path / "warehouse"
     orders = await create(cluster, shards=1)
-    first = await write(cluster, inserts(orders, [1, 2, 3], 1), seals(orders, 1))
+    first = await write(cluster, inserts(orders, [1, 2, 3]), seals(orders))
     code, _, err = await Job(cluster, warehouse, 1, "", str(first[-1].id)).run()
     assert code == 0, err
-    second = await write(cluster, inserts(orders, [4], 1), seals(orders, 1))
-    code, _, err = await Job(cluster, warehouse, 1, str(first[-1].id), str(second[-1].id)).run()
+    # the overlapping range folds the committed segment again without key 2
+    second = await write(cluster, inserts(orders, [4]), deletes(orders, [2]), seals(orders))
+    code, _, err = await Job(cluster, warehouse, 1, "", str(second[-1].id)).run()
     assert code == 4, err
-    assert "already recorded" in err
+    assert "another flush committed first" in err
     assert table_rows(cluster, warehouse) == expected({1, 2, 3})
 
 
@@ -266,8 +274,8 @@ async def test_a_job_killed_mid_write_then_rerun_leaves_no_duplicate_and_no_gap(
     warehouse = tmp_path / "warehouse"
     orders = await create(cluster)
     pks = list(range(6000))
-    steps = [inserts(orders, pks[i : i + 500], segment_base=1) for i in range(0, 6000, 500)]
-    written = await write(cluster, *steps, deletes(orders, [7, 4001]), seals(orders, 1))
+    steps = [inserts(orders, pks[i : i + 500]) for i in range(0, 6000, 500)]
+    written = await write(cluster, *steps, deletes(orders, [7, 4001]), seals(orders))
     end = str(written[-1].id)
     job = Job(cluster, warehouse, 1, "", end, "--rows-per-file", "50")
     await job.start()
@@ -292,7 +300,7 @@ async def test_a_flush_into_an_s3_warehouse_from_the_python_workers(
     warehouse = f"s3://{s3_store.bucket}/flush-{uuid.uuid4().hex[:8]}"
     orders = await create(cluster)
     written = await write(
-        cluster, inserts(orders, list(range(50)), 1), deletes(orders, [3]), seals(orders, 1)
+        cluster, inserts(orders, list(range(50))), deletes(orders, [3]), seals(orders)
     )
     code, _, err = await Job(cluster, warehouse, 1, "", str(written[-1].id), s3=s3_store).run()
     assert code == 0, err
