@@ -19,7 +19,7 @@ from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.table import messages
-from headrace.table.collections import Collection, CollectionSpec
+from headrace.table.collections import Collection, CollectionSpec, Dropped
 from headrace.table.messages import COLLECTION, SEGMENT
 from headrace.table.payloads import encode_keys, encode_rows
 from headrace.tso import LocalTSO, compose
@@ -786,3 +786,22 @@ async def test_a_log_without_hints_or_checkpoint_is_read_whole() -> None:
         await wal.close()
     assert grown == {"orders-0": 77}
     assert counting.fetched > 300
+
+
+async def test_a_collection_recorded_as_dropped_refuses_data_the_log_never_showed_dropped() -> None:
+    """A WAL opened after the drop (its DROP_COLLECTION below the checkpoint, or on
+    another pchannel's shard) still refuses the collection's data: the record's
+    ``dropped`` mark decides."""
+    bed = Bed()
+    bed.hooks.collections["users"] = dataclasses.replace(USERS, dropped=Dropped(at=1.0))
+    wal = await bed.open()
+    try:
+        refused = await wal.append_many([insert(USERS, 0, [1]), flush(USERS)])
+        kept = await wal.append(insert(ORDERS, 0, [1]))
+    finally:
+        await wal.close()
+    for outcome in refused:
+        assert isinstance(outcome, errors.NotFound)
+        assert "users was dropped" in outcome.message
+    assert [e.message.type for e in await bed.data()] == [MessageType.INSERT]
+    assert kept.id == (await bed.data())[0].id

@@ -441,6 +441,13 @@ class SegmentInterceptor:
             if msg.type in _SCHEMA and isinstance(collection, errors.NotFound):
                 return _Checked(None)  # a DDL of a collection without record: left to its writer
             return _Checked(None, error=collection)
+        if collection.dropped is not None and msg.type in _DATA:
+            return _Checked(
+                None,
+                error=errors.NotFound(
+                    f"collection {name} was dropped: it takes no {msg.type.name}"
+                ),
+            )
         if msg.vchannel not in collection.vchannels:
             return _Checked(
                 None,
