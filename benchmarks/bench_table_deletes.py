@@ -53,9 +53,7 @@ async def assign(url: str) -> None:
 
 
 def batch(first: int, count: int) -> pa.Table:
-    vectors = pa.FixedSizeListArray.from_arrays(
-        pc.cast(pc.random(count * 128), pa.float32()), 128
-    )
+    vectors = pa.FixedSizeListArray.from_arrays(pc.cast(pc.random(count * 128), pa.float32()), 128)
     names = pa.array([f"s{i % 1000}" for i in range(count)])
     keys = pa.array(range(first, first + count), pa.int64())
     return pa.table({"pk": keys, "vec": vectors, "s": names}, schema=SCHEMA)
@@ -64,8 +62,9 @@ def batch(first: int, count: int) -> pa.Table:
 def commit(catalog: TableCatalog, step: int, changes: TableChanges) -> None:
     start = f"local:{step - 1}" if step > 1 else ""
     catalog.commit_flush(
-        FlushCommit(PCHANNEL, 1, WalRange(start, f"local:{step}"), Checkpoint(f"local:{step}"),
-                    (changes,))
+        FlushCommit(
+            PCHANNEL, 1, WalRange(start, f"local:{step}"), Checkpoint(f"local:{step}"), (changes,)
+        )
     )
 
 

@@ -96,9 +96,37 @@ class Assignment(JsonRecord):
     updated_at: float = 0.0
 
 
+class Routing(enum.StrEnum):
+    """How a vchannel's name picks its pchannel, recorded in the cluster config.
+
+    A cluster keeps the rule it was created with: changing it would move every
+    vchannel to another pchannel and hide its earlier messages.
+    """
+
+    CRC32 = "crc32"
+    """CRC-32 of the name modulo the pchannel count. CRC-32 is linear, so names
+    that differ in a trailing digit (a collection's shards ``c-0`` … ``c-3``)
+    fall on few pchannels. The rule of clusters whose config records none."""
+    SHARDS = "shards"
+    """A name ``<base>-<i>`` (a collection's shard ``i``, or any name ending in
+    ``-`` and a decimal number) goes to pchannel ``(h(<base>) + i) mod n``: the
+    shards of one collection take consecutive pchannels, so ``n`` shards cover
+    ``n`` pchannels. Any other name goes to ``h(name) mod n``. ``h`` is CRC-32
+    of the UTF-8 bytes, then MurmurHash3's 32-bit finaliser."""
+
+
+NEW_CLUSTER_ROUTING = Routing.SHARDS
+"""The rule a new cluster is created with."""
+
+
 class ClusterConfig(JsonRecord):
     pchannels: list[str]
     wal_backend: str = "local"
+    routing: Routing = Routing.CRC32
+    """Absent in configs written before the rule was recorded: those used CRC-32."""
+
+    def route(self, vchannel: str) -> str:
+        return route(vchannel, self.pchannels, self.routing)
 
 
 class Keys:
@@ -150,17 +178,34 @@ def default_pchannels(count: int, prefix: str = "pchannel") -> list[str]:
     return [f"{prefix}-{i:03d}" for i in range(count)]
 
 
-def route(vchannel: str, pchannels: Sequence[str]) -> str:
-    """The pchannel that carries ``vchannel``.
+def route(vchannel: str, pchannels: Sequence[str], routing: Routing) -> str:
+    """The pchannel that carries ``vchannel`` under the cluster's ``routing``.
 
-    The rule is stable and documented: CRC-32 of the vchannel's UTF-8 name,
-    modulo the number of pchannels, indexes the pchannel list in its configured
-    order. It depends only on the name and the pchannel list, so every client
-    and node computes the same answer.
+    The rule is stable and documented (:class:`Routing`): a hash of the
+    vchannel's UTF-8 name, modulo the number of pchannels, indexes the pchannel
+    list in its configured order. It depends only on the name, the pchannel
+    list and the rule recorded in the cluster config, so every client and node
+    computes the same answer.
     """
     if not pchannels:
         raise errors.Unavailable("the cluster has no pchannels configured yet")
-    return pchannels[zlib.crc32(vchannel.encode()) % len(pchannels)]
+    if routing is Routing.CRC32:
+        return pchannels[zlib.crc32(vchannel.encode()) % len(pchannels)]
+    base, dash, index = vchannel.rpartition("-")
+    if dash and base and index.isdigit() and len(index) <= 9:
+        return pchannels[(mixed_hash(base) + int(index)) % len(pchannels)]
+    return pchannels[mixed_hash(vchannel) % len(pchannels)]
+
+
+def mixed_hash(name: str) -> int:
+    """CRC-32 of ``name``'s UTF-8 bytes through MurmurHash3's 32-bit finaliser
+    (every input bit affects every output bit)."""
+    h = zlib.crc32(name.encode())
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
 
 
 def dumps(obj: object) -> bytes:

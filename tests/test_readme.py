@@ -35,7 +35,7 @@ import pytest
 
 from headrace.client import api as client_api
 from headrace.client.client import HeadraceClient
-from headrace.cluster import default_pchannels, route
+from headrace.cluster import NEW_CLUSTER_ROUTING, default_pchannels, route
 from headrace.message.types import MessageType
 from tests.cli.standalone_proc import Standalone
 from tests.test_standalone_damage import damage_middle_insert
@@ -360,7 +360,9 @@ async def test_damaged_record_snippet(tmp_path: Path) -> None:
     pchannels = default_pchannels(16)  # the Using-it standalone's --pchannels 16
     assert pchannel in pchannels
     vchannel = next(
-        v for v in (f"orders-{i}" for i in range(1000)) if route(v, pchannels) == pchannel
+        v
+        for v in (f"orders-{i}" for i in range(1000))
+        if route(v, pchannels, NEW_CLUSTER_ROUTING) == pchannel
     )
     work = tmp_path / "work"
     work.mkdir()

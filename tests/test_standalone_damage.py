@@ -17,7 +17,7 @@ import pytest
 
 from headrace import errors
 from headrace.client.client import HeadraceClient
-from headrace.cluster import default_pchannels, route
+from headrace.cluster import NEW_CLUSTER_ROUTING, default_pchannels, route
 from headrace.message import codec
 from headrace.message.types import MessageType
 from headrace.wal.local import files
@@ -30,7 +30,11 @@ PCHANNELS = default_pchannels(2)
 
 
 def vchannel_of(pchannel: str) -> str:
-    return next(v for v in (f"v{i}" for i in range(100)) if route(v, PCHANNELS) == pchannel)
+    return next(
+        v
+        for v in (f"v{i}" for i in range(100))
+        if route(v, PCHANNELS, NEW_CLUSTER_ROUTING) == pchannel
+    )
 
 
 def damage_middle_insert(directory: Path) -> tuple[Path, int, int]:

@@ -39,7 +39,7 @@ from typing import Any
 from headrace import errors
 from headrace.bench.procs import ClusterSpec, ProcCluster
 from headrace.client.client import HeadraceClient
-from headrace.cluster import Assignment, AssignmentState, route
+from headrace.cluster import NEW_CLUSTER_ROUTING, Assignment, AssignmentState, Routing, route
 from headrace.coordinator.snapshot import ClusterSnapshot, wait_for
 from headrace.guarded import cancel_and_settle
 from headrace.metastore.contract import EventType
@@ -57,11 +57,13 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def probe_vchannel(pchannel: str, pchannels: Sequence[str]) -> str:
-    """A vchannel name that routes to ``pchannel``."""
+def probe_vchannel(
+    pchannel: str, pchannels: Sequence[str], routing: Routing = NEW_CLUSTER_ROUTING
+) -> str:
+    """A vchannel name that routes to ``pchannel`` (in a cluster this bench created)."""
     for i in range(100_000):
         name = f"probe-{i}"
-        if route(name, pchannels) == pchannel:
+        if route(name, pchannels, routing) == pchannel:
             return name
     raise errors.InvalidArgument(f"no probe vchannel routes to {pchannel}")
 

@@ -20,7 +20,7 @@ from typing import TypeVar
 import grpc
 
 from headrace import errors
-from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo, route
+from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.metastore.contract import EventType, Get, KeyValue, Metastore, Watch, WatchEvent
 
@@ -184,7 +184,9 @@ class ClusterView:
 
     def route(self, vchannel: str) -> str:
         """The pchannel of ``vchannel``; Unavailable while no config is known."""
-        return route(vchannel, self.pchannels())
+        if self.config is None:
+            raise errors.Unavailable("the cluster has no pchannels configured yet")
+        return self.config.route(vchannel)
 
     def owner(self, pchannel: str) -> Owner | None:
         return owner_of(self.assignments.get(pchannel), self.nodes)

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Sequence
 
 from headrace import errors
-from headrace.cluster import AssignmentState, ClusterConfig, Keys
+from headrace.cluster import NEW_CLUSTER_ROUTING, AssignmentState, ClusterConfig, Keys
 from headrace.coordinator import state
 from headrace.coordinator.control import ControlKeys, parse_record
 from headrace.coordinator.election import Election, Leadership, NotLeader
@@ -242,7 +242,9 @@ class Coordinator:
                     f"no pchannel list configured and none stored at {self.keys.config}"
                 )
             config = ClusterConfig(
-                pchannels=list(wanted), wal_backend=self.config.wal_backend or "local"
+                pchannels=list(wanted),
+                wal_backend=self.config.wal_backend or "local",
+                routing=NEW_CLUSTER_ROUTING,
             )
             result = await leadership.guarded_txn(
                 [Compare.absent(self.keys.config)], [Put(self.keys.config, config.to_json())]

@@ -8,7 +8,7 @@ from types import MappingProxyType
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from headrace import errors
-from headrace.cluster import route
+from headrace.cluster import ClusterConfig
 from headrace.message import ids
 from headrace.message.types import (
     VCHANNEL_PATTERN,
@@ -37,21 +37,21 @@ _POLICIES = {
 class Admission:
     """Turns a producer's protos into messages for one pchannel, checking them.
 
-    ``pchannels``: the cluster's pchannel list, when known, to refuse a
-    vchannel that routes to another pchannel. Vchannels found good are
-    remembered, so a batch checks each name once.
+    ``config``: the cluster's config, when known, to refuse a vchannel that
+    routes to another pchannel. Vchannels found good are remembered, so a batch
+    checks each name once.
     """
 
-    def __init__(self, pchannel: str, pchannels: Sequence[str]) -> None:
+    def __init__(self, pchannel: str, config: ClusterConfig | None) -> None:
         self.pchannel = pchannel
-        self.pchannels = pchannels
+        self.config = config
         self._good: set[str] = set()
 
     def _check_vchannel(self, vchannel: str) -> None:
         if not VCHANNEL_PATTERN.match(vchannel):
             validate_vchannel(vchannel)
-        if self.pchannels:
-            owner = route(vchannel, self.pchannels)
+        if self.config is not None and self.config.pchannels:
+            owner = self.config.route(vchannel)
             if owner != self.pchannel:
                 raise errors.InvalidArgument(
                     f"vchannel {vchannel!r} belongs to {owner}, not {self.pchannel}"

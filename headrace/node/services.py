@@ -125,8 +125,7 @@ class ProducerService(rpc.ProducerServicer):
         self, pchannel: str, batches: Sequence[pb.ProduceBatch]
     ) -> list[pb.ProduceResponse]:
         """Append the messages of ``batches`` in order; one response per batch."""
-        config = self.manager.directory.config
-        admit = convert.Admission(pchannel, config.pchannels if config is not None else ()).message
+        admit = convert.Admission(pchannel, self.manager.directory.config).message
         messages: list[Message] = []
         rejected: dict[int, errors.HeadraceError] = {}
         position = 0

@@ -171,9 +171,7 @@ class TableCatalog:
 
     # -- tables -------------------------------------------------------------
 
-    def create_table(
-        self, collection: str, arrow_schema: pa.Schema, primary_key: str
-    ) -> TableInfo:
+    def create_table(self, collection: str, arrow_schema: pa.Schema, primary_key: str) -> TableInfo:
         """Create the collection's table, or return it if it exists with this schema.
 
         The primary key must be a non-nullable int64 or string field; it becomes

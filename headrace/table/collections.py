@@ -176,8 +176,7 @@ class Collection:
             "shards": self.spec.shards,
             "vchannels": list(self.vchannels),
             "fields": [
-                {"name": f.name, "type": str(f.type), "nullable": f.nullable}
-                for f in self.schema
+                {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in self.schema
             ],
             "dropped": self.dropped is not None,
             "dropped_at": None if self.dropped is None else self.dropped.at,

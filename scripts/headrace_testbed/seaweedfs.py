@@ -128,9 +128,7 @@ def _admin_ports() -> tuple[int, int]:
     raise TestbedError("found no free admin port pair (p, p+10000) on the loopback interface")
 
 
-def mini_command(
-    binary: Path, data_dir: Path, bucket: str, ports: dict[str, int]
-) -> list[str]:
+def mini_command(binary: Path, data_dir: Path, bucket: str, ports: dict[str, int]) -> list[str]:
     """The ``weed mini`` command line for the given ports (pure)."""
     flags = [f"-{name}={port}" for name, port in sorted(ports.items())]
     return [
@@ -199,9 +197,7 @@ def _answers(endpoint: str) -> bool:
         return False
 
 
-def _launch(
-    binary: Path, data_dir: Path, bucket: str, credentials: Credentials
-) -> SeaweedServer:
+def _launch(binary: Path, data_dir: Path, bucket: str, credentials: Credentials) -> SeaweedServer:
     ports = _port_plan()
     env = dict(
         os.environ,
@@ -217,9 +213,7 @@ def _launch(
             env=env,
             cwd=data_dir,
         )
-    return SeaweedServer(
-        process, ports["s3.port"], bucket, credentials, data_dir, log_path, ports
-    )
+    return SeaweedServer(process, ports["s3.port"], bucket, credentials, data_dir, log_path, ports)
 
 
 def start_seaweedfs(
@@ -234,9 +228,7 @@ def start_seaweedfs(
     (data_dir / "data").mkdir(parents=True, exist_ok=True)
     return start_server(
         lambda: _launch(binary, data_dir, bucket, creds),
-        lambda server: (
-            _answers(server.endpoint) and bucket_visible(server.endpoint, bucket, creds)
-        ),
+        lambda server: _answers(server.endpoint) and bucket_visible(server.endpoint, bucket, creds),
         f"SeaweedFS in {data_dir} did not serve S3",
         StartOptions(
             attempts=_START_ATTEMPTS,

@@ -11,7 +11,7 @@ from headrace.bench import handoff
 from headrace.bench.procs import ClusterSpec, ProcCluster
 from headrace.cli.main import main
 from headrace.client import HeadraceClient
-from headrace.cluster import default_pchannels, route
+from headrace.cluster import NEW_CLUSTER_ROUTING, default_pchannels, route
 
 HANG_GUARD = 30.0
 """Seconds after which a wait is a hang, not slowness."""
@@ -27,7 +27,9 @@ def test_percentile_is_nearest_rank() -> None:
 def test_probe_vchannel_routes_to_the_measured_pchannel() -> None:
     names = default_pchannels(3, "handoff")
     for pchannel in names:
-        assert route(handoff.probe_vchannel(pchannel, names), names) == pchannel
+        assert (
+            route(handoff.probe_vchannel(pchannel, names), names, NEW_CLUSTER_ROUTING) == pchannel
+        )
 
 
 @pytest.mark.slow

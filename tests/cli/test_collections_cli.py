@@ -17,7 +17,7 @@ from headrace.cli.exits import EXIT_ERROR, EXIT_USAGE
 from headrace.cli.main import main
 from headrace.cli.schemas import parse_schema, parse_type
 from headrace.client import HeadraceClient
-from headrace.cluster import route
+from headrace.cluster import NEW_CLUSTER_ROUTING, route
 from headrace.message.types import MessageType
 from headrace.table import messages
 from tests.node.harness import Cluster, make_cluster
@@ -60,8 +60,15 @@ async def test_create_list_describe_flush_drop(
     schema_file = tmp_path / "schema.json"
     schema_file.write_text(SCHEMA_JSON)
     code, out, err = await run(
-        capsys, "collections", *where, "create", "orders", "--schema", str(schema_file),
-        "--shards", "4",
+        capsys,
+        "collections",
+        *where,
+        "create",
+        "orders",
+        "--schema",
+        str(schema_file),
+        "--shards",
+        "4",
     )
     assert code == 0, err
     assert out.startswith(f"orders  id={created['collection_id']}  shards=4  primary_key=pk")
@@ -79,13 +86,14 @@ async def test_create_list_describe_flush_drop(
     code, out, err = await run(capsys, "flush", "--collection", "orders", *where, "--json")
     assert code == 0, err
     flushed = json.loads(out)
-    routes = {route(v, PCHANNELS) for v in created["vchannels"]}
+    routes = {route(v, PCHANNELS, NEW_CLUSTER_ROUTING) for v in created["vchannels"]}
     assert flushed["waited"] is False and set(flushed["pchannels"]) == routes
     async with HeadraceClient(url, "test") as client:
         for vchannel in created["vchannels"]:
             async with client.consume(vchannel, types=[MessageType.FLUSH]) as consumer:
                 entry = await consumer.next(5.0)
-            assert entry is not None and messages.is_flush_request(entry.message)
+            # The node replaced each flush request by a seal.
+            assert entry is not None and messages.SEGMENT in entry.message.properties
 
     # No flush runner here: --wait runs out of time, exit 1, naming the pchannels.
     code, out, err = await run(

@@ -8,7 +8,7 @@ import pytest
 
 from headrace import errors
 from headrace.client import Consumer, HeadraceClient, ProducerOptions, status
-from headrace.cluster import route
+from headrace.cluster import NEW_CLUSTER_ROUTING, route
 from headrace.message.types import Message, MessageType
 from headrace.wal.api import AppendResult
 from headrace.wal.framework import WALOptions
@@ -120,7 +120,7 @@ async def test_truncated_start_names_the_earliest(cluster: Cluster, client: Head
     await cluster.configure(PCHANNELS)
     # A tail buffer of a few KiB: old entries are read from the backend.
     node = await cluster.start_node("node-a", wal_options=WALOptions(buffer_bytes=4096))
-    pchannel = route("v", PCHANNELS)
+    pchannel = route("v", PCHANNELS, NEW_CLUSTER_ROUTING)
     await cluster.assign(pchannel, "node-a", 1)
     async with client.producer() as producer:
         results = [await producer.send("v", bytes(1024)) for i in range(12)]

@@ -18,7 +18,14 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from headrace import errors
-from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo
+from headrace.cluster import (
+    NEW_CLUSTER_ROUTING,
+    Assignment,
+    AssignmentState,
+    ClusterConfig,
+    Keys,
+    NodeInfo,
+)
 from headrace.coordinator import state
 from headrace.coordinator.control import ClusterAdmin, ControlKeys
 from headrace.coordinator.coordinator import Coordinator, CoordinatorConfig
@@ -232,7 +239,7 @@ async def test_initial_assignment_is_balanced(store: Metastore, monitor: TermMon
             assert coordinator.is_leader
     assert sorted(owners(snapshot).values()) == [5, 5, 6]
     assert all(r.term >= 1 for r in snapshot.assignments.values())
-    assert snapshot.config == ClusterConfig(pchannels=PCHANNELS)
+    assert snapshot.config == ClusterConfig(pchannels=PCHANNELS, routing=NEW_CLUSTER_ROUTING)
     summary = layout_summary(snapshot.assignments.values(), snapshot.nodes.values())
     assert summary.ready and summary.balanced and summary.not_ready == ()
 

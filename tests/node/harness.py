@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys
+from headrace.cluster import NEW_CLUSTER_ROUTING, Assignment, AssignmentState, ClusterConfig, Keys
 from headrace.metastore.contract import Compare, Metastore, Put
 from headrace.metastore.factory import open_metastore
 from headrace.node.server import NodeConfig, StreamingNode
@@ -89,7 +89,10 @@ class Cluster:
         return node
 
     async def configure(self, pchannels: list[str]) -> None:
-        await self.metastore.put(self.keys.config, ClusterConfig(pchannels=pchannels).to_json())
+        await self.metastore.put(
+            self.keys.config,
+            ClusterConfig(pchannels=pchannels, routing=NEW_CLUSTER_ROUTING).to_json(),
+        )
 
     async def record(self, pchannel: str) -> Assignment | None:
         kv = await self.metastore.get(self.keys.pchannel(pchannel))

@@ -31,7 +31,7 @@ from headrace import errors
 from headrace.client import HeadraceClient, ProducerOptions
 from headrace.client.api import cluster_status
 from headrace.client.manager import ManagerClient, WALStatus
-from headrace.cluster import Assignment, AssignmentState, Keys, NodeInfo, route
+from headrace.cluster import NEW_CLUSTER_ROUTING, Assignment, AssignmentState, Keys, NodeInfo, route
 from headrace.message.ids import MessageID
 from headrace.metastore.factory import open_metastore
 from headrace.node.server import NodeConfig, StreamingNode
@@ -173,7 +173,11 @@ async def produce_raw(address: str) -> grpc.aio.AioRpcError:
 
 
 def vchannel_of(pchannel: str) -> str:
-    return next(v for v in (f"v{i}" for i in range(100)) if route(v, [pchannel]) == pchannel)
+    return next(
+        v
+        for v in (f"v{i}" for i in range(100))
+        if route(v, [pchannel], NEW_CLUSTER_ROUTING) == pchannel
+    )
 
 
 @pytest.mark.parametrize("backend", ["kafka", "pulsar"])

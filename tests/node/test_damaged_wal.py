@@ -18,7 +18,7 @@ import pytest
 from headrace import errors
 from headrace.client import HeadraceClient
 from headrace.client.manager import ManagerClient
-from headrace.cluster import route
+from headrace.cluster import NEW_CLUSTER_ROUTING, route
 from headrace.message import codec
 from headrace.message.types import Message, MessageType
 from headrace.node.server import NodeConfig, StreamingNode
@@ -38,7 +38,11 @@ OPTIONS = WALOptions(timetick_interval_ms=20)
 
 
 def vchannel_of(pchannel: str) -> str:
-    return next(v for v in (f"v{i}" for i in range(100)) if route(v, PCHANNELS) == pchannel)
+    return next(
+        v
+        for v in (f"v{i}" for i in range(100))
+        if route(v, PCHANNELS, NEW_CLUSTER_ROUTING) == pchannel
+    )
 
 
 def frames(path: Path) -> list[tuple[int, bytes]]:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 import pytest
 
-from headrace.cluster import route
+from headrace.cluster import NEW_CLUSTER_ROUTING, route
 from headrace.errors import ErrorCode
 from headrace.message.types import MessageType
 from headrace.node.server import StreamingNode
@@ -206,8 +206,8 @@ async def test_a_vchannel_of_another_pchannel_is_refused(
     assert node.manager is not None
     directory = node.manager.directory
     await until(lambda: directory.config is not None)
-    mine = next(f"v{i}" for i in range(100) if route(f"v{i}", pchannels) == P)
-    other = next(f"v{i}" for i in range(100) if route(f"v{i}", pchannels) != P)
+    mine = next(f"v{i}" for i in range(100) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) == P)
+    other = next(f"v{i}" for i in range(100) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) != P)
     (result,) = await produce(channel, [[message(mine, b"ok"), message(other, b"misrouted")]])
     assert not result.results[0].HasField("error")
     assert result.results[1].error.code == "INVALID_ARGUMENT"

@@ -23,6 +23,7 @@ from tests.table.data import SCHEMA, expected, rows
 
 __all__ = ["SCHEMA", "Bed", "expected", "rows"]
 
+
 @dataclasses.dataclass
 class Bed:
     """One cluster's metastore and warehouse, and ways to look at them."""
@@ -37,8 +38,13 @@ class Bed:
     def open(self) -> TableCatalog:
         return TableCatalog.open(self.config)
 
-    def assign(self, pchannel: str, term: int, node: str = "node-1",
-               state: AssignmentState = AssignmentState.ASSIGNED) -> None:
+    def assign(
+        self,
+        pchannel: str,
+        term: int,
+        node: str = "node-1",
+        state: AssignmentState = AssignmentState.ASSIGNED,
+    ) -> None:
         record = Assignment(pchannel=pchannel, state=state, term=term, node=node)
         self._run(self._put(self.keys.pchannel(pchannel), record.to_json()))
 

@@ -36,7 +36,10 @@ PKS = [1, 2, 3, 4]
 def the_flush(catalog: TableCatalog, name: str = "flush-pchannel-000-t3-s1") -> FlushCommit:
     path = catalog.write_data_file("orders", rows(PKS), name)
     return FlushCommit(
-        PCHANNEL, TERM, WalRange("", "local:10"), Checkpoint("local:10", 100),
+        PCHANNEL,
+        TERM,
+        WalRange("", "local:10"),
+        Checkpoint("local:10", 100),
         (TableChanges("orders", (path,)),),
     )
 
@@ -55,7 +58,9 @@ def config_to_json(config: CatalogConfig) -> str:
 def config_from_json(text: str) -> CatalogConfig:
     data = json.loads(text)
     return CatalogConfig(
-        data["metastore_url"], data["warehouse"], cluster=data["cluster"],
+        data["metastore_url"],
+        data["warehouse"],
+        cluster=data["cluster"],
         object_store=ObjectStoreOptions(**data["object_store"]),
     )
 

@@ -39,8 +39,11 @@ P = "pchannel-000"
 
 def segment(segment_id: int, start: int, end: int, count: int) -> SegmentRecord:
     return SegmentRecord(
-        segment_id=segment_id, vchannel="orders-0", start=f"local:{start}",
-        end=f"local:{end}", rows=count,
+        segment_id=segment_id,
+        vchannel="orders-0",
+        start=f"local:{start}",
+        end=f"local:{end}",
+        rows=count,
     )
 
 
@@ -197,7 +200,10 @@ def test_table_pointer_race_with_another_pchannel_is_retried(
         mine = flush(ours, 3, None, 10, [1, 2])
         path = theirs.write_data_file("orders", rows([100, 101]), "other-flush")
         their_commit = FlushCommit(
-            other, 7, WalRange("", "local:5"), Checkpoint("local:5"),
+            other,
+            7,
+            WalRange("", "local:5"),
+            Checkpoint("local:5"),
             (TableChanges("orders", (path,), (), ()),),
         )
         _before_the_commit_txn(monkeypatch, ours, lambda: _commit(theirs, their_commit))
@@ -264,7 +270,10 @@ def test_checkpoint_moving_after_the_check_conflicts_in_the_transaction(
         # A rival flush that only records a segment: no table pointer moves, so
         # only the checkpoint's compare can stop ours.
         theirs = FlushCommit(
-            P, 3, WalRange("", "local:8"), Checkpoint("local:8"),
+            P,
+            3,
+            WalRange("", "local:8"),
+            Checkpoint("local:8"),
             (TableChanges("orders", segments=(segment(2, 0, 8, 0),)),),
         )
         _before_the_commit_txn(monkeypatch, catalog, lambda: _commit(rival, theirs))
@@ -312,7 +321,8 @@ def test_a_same_term_state_change_is_retried_without_staging_again(
 
         monkeypatch.setattr(catalog, "_stage", counting_stage)
         _before_the_commit_txn(
-            monkeypatch, catalog,
+            monkeypatch,
+            catalog,
             lambda: bed.assign(P, term=3, state=AssignmentState.UNASSIGNING),
         )
         result = catalog.commit_flush(commit)
@@ -330,8 +340,13 @@ def test_the_largest_commit_fits_one_transaction(metastore_url: str, tmp_path: P
         catalog.create_table("orders", SCHEMA, "pk")
         path = catalog.write_data_file("orders", rows([1]), "f")
         result = catalog.commit_flush(
-            FlushCommit(P, 3, WalRange("", "local:200"), Checkpoint("local:200"),
-                        (TableChanges("orders", (path,), (), segments),))
+            FlushCommit(
+                P,
+                3,
+                WalRange("", "local:200"),
+                Checkpoint("local:200"),
+                (TableChanges("orders", (path,), (), segments),),
+            )
         )
         assert result.outcome is Outcome.COMMITTED
     assert len(bed.get_prefix(f"{bed.keys.root}/segments/")) == MAX_KEYS_PER_COMMIT - 1

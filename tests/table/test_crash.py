@@ -22,7 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_child(bed: Bed, point: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tests.table.flush_child", config_to_json(bed.config), point],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
 

@@ -28,8 +28,13 @@ def test_pyiceberg_falls_back_to_rewriting_when_asked_for_delete_files(tmp_path:
         catalog.create_table("orders", SCHEMA, "pk")
         path = catalog.write_data_file("orders", rows([1, 2, 3]), "f1")
         catalog.commit_flush(
-            FlushCommit("pchannel-000", 1, WalRange("", "local:3"), Checkpoint("local:3"),
-                        (TableChanges("orders", (path,)),))
+            FlushCommit(
+                "pchannel-000",
+                1,
+                WalRange("", "local:3"),
+                Checkpoint("local:3"),
+                (TableChanges("orders", (path,)),),
+            )
         )
         table = catalog.iceberg_table("orders")
         with table.transaction() as txn:  # a direct commit through the catalog

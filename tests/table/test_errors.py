@@ -131,19 +131,30 @@ def test_missing_data_file_or_wrong_delete_type_changes_nothing(local_bed: Bed) 
         (lambda: WalRange("", "kafka5"), "malformed message id"),
         (
             lambda: commit_of(
-                TableChanges("a", segments=(SegmentRecord(segment_id=1, vchannel="v",
-                                                          start="local:0", end="local:1"),)),
-                TableChanges("b", segments=(SegmentRecord(segment_id=1, vchannel="w",
-                                                          start="local:0", end="local:1"),)),
+                TableChanges(
+                    "a",
+                    segments=(
+                        SegmentRecord(segment_id=1, vchannel="v", start="local:0", end="local:1"),
+                    ),
+                ),
+                TableChanges(
+                    "b",
+                    segments=(
+                        SegmentRecord(segment_id=1, vchannel="w", start="local:0", end="local:1"),
+                    ),
+                ),
             ),
             "segment id appears twice",
         ),
         (
             lambda: commit_of(
-                TableChanges("a", segments=tuple(
-                    SegmentRecord(segment_id=i, vchannel="v", start="local:0", end="local:1")
-                    for i in range(120)
-                )),
+                TableChanges(
+                    "a",
+                    segments=tuple(
+                        SegmentRecord(segment_id=i, vchannel="v", start="local:0", end="local:1")
+                        for i in range(120)
+                    ),
+                ),
             ),
             "at most 120 together",
         ),
@@ -182,8 +193,10 @@ def test_decide_explains_a_moved_checkpoint(
 ) -> None:
     commit = FlushCommit(P, 3, WalRange(start, end), Checkpoint(end), ())
     owner = Assignment(pchannel=P, state=AssignmentState.ASSIGNED, term=3, node="n3")
-    checkpoint = None if position is None else CheckpointRecord(
-        pchannel=P, position=position, term=3, flush_end=position
+    checkpoint = (
+        None
+        if position is None
+        else CheckpointRecord(pchannel=P, position=position, term=3, flush_end=position)
     )
     refused = decide(commit, owner, checkpoint)
     assert isinstance(refused, Refused) and isinstance(refused.error, errors.Conflict)
@@ -195,10 +208,16 @@ def test_decide_explains_a_moved_checkpoint(
 
 def test_unreachable_object_store_is_a_clear_retryable_error(tmp_path: Path) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    options = ObjectStoreOptions(endpoint=endpoint, access_key="k", secret_key="s",
-                                 connect_timeout_s=1.0, request_timeout_s=2.0)
-    config = CatalogConfig(f"sqlite:///{tmp_path / 'meta.db'}", "s3://bucket/wh",
-                           object_store=options)
+    options = ObjectStoreOptions(
+        endpoint=endpoint,
+        access_key="k",
+        secret_key="s",
+        connect_timeout_s=1.0,
+        request_timeout_s=2.0,
+    )
+    config = CatalogConfig(
+        f"sqlite:///{tmp_path / 'meta.db'}", "s3://bucket/wh", object_store=options
+    )
     started = time.monotonic()
     with TableCatalog.open(config) as catalog:
         with pytest.raises(errors.Unavailable) as caught:
@@ -223,8 +242,14 @@ def test_object_store_lost_before_the_commit_leaves_the_checkpoint(tmp_path: Pat
             connect_timeout_s=1.0,
             request_timeout_s=3.0,
         )
-        bed = Bed(CatalogConfig(f"sqlite:///{tmp_path / 'meta.db'}",
-                                f"s3://{server.bucket}/wh", object_store=options), None)
+        bed = Bed(
+            CatalogConfig(
+                f"sqlite:///{tmp_path / 'meta.db'}",
+                f"s3://{server.bucket}/wh",
+                object_store=options,
+            ),
+            None,
+        )
         bed.assign(P, term=3)
         with bed.open() as catalog:
             catalog.create_table("orders", SCHEMA, "pk")

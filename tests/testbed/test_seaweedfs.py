@@ -29,8 +29,11 @@ def test_the_store_serves_its_bucket_and_refuses_other_keys(s3_store: S3Store) -
     assert bucket_visible(s3_store.endpoint, s3_store.bucket, good)
     assert not bucket_visible(s3_store.endpoint, s3_store.bucket, Credentials("x", "y"))
     filesystem = pafs.S3FileSystem(
-        access_key=s3_store.access_key, secret_key=s3_store.secret_key,
-        endpoint_override=s3_store.endpoint, scheme="http", region="us-east-1",
+        access_key=s3_store.access_key,
+        secret_key=s3_store.secret_key,
+        endpoint_override=s3_store.endpoint,
+        scheme="http",
+        region="us-east-1",
     )
     path = f"{s3_store.bucket}/testbed/roundtrip.parquet"
     pq.write_table(pa.table({"a": [1, 2, 3]}), path, filesystem=filesystem)
