@@ -309,6 +309,12 @@ class NodeStatus(_Model):
     ready: bool = False
     pchannels: int = 0
     draining: bool = False
+    image: str = pydantic.Field(default="", description="Image the node pod runs (observed).")
+    version: str = pydantic.Field(
+        default="",
+        description="Headrace version the node registered in the metastore ('' when it has no "
+        "session).",
+    )
 
 
 class StreamingClusterStatus(_Model):
@@ -323,6 +329,13 @@ class StreamingClusterStatus(_Model):
     )
     selector: str = pydantic.Field(default="", description="Label selector of the node pods.")
     coordinator: str = pydantic.Field(default="", description="Id of the leading coordinator.")
+    running_version: str = pydantic.Field(
+        default="",
+        description="Versions the registered nodes run, e.g. '0.2.0' or '0.1.0 (2), 0.2.0 (1)'.",
+    )
+    running_image: str = pydantic.Field(
+        default="", description="Images the node pods run, in the same form."
+    )
     node_statuses: list[NodeStatus] = pydantic.Field(
         default_factory=list, json_schema_extra={"maxItems": MAX_NODES * 2}
     )

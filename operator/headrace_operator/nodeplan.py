@@ -63,6 +63,8 @@ class PodView:
     template_hash: str = ""
     draining: str = ""
     """Value of the draining annotation ("" when not draining)."""
+    image: str = ""
+    """Image of the node container, as the pod runs it."""
 
     @property
     def terminated(self) -> bool:

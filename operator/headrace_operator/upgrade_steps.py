@@ -61,7 +61,7 @@ from headrace_operator.results import (
     halted,
     waiting_on,
 )
-from headrace_operator.status import timestamp
+from headrace_operator.status import pod_image, timestamp
 from headrace_operator.steps import Connect
 from headrace_operator.upgradeplan import (
     ClusterView,
@@ -79,6 +79,7 @@ from headrace_operator.upgradeplan import (
     rolling_plan,
     settling,
     stuck_nodes,
+    version_mismatch,
 )
 
 log = logging.getLogger(__name__)
@@ -96,11 +97,6 @@ def parse_time(value: str) -> datetime.datetime | None:
     if not value:
         return None
     return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-
-
-def node_image(pod: Mapping[str, Any]) -> str:
-    containers = pod.get("spec", {}).get("containers") or [{}]
-    return str(containers[0].get("image", ""))
 
 
 def pod_problem(pod: Mapping[str, Any]) -> str:
@@ -151,9 +147,10 @@ def cluster_view(
             UpgradeNode(
                 name=name,
                 ordinal=ordinal,
-                image=node_image(pod),
+                image=pod_image(pod),
                 ready=ready,
                 registered=name in live,
+                version=live[name].info.version if name in live else "",
                 terminating=bool(meta.get("deletionTimestamp")),
                 draining=name in live and live[name].frozen,
                 problem=pod_problem(pod),
@@ -383,6 +380,12 @@ def _previous_progress(p: UpgradePass) -> dict[str, NodeProgress]:
     return {item["node"]: NodeProgress.model_validate(item) for item in nodes}
 
 
+def _problem(node: UpgradeNode, target: NodeTarget) -> str:
+    """Why ``node`` is not on the target yet, as far as is known: what the
+    kubelet says of its container, or the version it registered."""
+    return node.problem or version_mismatch(node, target.image, target.version)
+
+
 def track_nodes(p: UpgradePass) -> dict[str, NodeProgress]:
     """Per-node progress from observation; the previous status only gives the
     times (start, first Ready on the target) and the image a node came from."""
@@ -397,12 +400,19 @@ def track_nodes(p: UpgradePass) -> dict[str, NodeProgress]:
             node.name in p.targets or p.rolling_back
         )
         on_target = node.image == target.image and node.ready and node.registered
-        on_target = on_target and not node.draining
+        on_target = on_target and node.version == target.version and not node.draining
         ready_since = (old.ready_since if old else "") or (timestamp(p.now) if on_target else "")
         since = parse_time(ready_since) if on_target else None
         soaked = since is not None and (p.now - since).total_seconds() >= spec.soak_seconds
         holding = held.get(node.name, 0)
-        step = node_step(node, target_image=target.image, told=told, holding=holding, soaked=soaked)
+        step = node_step(
+            node,
+            target_image=target.image,
+            target_version=target.version,
+            told=told,
+            holding=holding,
+            soaked=soaked,
+        )
         started = old.started if told and old is not None else ""
         at_start = old.pchannels_at_start if old is not None and started else holding
         moved = 0 if not started else at_start - holding if step is NodeStep.DRAINING else at_start
@@ -419,7 +429,7 @@ def track_nodes(p: UpgradePass) -> dict[str, NodeProgress]:
                 "pchannelsAtStart": at_start,
                 "started": started,
                 "readySince": ready_since if on_target else "",
-                "error": node.problem if step is not NodeStep.DONE else "",
+                "error": _problem(node, target) if step is not NodeStep.DONE else "",
             }
         )
     return progress
@@ -439,7 +449,7 @@ async def advance(p: UpgradePass) -> StepResult:
     unfinished = [
         item for item in p.progress.values() if item.step not in (NodeStep.PENDING, NodeStep.DONE)
     ]
-    if nothing_to_upgrade(view, target.image) and not unfinished:
+    if nothing_to_upgrade(view, target.image, target.version) and not unfinished:
         return await _finish(p)
     if unfinished:
         for item in unfinished:
@@ -447,7 +457,10 @@ async def advance(p: UpgradePass) -> StepResult:
             if node is None:
                 continue
             overdue = drain_overdue(
-                node, parse_time(item.started), p.now, spec.drain_timeout_seconds
+                dataclasses.replace(node, problem=_problem(node, target)),
+                parse_time(item.started),
+                p.now,
+                spec.drain_timeout_seconds,
             )
             if overdue and item.step in (NodeStep.DRAINING, NodeStep.RESTARTING):
                 return halted(Halt.BLOCKED, overdue)

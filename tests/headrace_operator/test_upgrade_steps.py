@@ -29,13 +29,9 @@ TARGET = "headrace-node:v2"
 
 
 async def create_plan(bed: Bed, name: str, cluster: str, **overrides: Any) -> None:
-    spec: dict[str, Any] = {
-        "clusterRef": {"name": cluster},
-        "version": "0.2.0",
-        "image": TARGET,
-        "soakSeconds": 0,
-    }
+    spec: dict[str, Any] = {"clusterRef": {"name": cluster}, "image": TARGET, "soakSeconds": 0}
     spec.update(overrides)
+    spec.setdefault("version", bed.version_of(spec["image"]))
     body = {
         "apiVersion": models.API_VERSION,
         "kind": "UpgradePlan",
@@ -159,7 +155,8 @@ async def test_rolling_upgrade_one_node_at_a_time(bed: Bed) -> None:
     assert order == ["roll-node-2", "roll-node-1", "roll-node-0"]
     assert set((await images(bed, "roll")).values()) == {TARGET}
     cluster = await bed.cluster("roll")
-    assert cluster["spec"]["image"] == TARGET and cluster["spec"]["version"] == "0.2.0"
+    assert cluster["spec"]["image"] == TARGET
+    assert cluster["spec"]["version"] == bed.version_of(TARGET)
     assert builders.NODE_IMAGES not in (cluster["metadata"].get("annotations") or {})
     assert status["progress"] == "3/3"
     assert {n["step"] for n in status["nodes"]} == {"Done"}
@@ -252,6 +249,41 @@ async def test_an_image_that_never_becomes_ready_blocks_and_rollback_brings_it_b
     assert "UpgradeRolledBack" in await bed.event_reasons()
 
 
+async def test_a_node_that_registers_another_version_blocks_the_plan(bed: Bed) -> None:
+    """Running the target image is not enough: the node must register the
+    plan's version in the metastore. An image that does not carry it stops
+    the plan at its first node (Blocked, naming both versions), the cluster's
+    spec is not changed, and rollback brings that node back."""
+    await bed.create_cluster("label", nodes=3, pchannels=3)
+    await bed.converge("label", is_ready, what="Ready")
+    await create_plan(bed, "label-up", "label", version="9.9.9", drainTimeoutSeconds=10)
+
+    async def phase() -> str:
+        await upgrade_pass(bed, "label-up")
+        return str((await plan_body(bed, "label-up"))["status"]["phase"])
+
+    await bed.until("label", lambda: _is(phase, "Blocked"), what="Blocked", timeout=90)
+    body = await plan_body(bed, "label-up")
+    registered = bed.version_of(TARGET)
+    why = f"{TARGET} registered version {registered}, not the plan's 9.9.9"
+    assert condition(body, "Blocked")["message"] == (
+        f"node label-node-2 has not come back on the target image within 10s: {why}"
+    )
+    assert condition(body, "Succeeded")["status"] == "False"
+    first = next(n for n in body["status"]["nodes"] if n["node"] == "label-node-2")
+    assert (first["step"], first["error"]) == ("Restarting", why)
+    assert body["status"]["progress"] == "0/3"
+    now = await images(bed, "label")
+    assert now == {"label-node-0": bed.image, "label-node-1": bed.image, "label-node-2": TARGET}
+    cluster = await bed.cluster("label")
+    assert (cluster["spec"]["image"], cluster["spec"]["version"]) == (bed.image, "0.1.0")
+    node = next(n for n in cluster["status"]["nodeStatuses"] if n["nodeId"] == "label-node-2")
+    assert (node["image"], node["version"]) == (TARGET, registered)
+    await bed.kube.patch_merge(*UP, bed.namespace, "label-up", {"spec": {"rollback": True}})
+    await bed.until("label", lambda: _is(phase, "RolledBack"), what="RolledBack", timeout=90)
+    assert set((await images(bed, "label")).values()) == {bed.image}
+
+
 async def _is(read: Callable[[], Awaitable[str]], expected: str) -> bool:
     return await read() == expected
 
@@ -259,7 +291,7 @@ async def _is(read: Callable[[], Awaitable[str]], expected: str) -> bool:
 async def test_a_finished_plan_does_not_undo_a_later_change(bed: Bed) -> None:
     await bed.create_cluster("done", nodes=1, pchannels=1)
     await bed.converge("done", is_ready, what="Ready")
-    await bed.patch_cluster("done", {"spec": {"image": TARGET, "version": "0.2.0"}})
+    await bed.patch_cluster("done", {"spec": {"image": TARGET, "version": bed.version_of(TARGET)}})
     await create_plan(bed, "done-up", "done")
 
     async def phase() -> str:
