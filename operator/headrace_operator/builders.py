@@ -54,10 +54,13 @@ LABEL_ORDINAL = f"{models.GROUP}/node-ordinal"
 LABEL_PCHANNEL = f"{models.GROUP}/pchannel"
 TEMPLATE_HASH = f"{models.GROUP}/template-hash"
 DRAINING = f"{models.GROUP}/draining"
+"""Pod annotation: the operator is draining this node (value: why)."""
 NODE_IMAGES = f"{models.GROUP}/node-images"
 """Annotation on a StreamingCluster, written by its UpgradePlan: a JSON object
 node name -> the image that node runs instead of ``spec.image``."""
-"""Pod annotation: the operator is draining this node (value: why)."""
+MAX_UNAVAILABLE = f"{models.GROUP}/max-unavailable"
+"""Annotation on a StreamingCluster, written by its UpgradePlan with
+NODE_IMAGES: how many node pods its pass may restart at once (default 1)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -451,6 +454,19 @@ def node_targets(body: Mapping[str, Any]) -> dict[str, NodeTarget]:
             )
         targets[node] = NodeTarget(image, version)
     return targets
+
+
+def max_unavailable(body: Mapping[str, Any]) -> int:
+    """The :data:`MAX_UNAVAILABLE` annotation (1 when unset);
+    :class:`InvalidSpec` when it is not a positive integer."""
+    annotations = body.get("metadata", {}).get("annotations") or {}
+    raw = str(annotations.get(MAX_UNAVAILABLE) or "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidSpec(
+            f"annotation {MAX_UNAVAILABLE} must be a positive integer, not {raw!r}",
+            field=f"metadata.annotations.{MAX_UNAVAILABLE}",
+        )
+    return int(raw)
 
 
 def encode_node_targets(targets: Mapping[str, NodeTarget]) -> str | None:

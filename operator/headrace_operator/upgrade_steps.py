@@ -490,9 +490,11 @@ async def _start(p: UpgradePass, nodes: Sequence[str]) -> StepResult:
             targets.pop(node, None)
         else:
             targets[node] = target
-    patch = {
-        "metadata": {"annotations": {builders.NODE_IMAGES: builders.encode_node_targets(targets)}}
+    annotations = {
+        builders.NODE_IMAGES: builders.encode_node_targets(targets),
+        builders.MAX_UNAVAILABLE: str(p.need_spec().max_unavailable) if targets else None,
     }
+    patch = {"metadata": {"annotations": annotations}}
     ref = p.cluster_ref()
     await p.kube.patch_merge(models.API_VERSION, CLUSTER_KIND, ref.namespace, ref.name, patch)
     p.targets = targets
@@ -517,9 +519,16 @@ async def _finish(p: UpgradePass) -> StepResult:
     ref = p.cluster_ref()
     cluster_spec = p.cluster_spec
     assert cluster_spec is not None
-    if (cluster_spec.image, cluster_spec.version) != (target.image, target.version) or p.targets:
+    annotations = (p.cluster or {}).get("metadata", {}).get("annotations") or {}
+    if (
+        (cluster_spec.image, cluster_spec.version) != (target.image, target.version)
+        or p.targets
+        or builders.MAX_UNAVAILABLE in annotations
+    ):
         patch = {
-            "metadata": {"annotations": {builders.NODE_IMAGES: None}},
+            "metadata": {
+                "annotations": {builders.NODE_IMAGES: None, builders.MAX_UNAVAILABLE: None}
+            },
             "spec": {"image": target.image, "version": target.version},
         }
         await p.kube.patch_merge(models.API_VERSION, CLUSTER_KIND, ref.namespace, ref.name, patch)

@@ -6,6 +6,7 @@ from typing import Any
 
 from headrace_operator import builders, models
 from headrace_operator.builders import ClusterRef
+from headrace_operator.errors import InvalidSpec
 
 REF = ClusterRef(name="demo", namespace="streams", uid="uid-1", generation=3)
 
@@ -208,3 +209,19 @@ def test_ordinal_of_pod_names() -> None:
     assert builders.ordinal_of("demo", "demo-node-012") is None
     assert builders.ordinal_of("demo", "demo-node-x") is None
     assert builders.ordinal_of("demo", "other-node-1") is None
+
+
+def test_max_unavailable_annotation() -> None:
+    def body(value: str | None) -> dict[str, Any]:
+        annotations = {} if value is None else {builders.MAX_UNAVAILABLE: value}
+        return {"metadata": {"annotations": annotations}}
+
+    assert builders.max_unavailable(body(None)) == 1
+    assert builders.max_unavailable(body("3")) == 3
+    for bad in ("0", "-1", "two", "1.5"):
+        try:
+            builders.max_unavailable(body(bad))
+        except InvalidSpec as exc:
+            assert builders.MAX_UNAVAILABLE in exc.message and repr(bad) in exc.message
+        else:
+            raise AssertionError(f"{bad!r} accepted")

@@ -176,6 +176,42 @@ async def test_rolling_upgrade_one_node_at_a_time(bed: Bed) -> None:
     }, "writing the target into the cluster's spec restarts nothing"
 
 
+async def test_max_unavailable_restarts_nodes_in_pairs(bed: Bed) -> None:
+    """``maxUnavailable: 2``: the cluster pass drains both nodes of a step at
+    once (never more), and the next pair waits until they are back."""
+    await bed.create_cluster("pair", nodes=4, pchannels=8)
+    await bed.converge("pair", is_ready, what="Ready")
+    await create_plan(bed, "pair-up", "pair", maxUnavailable=2)
+    await upgrade_pass(bed, "pair-up")
+    planned = [s["nodes"] for s in (await plan_body(bed, "pair-up"))["status"]["plan"]]
+    assert planned == [["pair-node-3", "pair-node-2"], ["pair-node-1", "pair-node-0"]]
+    most_draining = 0
+    deadline = time.monotonic() + (600 if bed.real else 120)
+    while True:
+        await bed.reconcile("pair")
+        pods = await bed.pods("pair")
+        draining = sorted(
+            name
+            for name, pod in pods.items()
+            if (pod["metadata"].get("annotations") or {}).get(builders.DRAINING)
+        )
+        assert len(draining) <= 2, f"at most maxUnavailable drains: {draining}"
+        assert len(pods) >= 2, f"at most two node pods down at a time: {sorted(pods)}"
+        most_draining = max(most_draining, len(draining))
+        await upgrade_pass(bed, "pair-up")
+        status = (await plan_body(bed, "pair-up"))["status"]
+        if status["phase"] == "Succeeded":
+            break
+        assert status["phase"] in ("Pending", "Running"), status
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.3 if bed.real else 0.05)
+    assert most_draining == 2, "the pair drained together"
+    assert set((await images(bed, "pair")).values()) == {TARGET}
+    annotations = (await bed.cluster("pair"))["metadata"].get("annotations") or {}
+    assert builders.MAX_UNAVAILABLE not in annotations
+    assert builders.NODE_IMAGES not in annotations
+
+
 async def test_resumes_after_an_operator_restart_without_restarting_a_node_twice(
     bed: Bed,
 ) -> None:
