@@ -43,6 +43,8 @@ GRPC_PORT = 19530
 WAL_MOUNT = "/var/lib/headrace/wal"
 KAFKA_TLS_MOUNT = "/etc/headrace/kafka-tls"
 NODE_UID = 10001
+STOP_GRACE_S = 30
+"""Seconds a node has to stop after its preStop drain (on top of the drain's timeout)."""
 FIELD_MANAGER = "headrace-operator"
 
 LABEL_NAME = "app.kubernetes.io/name"
@@ -361,6 +363,28 @@ def _volumes(
     return volumes, mounts
 
 
+def pre_stop_drain(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> list[str]:
+    """The node container's preStop command: ``headrace drain`` of its own node
+    id, so a pod deleted by anyone (kubectl delete, an eviction) hands its
+    pchannels off by fenced graceful handoff before the node gets SIGTERM,
+    instead of leaving them to lease expiry. A node that holds nothing (the
+    operator drained it first) returns at once; one with no peer to take its
+    pchannels gives up after ``drainTimeoutSeconds`` and stops as before.
+    Exec hooks get no ``$(VAR)`` expansion, so the values are literal."""
+    return [
+        "headrace",
+        "drain",
+        "--metastore",
+        spec.metastore.url(),
+        "--cluster",
+        ref.metastore_cluster,
+        "--node",
+        node_name(ref.name, ordinal),
+        "--timeout",
+        str(spec.drain_timeout_seconds),
+    ]
+
+
 def _container(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:
     _, mounts = _volumes(ref, spec)
     probe = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5, "failureThreshold": 3}
@@ -377,6 +401,7 @@ def _container(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dic
         "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"}],
         "readinessProbe": readiness,
         "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},
+        "lifecycle": {"preStop": {"exec": {"command": pre_stop_drain(ref, spec, ordinal)}}},
         "volumeMounts": mounts,
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -405,7 +430,7 @@ def _pod_spec(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict
         "serviceAccountName": node_account_name(ref.name),
         "automountServiceAccountToken": False,
         "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": 30,
+        "terminationGracePeriodSeconds": spec.drain_timeout_seconds + STOP_GRACE_S,
         "enableServiceLinks": False,
         "securityContext": {
             "runAsNonRoot": True,

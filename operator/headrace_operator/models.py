@@ -269,6 +269,14 @@ class StreamingClusterSpec(_Model):
         default=False,
         description="Delete the shared local WAL volume with the cluster. Default keeps it.",
     )
+    drain_timeout_seconds: int = pydantic.Field(
+        default=60,
+        ge=1,
+        le=3600,
+        description="How long a node pod being deleted (kubectl delete, eviction) may take to "
+        "hand its pchannels off by graceful handoff before it stops (its preStop hook); "
+        "the pod's termination grace period is this plus 30 s.",
+    )
 
     @property
     def pchannel_names(self) -> list[str]:

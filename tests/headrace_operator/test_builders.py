@@ -55,6 +55,41 @@ def test_node_pod_runs_headrace_node_with_its_identity() -> None:
     assert container["readinessProbe"]["grpc"]["port"] == 19530
 
 
+def test_node_pod_drains_itself_before_it_stops() -> None:
+    """preStop: a deleted or evicted node hands its pchannels off first, within
+    a grace period that covers the drain's timeout and the stop after it."""
+    pod = builders.node_pod(REF, spec(drainTimeoutSeconds=120), 1)
+    hook = pod["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook == [
+        "headrace",
+        "drain",
+        "--metastore",
+        "etcd://etcd:2379",
+        "--cluster",
+        "streams.demo",
+        "--node",
+        "demo-node-1",
+        "--timeout",
+        "120",
+    ]
+    assert not any("$(" in arg for arg in hook), "exec hooks get no variable expansion"
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 150
+    default = builders.node_pod(REF, spec(), 0)
+    assert default["spec"]["terminationGracePeriodSeconds"] == 60 + builders.STOP_GRACE_S
+    base = builders.template_hash(REF, spec(), 0)
+    assert builders.template_hash(REF, spec(drainTimeoutSeconds=61), 0) != base
+
+
+def test_drain_timeout_is_bounded() -> None:
+    for bad in (0, 3601):
+        try:
+            spec(drainTimeoutSeconds=bad)
+        except InvalidSpec as exc:
+            assert "drainTimeoutSeconds" in str(exc.field) or "drainTimeoutSeconds" in exc.message
+        else:
+            raise AssertionError(f"drainTimeoutSeconds {bad} accepted")
+
+
 def test_config_map_carries_what_the_node_reads() -> None:
     data = builders.config_map(REF, spec(leaseTTLSeconds=9))["data"]
     assert data["HEADRACE_METASTORE"] == "etcd://etcd:2379"
