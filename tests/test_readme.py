@@ -83,8 +83,9 @@ NOT_RUN = {
     "Set-up: two commands": "scripts/demo.sh and scripts/test.sh install into .venv and run the "
     "whole suite: CI runs them (.ci/run), not a test inside that suite",
     "Architecture": "a diagram, not code",
-    "On Kubernetes": "needs a Kubernetes cluster, Helm and docker; the manifests are checked by "
-    "the operator's tests",
+    "On Kubernetes": "needs a Kubernetes cluster, Helm and docker; the manifests (the "
+    "StreamingCluster and the UpgradePlan) are checked by tests/headrace_operator/test_readme.py "
+    "against the models and a real API server; the upgrade workflow runs in e2e/test_upgrade.py",
 }
 """Sections whose snippets are not run here, with the reason."""
 

@@ -66,6 +66,7 @@ from headrace_operator.steps import Connect
 from headrace_operator.upgradeplan import (
     ClusterView,
     NodeStep,
+    OfflineAction,
     UpgradeNode,
     cluster_missing,
     competing_plan,
@@ -349,10 +350,19 @@ async def check_paused(p: UpgradePass) -> StepResult:
     return halted(Halt.PAUSED, reason) if reason else DONE
 
 
+OFFLINE_BLOCKED = (
+    f"mode Offline needs cluster-wide write stop (not built in core): its first step, "
+    f"{OfflineAction.STOP_WRITES.value}, cannot be carried out, so nothing was changed; "
+    "use mode Rolling"
+)
+
+
 async def check_mode(p: UpgradePass) -> StepResult:
-    """What this release does not carry out yet, said plainly."""
+    """What this release does not carry out yet, said plainly: the Offline
+    plan's steps are listed in ``status.plan``, but the nodes have no switch
+    that stops writes cluster-wide, so it stops before its first step."""
     if p.need_spec().mode is UpgradeMode.OFFLINE:
-        return halted(Halt.BLOCKED, "mode Offline is not carried out by this operator release")
+        return halted(Halt.BLOCKED, OFFLINE_BLOCKED)
     return DONE
 
 
