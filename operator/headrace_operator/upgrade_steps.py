@@ -4,16 +4,18 @@ Same shape as :mod:`.steps`: each step returns a :class:`~.results.StepResult`
 and :func:`run_upgrade_pass` writes the status at the end of every pass.
 
 A Rolling plan changes one thing: the :data:`.builders.NODE_IMAGES` annotation
-of its StreamingCluster, which tells the cluster's own pass to build the named
-nodes from the target image and version. The cluster pass then restarts each
-such node the way it restarts any node whose template changed: it freezes the
-node in the balancer and drains it by fenced graceful handoff, deletes its pod
-once it holds no pchannel, recreates it and unfreezes it (:mod:`.nodeplan`).
-The plan decides which nodes go next, only when its gates allow it, waits for
-them to be Ready, registered and soaked on the target image, and finally writes
-the target image and version into the cluster's spec and removes the
-annotation. Everything it needs to resume after an operator restart is in the
-annotation, the pods and its status: a node already on the target image is
+of its StreamingCluster (with :data:`.builders.MAX_UNAVAILABLE` beside it),
+which tells the cluster's own pass to build the named nodes from the target
+image and version, restarting up to ``maxUnavailable`` of them at once. The
+cluster pass restarts each such node the way it restarts any node whose
+template changed: it freezes the node in the balancer and drains it by fenced
+graceful handoff, deletes its pod once it holds no pchannel, recreates it and
+unfreezes it (:mod:`.nodeplan`). The plan decides which nodes go next, only
+when its gates allow it, waits for them to be Ready, registered with the
+target version and soaked on the target image, and finally writes the target
+image and version into the cluster's spec and removes the annotations.
+Everything it needs to resume after an operator restart is in the
+annotations, the pods and its status: a node already on the target image is
 never restarted again.
 
 Order: spec, finished gate, cluster, one active plan per cluster, observation
