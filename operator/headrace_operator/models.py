@@ -275,7 +275,8 @@ class StreamingClusterSpec(_Model):
         le=3600,
         description="How long a node pod being deleted (kubectl delete, eviction) may take to "
         "hand its pchannels off by graceful handoff before it stops (its preStop hook); "
-        "the pod's termination grace period is this plus 30 s.",
+        "the pod's termination grace period is this plus 30 s. A node with no peer (a "
+        "single-node cluster) waits all of it, so keep it short there.",
     )
 
     @property
