@@ -72,7 +72,9 @@ class SimNode:
     """A streaming node as the metastore sees it: a session key under a lease
     and a loop acknowledging ASSIGNING and UNASSIGNING records of this node."""
 
-    def __init__(self, store: Metastore, keys: Keys, node_id: str, version: str) -> None:
+    def __init__(
+        self, store: Metastore, keys: Keys, node_id: str, version: str = headrace.__version__
+    ) -> None:
         self.store, self.keys, self.node_id, self.version = store, keys, node_id, version
         self.lease = 0
         self.task: asyncio.Task[None] | None = None
