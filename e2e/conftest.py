@@ -13,6 +13,10 @@ get no service-account token volume, and the chart's liveness endpoint binds
 ``0.0.0.0``. The operator therefore runs beside the cluster as the same program
 with the same credentials the Deployment's pod would have.
 
+``E2E.restart_operator()`` stops that process and starts a new one with the
+same credentials (a scenario's operator restart); the session ends with the
+last one.
+
 The Kubernetes control plane and the process runner come from the root plugin
 ``tests.fixtures_kube`` (``kube_cluster``, ``helm_cli``), the Headrace
 metastore from ``tests.fixtures_etcd`` (``etcd_endpoint``).
@@ -44,9 +48,30 @@ class E2E:
     namespace: str
     release: str
     etcd_endpoint: str
-    operator: OperatorProcess
+    operators: list[OperatorProcess]
+    """The operator processes started so far; the last one runs."""
     operator_kubeconfig: Path
     crds: tuple[str, ...]
+    work: Path
+
+    @property
+    def operator(self) -> OperatorProcess:
+        return self.operators[-1]
+
+    def restart_operator(self) -> int:
+        """Stop the running operator (SIGTERM) and start a new one with the
+        same credentials; its exit code. The new one is serving on return."""
+        code = self.operator.stop()
+        count = len(self.operators)
+        fresh = OperatorProcess(
+            self.operator_kubeconfig,
+            self.namespace,
+            self.work / f"operator-{count}.log",
+            RESYNC_S,
+        )
+        self.operators.append(fresh)
+        fresh.wait_healthy()
+        return code
 
     @property
     def etcd_url(self) -> str:
@@ -106,15 +131,16 @@ def e2e(
         namespace=namespace,
         release=release,
         etcd_endpoint=etcd_endpoint,
-        operator=operator,
+        operators=[operator],
         operator_kubeconfig=kubeconfig,
         crds=crds,
+        work=work,
     )
     try:
         yield env
     finally:
-        code = operator.stop()
+        code = env.operator.stop()
         helm_cli.run("uninstall", release, "--namespace", namespace)
         admin.request("DELETE", f"/api/v1/namespaces/{namespace}")
         admin.close()
-    assert code == 0, f"the operator exited with {code}:\n{operator.log_tail()}"
+    assert code == 0, f"the operator exited with {code}:\n{env.operator.log_tail()}"

@@ -86,8 +86,9 @@ NOT_RUN = {
     "Collections": "flush --wait needs the node's segment interceptor and the standalone's "
     "flush runner (issue #12); the same calls are tested against in-process nodes in "
     "tests/client/test_collections.py and tests/cli/test_collections_cli.py",
-    "On Kubernetes": "needs a Kubernetes cluster, Helm and docker; the manifests are checked by "
-    "the operator's tests",
+    "On Kubernetes": "needs a Kubernetes cluster, Helm and docker; the manifests (the "
+    "StreamingCluster and the UpgradePlan) are checked by tests/headrace_operator/test_readme.py "
+    "against the models and a real API server; the upgrade workflow runs in e2e/test_upgrade.py",
 }
 """Sections whose snippets are not run here, with the reason."""
 

@@ -45,6 +45,8 @@ KAFKA_TLS_MOUNT = "/etc/headrace/kafka-tls"
 TMP_MOUNT = "/tmp"
 """An emptyDir of the pod's own (the root filesystem is read-only)."""
 NODE_UID = 10001
+STOP_GRACE_S = 30
+"""Seconds a node has to stop after its preStop drain (on top of the drain's timeout)."""
 FIELD_MANAGER = "headrace-operator"
 
 LABEL_NAME = "app.kubernetes.io/name"
@@ -56,10 +58,13 @@ LABEL_ORDINAL = f"{models.GROUP}/node-ordinal"
 LABEL_PCHANNEL = f"{models.GROUP}/pchannel"
 TEMPLATE_HASH = f"{models.GROUP}/template-hash"
 DRAINING = f"{models.GROUP}/draining"
+"""Pod annotation: the operator is draining this node (value: why)."""
 NODE_IMAGES = f"{models.GROUP}/node-images"
 """Annotation on a StreamingCluster, written by its UpgradePlan: a JSON object
 node name -> the image that node runs instead of ``spec.image``."""
-"""Pod annotation: the operator is draining this node (value: why)."""
+MAX_UNAVAILABLE = f"{models.GROUP}/max-unavailable"
+"""Annotation on a StreamingCluster, written by its UpgradePlan with
+NODE_IMAGES: how many node pods its pass may restart at once (default 1)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -362,6 +367,28 @@ def _volumes(
     return volumes, mounts
 
 
+def pre_stop_drain(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> list[str]:
+    """The node container's preStop command: ``headrace drain`` of its own node
+    id, so a pod deleted by anyone (kubectl delete, an eviction) hands its
+    pchannels off by fenced graceful handoff before the node gets SIGTERM,
+    instead of leaving them to lease expiry. A node that holds nothing (the
+    operator drained it first) returns at once; one with no peer to take its
+    pchannels gives up after ``drainTimeoutSeconds`` and stops as before.
+    Exec hooks get no ``$(VAR)`` expansion, so the values are literal."""
+    return [
+        "headrace",
+        "drain",
+        "--metastore",
+        spec.metastore.url(),
+        "--cluster",
+        ref.metastore_cluster,
+        "--node",
+        node_name(ref.name, ordinal),
+        "--timeout",
+        str(spec.drain_timeout_seconds),
+    ]
+
+
 def _container(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:
     _, mounts = _volumes(ref, spec)
     probe = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5, "failureThreshold": 3}
@@ -378,6 +405,7 @@ def _container(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dic
         "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"}],
         "readinessProbe": readiness,
         "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},
+        "lifecycle": {"preStop": {"exec": {"command": pre_stop_drain(ref, spec, ordinal)}}},
         "volumeMounts": mounts,
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -406,7 +434,7 @@ def _pod_spec(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict
         "serviceAccountName": node_account_name(ref.name),
         "automountServiceAccountToken": False,
         "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": 30,
+        "terminationGracePeriodSeconds": spec.drain_timeout_seconds + STOP_GRACE_S,
         "enableServiceLinks": False,
         "securityContext": {
             "runAsNonRoot": True,
@@ -455,6 +483,19 @@ def node_targets(body: Mapping[str, Any]) -> dict[str, NodeTarget]:
             )
         targets[node] = NodeTarget(image, version)
     return targets
+
+
+def max_unavailable(body: Mapping[str, Any]) -> int:
+    """The :data:`MAX_UNAVAILABLE` annotation (1 when unset);
+    :class:`InvalidSpec` when it is not a positive integer."""
+    annotations = body.get("metadata", {}).get("annotations") or {}
+    raw = str(annotations.get(MAX_UNAVAILABLE) or "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidSpec(
+            f"annotation {MAX_UNAVAILABLE} must be a positive integer, not {raw!r}",
+            field=f"metadata.annotations.{MAX_UNAVAILABLE}",
+        )
+    return int(raw)
 
 
 def encode_node_targets(targets: Mapping[str, NodeTarget]) -> str | None:

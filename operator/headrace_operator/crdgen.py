@@ -79,8 +79,10 @@ def _printer_columns(kind: str) -> list[dict[str, Any]]:
             {"name": "Nodes", "type": "string", "jsonPath": ".status.nodeSummary"},
             {"name": "PChannels", "type": "string", "jsonPath": ".status.pchannelSummary"},
             {"name": "WAL", "type": "string", "jsonPath": ".spec.wal.backend"},
-            {"name": "Version", "type": "string", "jsonPath": ".spec.version"},
+            {"name": "Version", "type": "string", "jsonPath": ".status.runningVersion"},
             {"name": "Ready", "type": "string", "jsonPath": ready},
+            {"name": "Image", "type": "string", "jsonPath": ".status.runningImage", "priority": 1},
+            {"name": "Spec-Version", "type": "string", "jsonPath": ".spec.version", "priority": 1},
             age,
         ]
     if kind == "PChannelAssignment":

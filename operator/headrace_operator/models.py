@@ -269,6 +269,15 @@ class StreamingClusterSpec(_Model):
         default=False,
         description="Delete the shared local WAL volume with the cluster. Default keeps it.",
     )
+    drain_timeout_seconds: int = pydantic.Field(
+        default=60,
+        ge=1,
+        le=3600,
+        description="How long a node pod being deleted (kubectl delete, eviction) may take to "
+        "hand its pchannels off by graceful handoff before it stops (its preStop hook); "
+        "the pod's termination grace period is this plus 30 s. A node with no peer (a "
+        "single-node cluster) waits all of it, so keep it short there.",
+    )
 
     @property
     def pchannel_names(self) -> list[str]:
@@ -309,6 +318,12 @@ class NodeStatus(_Model):
     ready: bool = False
     pchannels: int = 0
     draining: bool = False
+    image: str = pydantic.Field(default="", description="Image the node pod runs (observed).")
+    version: str = pydantic.Field(
+        default="",
+        description="Headrace version the node registered in the metastore ('' when it has no "
+        "session).",
+    )
 
 
 class StreamingClusterStatus(_Model):
@@ -323,6 +338,13 @@ class StreamingClusterStatus(_Model):
     )
     selector: str = pydantic.Field(default="", description="Label selector of the node pods.")
     coordinator: str = pydantic.Field(default="", description="Id of the leading coordinator.")
+    running_version: str = pydantic.Field(
+        default="",
+        description="Versions the registered nodes run, e.g. '0.2.0' or '0.1.0 (2), 0.2.0 (1)'.",
+    )
+    running_image: str = pydantic.Field(
+        default="", description="Images the node pods run, in the same form."
+    )
     node_statuses: list[NodeStatus] = pydantic.Field(
         default_factory=list, json_schema_extra={"maxItems": MAX_NODES * 2}
     )

@@ -12,8 +12,10 @@ the actions of this pass. The rules, in order:
   moves its pchannels away), and deleted only once it holds none. One drain at
   a time.
 * A desired pod whose template changed is replaced: at once if its node holds
-  no pchannel, else by drain-then-delete, one pod at a time, highest ordinal
-  first, and only while every other desired pod is up and ready.
+  no pchannel, else by drain-then-delete, highest ordinal first, while fewer
+  than ``max_unavailable`` desired pods (one unless an UpgradePlan says more,
+  never all of them) are draining, missing, not ready or replaced this pass,
+  and no scale-down is under way.
 * A scale-down drain of an ordinal that is desired again is cancelled; a node
   the metastore still shows frozen after its pod was recreated is unfrozen.
 
@@ -63,6 +65,8 @@ class PodView:
     template_hash: str = ""
     draining: str = ""
     """Value of the draining annotation ("" when not draining)."""
+    image: str = ""
+    """Image of the node container, as the pod runs it."""
 
     @property
     def terminated(self) -> bool:
@@ -121,11 +125,14 @@ def plan_nodes(
     template_hashes: Mapping[int, str],
     pods: Mapping[int, PodView],
     facts: NodeFacts | None,
+    *,
+    max_unavailable: int = 1,
 ) -> NodePlan:
     """The node actions of one pass (see the module docstring).
 
     ``facts`` is None when the metastore is unreachable, which blocks every
-    step that needs to know what a node holds.
+    step that needs to know what a node holds. ``max_unavailable``: how many
+    desired pods may be out of service at once for restarts.
     """
     actions: list[Action] = []
     waiting: list[str] = []
@@ -152,16 +159,42 @@ def plan_nodes(
             and pod.template_hash == template_hashes.get(pod.ordinal)
         ):
             actions.append(Action(ActionKind.UNFREEZE, pod.ordinal, pod.name))
-    all_up = len(current) == desired and all(p.ready for p in current) and not excess
+    present = {p.ordinal for p in current}
+    not_ready = [p.name for p in current if not p.ready]
+    not_ready += [node_name(cluster, o) for o in range(desired) if o not in present]
     actions += _restarts(
         current,
         hashes=template_hashes,
-        draining=draining,
         facts=facts,
-        all_up=all_up,
+        down=Disruption(
+            draining=tuple(p.name for p in draining),
+            not_ready=tuple(not_ready),
+            scaling_down=bool(excess),
+        ),
+        limit=max(1, min(max_unavailable, desired - 1)),
         waiting=waiting,
     )
     return NodePlan(tuple(actions), tuple(waiting))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Disruption:
+    """Node pods out of service or on their way out, by why."""
+
+    draining: tuple[str, ...] = ()
+    """Pods being drained (restart or scale-down)."""
+    acted: tuple[str, ...] = ()
+    """Pods deleted by this pass's restarts (drained, or idle and replaced)."""
+    not_ready: tuple[str, ...] = ()
+    """Desired pods missing or not Ready."""
+    scaling_down: bool = False
+
+    @property
+    def count(self) -> int:
+        return len(set(self.draining) | set(self.acted) | set(self.not_ready))
+
+    def with_drain(self, node: str) -> Disruption:
+        return dataclasses.replace(self, draining=(*self.draining, node))
 
 
 def drain_blocked(pod: PodView, draining: list[PodView]) -> str:
@@ -181,17 +214,21 @@ def delete_blocked(pod: PodView, facts: NodeFacts | None) -> str:
     return f"{facts.holding.get(pod.name, 0)} pchannel(s) still on it"
 
 
-def restart_blocked(*, all_up: bool, draining: list[PodView], busy: bool) -> str:
+def restart_blocked(down: Disruption, limit: int) -> str:
     """Why a node holding pchannels cannot start its drain-then-restart now
-    ("" when it can): one pod at a time, only while every desired pod is up
-    and ready."""
-    if draining:
-        return f"waits for the drain of {draining[0].name}"
-    if busy:
+    ("" when it can): no scale-down under way, and fewer than ``limit`` pods
+    draining, down, not ready or acted on this pass."""
+    if down.scaling_down:
+        return "waits for the scale-down"
+    if down.count < limit:
+        return ""
+    if down.draining:
+        return f"waits for the drain of {down.draining[0]}"
+    if down.acted:
         return "waits for this pass's other restarts"
-    if not all_up:
+    if limit == 1:
         return "waits until every node pod is ready"
-    return ""
+    return f"waits: {down.count} node pod(s) not ready (maxUnavailable {limit})"
 
 
 def _scale_down(
@@ -220,9 +257,9 @@ def _restarts(
     current: list[PodView],
     *,
     hashes: Mapping[int, str],
-    draining: list[PodView],
     facts: NodeFacts | None,
-    all_up: bool,
+    down: Disruption,
+    limit: int,
     waiting: list[str],
 ) -> list[Action]:
     stale = sorted(
@@ -246,13 +283,14 @@ def _restarts(
     for pod in stale:
         if not pod.draining and facts.holding.get(pod.name, 0) == 0:
             actions.append(Action(ActionKind.REPLACE_IDLE, pod.ordinal, pod.name))
-    held = [p for p in stale if not p.draining and facts.holding.get(p.name, 0) > 0]
-    if not held:
-        return actions
-    pod = held[0]
-    blocked = restart_blocked(all_up=all_up, draining=draining, busy=bool(actions))
-    if not blocked:
+    down = dataclasses.replace(down, acted=(*down.acted, *(a.node for a in actions)))
+    quiet = not (down.draining or down.acted)
+    for pod in (p for p in stale if not p.draining and facts.holding.get(p.name, 0) > 0):
+        blocked = restart_blocked(down, limit)
+        if blocked:
+            if quiet:
+                waiting.append(f"restart of {pod.name} {blocked}")
+            break
         actions.append(Action(ActionKind.START_DRAIN, pod.ordinal, pod.name, DrainReason.RESTART))
-    elif not draining and not actions:
-        waiting.append(f"restart of {pod.name} {blocked}")
+        down = down.with_drain(pod.name)
     return actions

@@ -52,7 +52,26 @@ def pod_view(cluster: str, pod: Mapping[str, Any]) -> PodView | None:
         terminating=bool(meta.get("deletionTimestamp")),
         template_hash=annotations.get(builders.TEMPLATE_HASH, ""),
         draining=annotations.get(builders.DRAINING, ""),
+        image=pod_image(pod),
     )
+
+
+def pod_image(pod: Mapping[str, Any]) -> str:
+    """The image of a node pod's container ("" when it names none)."""
+    containers = pod.get("spec", {}).get("containers") or [{}]
+    return str(containers[0].get("image", ""))
+
+
+def tally(values: Sequence[str]) -> str:
+    """One value when all agree (``0.2.0``), else each with its count
+    (``0.1.0 (2), 0.2.0 (1)``); "" for none. Empty values are left out."""
+    counts: dict[str, int] = {}
+    for value in values:
+        if value:
+            counts[value] = counts.get(value, 0) + 1
+    if len(counts) <= 1:
+        return next(iter(counts), "")
+    return ", ".join(f"{value} ({count})" for value, count in sorted(counts.items()))
 
 
 def node_facts(snapshot: ClusterSnapshot) -> NodeFacts:
@@ -204,6 +223,7 @@ def cluster_status(
             else "reconciliation is active",
         ),
     ]
+    registered = {} if obs.snapshot is None else obs.snapshot.nodes
     nodes = [
         NodeStatus(
             node_id=p.name,
@@ -212,6 +232,8 @@ def cluster_status(
             ready=p.ready,
             pchannels=0 if facts is None else facts.holding.get(p.name, 0),
             draining=bool(p.draining),
+            image=p.image,
+            version=registered[p.name].version if p.name in registered else "",
         )
         for p in sorted(obs.pods, key=lambda p: p.ordinal)
     ]
@@ -226,6 +248,8 @@ def cluster_status(
         pchannel_summary=f"{assigned}/{obs.total_pchannels}",
         selector=builders.selector(obs.cluster),
         coordinator=obs.leader,
+        running_version=tally([n.version for n in nodes]),
+        running_image=tally([n.image for n in nodes if n.phase != "Terminating"]),
         node_statuses=nodes,
         conditions=conditions,
     )

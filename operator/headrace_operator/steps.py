@@ -108,6 +108,8 @@ class Pass:
     spec: StreamingClusterSpec | None = None
     targets: Mapping[str, builders.NodeTarget] = dataclasses.field(default_factory=dict)
     """Node name -> the image an UpgradePlan set for it (:data:`.builders.NODE_IMAGES`)."""
+    max_unavailable: int = 1
+    """Node pods the restarts may take down at once (:data:`.builders.MAX_UNAVAILABLE`)."""
     control: ClusterControl | None = None
     pods: dict[int, PodView] = dataclasses.field(default_factory=dict)
     snapshot: ClusterSnapshot | None = None
@@ -152,6 +154,7 @@ async def parse_spec(p: Pass) -> StepResult:
     try:
         p.spec = models.parse_cluster_spec(p.body.get("spec") or {})
         p.targets = builders.node_targets(p.body)
+        p.max_unavailable = builders.max_unavailable(p.body)
     except InvalidSpec as exc:
         return halted(Halt.INVALID_SPEC, exc.message)
     return DONE
@@ -223,7 +226,9 @@ async def reconcile_pods(p: Pass) -> StepResult:
         i: builders.template_hash(p.ref, builders.node_spec(p.ref, spec, p.targets, i), i)
         for i in range(spec.nodes)
     }
-    plan = plan_nodes(p.ref.name, spec.nodes, hashes, p.pods, facts)
+    plan = plan_nodes(
+        p.ref.name, spec.nodes, hashes, p.pods, facts, max_unavailable=p.max_unavailable
+    )
     results = [waiting_on(*plan.waiting)]
     for action in plan.actions:
         results.append(await _carry_out(p, spec, action))

@@ -4,16 +4,18 @@ Same shape as :mod:`.steps`: each step returns a :class:`~.results.StepResult`
 and :func:`run_upgrade_pass` writes the status at the end of every pass.
 
 A Rolling plan changes one thing: the :data:`.builders.NODE_IMAGES` annotation
-of its StreamingCluster, which tells the cluster's own pass to build the named
-nodes from the target image and version. The cluster pass then restarts each
-such node the way it restarts any node whose template changed: it freezes the
-node in the balancer and drains it by fenced graceful handoff, deletes its pod
-once it holds no pchannel, recreates it and unfreezes it (:mod:`.nodeplan`).
-The plan decides which nodes go next, only when its gates allow it, waits for
-them to be Ready, registered and soaked on the target image, and finally writes
-the target image and version into the cluster's spec and removes the
-annotation. Everything it needs to resume after an operator restart is in the
-annotation, the pods and its status: a node already on the target image is
+of its StreamingCluster (with :data:`.builders.MAX_UNAVAILABLE` beside it),
+which tells the cluster's own pass to build the named nodes from the target
+image and version, restarting up to ``maxUnavailable`` of them at once. The
+cluster pass restarts each such node the way it restarts any node whose
+template changed: it freezes the node in the balancer and drains it by fenced
+graceful handoff, deletes its pod once it holds no pchannel, recreates it and
+unfreezes it (:mod:`.nodeplan`). The plan decides which nodes go next, only
+when its gates allow it, waits for them to be Ready, registered with the
+target version and soaked on the target image, and finally writes the target
+image and version into the cluster's spec and removes the annotations.
+Everything it needs to resume after an operator restart is in the
+annotations, the pods and its status: a node already on the target image is
 never restarted again.
 
 Order: spec, finished gate, cluster, one active plan per cluster, observation
@@ -61,11 +63,12 @@ from headrace_operator.results import (
     halted,
     waiting_on,
 )
-from headrace_operator.status import timestamp
+from headrace_operator.status import pod_image, timestamp
 from headrace_operator.steps import Connect
 from headrace_operator.upgradeplan import (
     ClusterView,
     NodeStep,
+    OfflineAction,
     UpgradeNode,
     cluster_missing,
     competing_plan,
@@ -79,6 +82,7 @@ from headrace_operator.upgradeplan import (
     rolling_plan,
     settling,
     stuck_nodes,
+    version_mismatch,
 )
 
 log = logging.getLogger(__name__)
@@ -96,11 +100,6 @@ def parse_time(value: str) -> datetime.datetime | None:
     if not value:
         return None
     return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-
-
-def node_image(pod: Mapping[str, Any]) -> str:
-    containers = pod.get("spec", {}).get("containers") or [{}]
-    return str(containers[0].get("image", ""))
 
 
 def pod_problem(pod: Mapping[str, Any]) -> str:
@@ -151,9 +150,10 @@ def cluster_view(
             UpgradeNode(
                 name=name,
                 ordinal=ordinal,
-                image=node_image(pod),
+                image=pod_image(pod),
                 ready=ready,
                 registered=name in live,
+                version=live[name].info.version if name in live else "",
                 terminating=bool(meta.get("deletionTimestamp")),
                 draining=name in live and live[name].frozen,
                 problem=pod_problem(pod),
@@ -352,10 +352,19 @@ async def check_paused(p: UpgradePass) -> StepResult:
     return halted(Halt.PAUSED, reason) if reason else DONE
 
 
+OFFLINE_BLOCKED = (
+    f"mode Offline needs cluster-wide write stop (not built in core): its first step, "
+    f"{OfflineAction.STOP_WRITES.value}, cannot be carried out, so nothing was changed; "
+    "use mode Rolling"
+)
+
+
 async def check_mode(p: UpgradePass) -> StepResult:
-    """What this release does not carry out yet, said plainly."""
+    """What this release does not carry out yet, said plainly: the Offline
+    plan's steps are listed in ``status.plan``, but the nodes have no switch
+    that stops writes cluster-wide, so it stops before its first step."""
     if p.need_spec().mode is UpgradeMode.OFFLINE:
-        return halted(Halt.BLOCKED, "mode Offline is not carried out by this operator release")
+        return halted(Halt.BLOCKED, OFFLINE_BLOCKED)
     return DONE
 
 
@@ -383,6 +392,12 @@ def _previous_progress(p: UpgradePass) -> dict[str, NodeProgress]:
     return {item["node"]: NodeProgress.model_validate(item) for item in nodes}
 
 
+def _problem(node: UpgradeNode, target: NodeTarget) -> str:
+    """Why ``node`` is not on the target yet, as far as is known: what the
+    kubelet says of its container, or the version it registered."""
+    return node.problem or version_mismatch(node, target.image, target.version)
+
+
 def track_nodes(p: UpgradePass) -> dict[str, NodeProgress]:
     """Per-node progress from observation; the previous status only gives the
     times (start, first Ready on the target) and the image a node came from."""
@@ -397,12 +412,19 @@ def track_nodes(p: UpgradePass) -> dict[str, NodeProgress]:
             node.name in p.targets or p.rolling_back
         )
         on_target = node.image == target.image and node.ready and node.registered
-        on_target = on_target and not node.draining
+        on_target = on_target and node.version == target.version and not node.draining
         ready_since = (old.ready_since if old else "") or (timestamp(p.now) if on_target else "")
         since = parse_time(ready_since) if on_target else None
         soaked = since is not None and (p.now - since).total_seconds() >= spec.soak_seconds
         holding = held.get(node.name, 0)
-        step = node_step(node, target_image=target.image, told=told, holding=holding, soaked=soaked)
+        step = node_step(
+            node,
+            target_image=target.image,
+            target_version=target.version,
+            told=told,
+            holding=holding,
+            soaked=soaked,
+        )
         started = old.started if told and old is not None else ""
         at_start = old.pchannels_at_start if old is not None and started else holding
         moved = 0 if not started else at_start - holding if step is NodeStep.DRAINING else at_start
@@ -419,7 +441,7 @@ def track_nodes(p: UpgradePass) -> dict[str, NodeProgress]:
                 "pchannelsAtStart": at_start,
                 "started": started,
                 "readySince": ready_since if on_target else "",
-                "error": node.problem if step is not NodeStep.DONE else "",
+                "error": _problem(node, target) if step is not NodeStep.DONE else "",
             }
         )
     return progress
@@ -439,7 +461,7 @@ async def advance(p: UpgradePass) -> StepResult:
     unfinished = [
         item for item in p.progress.values() if item.step not in (NodeStep.PENDING, NodeStep.DONE)
     ]
-    if nothing_to_upgrade(view, target.image) and not unfinished:
+    if nothing_to_upgrade(view, target.image, target.version) and not unfinished:
         return await _finish(p)
     if unfinished:
         for item in unfinished:
@@ -447,7 +469,10 @@ async def advance(p: UpgradePass) -> StepResult:
             if node is None:
                 continue
             overdue = drain_overdue(
-                node, parse_time(item.started), p.now, spec.drain_timeout_seconds
+                dataclasses.replace(node, problem=_problem(node, target)),
+                parse_time(item.started),
+                p.now,
+                spec.drain_timeout_seconds,
             )
             if overdue and item.step in (NodeStep.DRAINING, NodeStep.RESTARTING):
                 return halted(Halt.BLOCKED, overdue)
@@ -477,9 +502,11 @@ async def _start(p: UpgradePass, nodes: Sequence[str]) -> StepResult:
             targets.pop(node, None)
         else:
             targets[node] = target
-    patch = {
-        "metadata": {"annotations": {builders.NODE_IMAGES: builders.encode_node_targets(targets)}}
+    annotations = {
+        builders.NODE_IMAGES: builders.encode_node_targets(targets),
+        builders.MAX_UNAVAILABLE: str(p.need_spec().max_unavailable) if targets else None,
     }
+    patch = {"metadata": {"annotations": annotations}}
     ref = p.cluster_ref()
     await p.kube.patch_merge(models.API_VERSION, CLUSTER_KIND, ref.namespace, ref.name, patch)
     p.targets = targets
@@ -504,9 +531,16 @@ async def _finish(p: UpgradePass) -> StepResult:
     ref = p.cluster_ref()
     cluster_spec = p.cluster_spec
     assert cluster_spec is not None
-    if (cluster_spec.image, cluster_spec.version) != (target.image, target.version) or p.targets:
+    annotations = (p.cluster or {}).get("metadata", {}).get("annotations") or {}
+    if (
+        (cluster_spec.image, cluster_spec.version) != (target.image, target.version)
+        or p.targets
+        or builders.MAX_UNAVAILABLE in annotations
+    ):
         patch = {
-            "metadata": {"annotations": {builders.NODE_IMAGES: None}},
+            "metadata": {
+                "annotations": {builders.NODE_IMAGES: None, builders.MAX_UNAVAILABLE: None}
+            },
             "spec": {"image": target.image, "version": target.version},
         }
         await p.kube.patch_merge(models.API_VERSION, CLUSTER_KIND, ref.namespace, ref.name, patch)

@@ -13,9 +13,9 @@ pchannels a step moves onto a node leave it again at that node's own step.
 The safety gates are named predicates that say why they block ("" when the
 plan may go ahead): :func:`cluster_missing`, :func:`competing_plan`,
 :func:`plan_paused`, :func:`nothing_to_upgrade`, :func:`pchannels_not_serving`,
-:func:`other_nodes_draining`, :func:`drain_overdue`; :func:`settling` says
-when a failing gate is only the cluster settling after a node came back. :func:`node_step` says
-where one node is in its upgrade.
+:func:`other_nodes_draining`, :func:`drain_overdue`, :func:`version_mismatch`;
+:func:`settling` says when a failing gate is only the cluster settling after a
+node came back. :func:`node_step` says where one node is in its upgrade.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ class UpgradeNode:
     ready: bool = False
     registered: bool = False
     """The node has a session in the metastore."""
+    version: str = ""
+    """The Headrace version the node registered with ("" without a session)."""
     terminating: bool = False
     draining: bool = False
     """The node is frozen or draining in the balancer."""
@@ -164,11 +166,25 @@ def plan_paused(paused: bool) -> str:
     return "spec.paused is true" if paused else ""
 
 
-def nothing_to_upgrade(view: ClusterView, target_image: str) -> str:
-    """Why there is nothing left to do ("" while a node runs another image)."""
-    if view.nodes and all(n.image == target_image for n in view.nodes):
-        return f"every node runs {target_image}"
+def nothing_to_upgrade(view: ClusterView, target_image: str, target_version: str) -> str:
+    """Why there is nothing left to do ("" while a node runs another image or
+    has not registered with the target version)."""
+    if view.nodes and all(
+        n.image == target_image and n.version == target_version for n in view.nodes
+    ):
+        return f"every node runs {target_image} and registered version {target_version}"
     return ""
+
+
+def version_mismatch(node: UpgradeNode, target_image: str, target_version: str) -> str:
+    """Why a node on the target image is not on the target yet as far as its
+    version goes: it registered in the metastore with another version (the
+    image does not carry the version the plan names). "" when it matches or
+    the node has not registered yet."""
+    if node.image != target_image or not node.registered or node.version == target_version:
+        return ""
+    told = f"version {node.version}" if node.version else "no version"
+    return f"{target_image} registered {told}, not the plan's {target_version}"
 
 
 def settling(last_back: datetime.datetime | None, now: datetime.datetime, timeout_s: int) -> bool:
@@ -225,15 +241,18 @@ def node_step(
     node: UpgradeNode,
     *,
     target_image: str,
+    target_version: str,
     told: bool,
     holding: int,
     soaked: bool,
 ) -> NodeStep:
     """Where ``node`` is: ``told`` says its pod template carries the target
     image; ``soaked`` that it has been Ready on it for ``soakSeconds``. A node
-    on the target is back only once Ready, registered and unfrozen."""
+    on the target image is back only once Ready, registered with the target
+    version and unfrozen."""
     if node.image == target_image and not node.terminating:
-        if not (node.ready and node.registered) or node.draining:
+        back = node.ready and node.registered and node.version == target_version
+        if not back or node.draining:
             return NodeStep.RESTARTING
         return NodeStep.DONE if soaked else NodeStep.SOAKING
     if not told:

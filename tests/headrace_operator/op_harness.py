@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+import headrace
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, Keys, NodeInfo
 from headrace.coordinator import state
@@ -57,20 +58,34 @@ SC = (models.API_VERSION, "StreamingCluster")
 BROKEN_SUFFIX = ":broken"
 """The simulated kubelet never makes a pod of such an image Ready."""
 PCA = (models.API_VERSION, "PChannelAssignment")
+IMAGE_VERSIONS = {"headrace-node:v2": "0.2.0", "headrace-node:v3": "0.3.0"}
+"""The version a simulated node of these images registers; any other image's
+registers this tree's ``headrace.__version__``, as every real node of the
+process-runner kubelet does (it runs the working tree whatever the image)."""
+
+
+def sim_version(image: str) -> str:
+    return IMAGE_VERSIONS.get(image, headrace.__version__)
 
 
 class SimNode:
     """A streaming node as the metastore sees it: a session key under a lease
     and a loop acknowledging ASSIGNING and UNASSIGNING records of this node."""
 
-    def __init__(self, store: Metastore, keys: Keys, node_id: str) -> None:
-        self.store, self.keys, self.node_id = store, keys, node_id
+    def __init__(
+        self, store: Metastore, keys: Keys, node_id: str, version: str = headrace.__version__
+    ) -> None:
+        self.store, self.keys, self.node_id, self.version = store, keys, node_id, version
         self.lease = 0
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.lease = await self.store.grant_lease(1.0)
-        info = NodeInfo(node_id=self.node_id, address=f"127.0.0.1:{10000 + len(self.node_id)}")
+        info = NodeInfo(
+            node_id=self.node_id,
+            address=f"127.0.0.1:{10000 + len(self.node_id)}",
+            version=self.version,
+        )
         await self.store.put(self.keys.node(self.node_id), info.to_json(), lease=self.lease)
         self.task = asyncio.create_task(self._loop())
 
@@ -118,7 +133,8 @@ class SimKubelet:
             present.add(key)
             if key in self.nodes or key in self.broken:
                 continue
-            if pod["spec"]["containers"][0]["image"].endswith(BROKEN_SUFFIX):
+            image = pod["spec"]["containers"][0]["image"]
+            if image.endswith(BROKEN_SUFFIX):
                 self.broken.add(key)
                 waiting = {"reason": "ImagePullBackOff", "message": "no such image"}
                 status = {
@@ -135,7 +151,8 @@ class SimKubelet:
                     subresource="status",
                 )
                 continue
-            node = SimNode(self.store, Keys(f"{self.namespace}.{cluster}"), meta["name"])
+            keys = Keys(f"{self.namespace}.{cluster}")
+            node = SimNode(self.store, keys, meta["name"], sim_version(image))
             await node.start()
             self.nodes[key] = node
             status = {
@@ -176,6 +193,10 @@ class Bed:
     @property
     def real(self) -> bool:
         return self.kind == "real"
+
+    def version_of(self, image: str) -> str:
+        """The version a node of ``image`` registers on this bed."""
+        return headrace.__version__ if self.real else sim_version(image)
 
     async def connect(self, ref: ClusterRef, spec: StreamingClusterSpec) -> ClusterControl | None:
         """The cluster's coordinator (started as the handlers start it, with

@@ -8,6 +8,7 @@ import pytest
 
 from headrace_operator import builders, models
 from headrace_operator.builders import ClusterRef
+from headrace_operator.errors import InvalidSpec
 
 REF = ClusterRef(name="demo", namespace="streams", uid="uid-1", generation=3)
 
@@ -95,6 +96,41 @@ def test_node_pods_run_with_least_privilege(backend: str) -> None:
         assert "--wal-dir" not in args
     for mount in mounts.values():
         assert mount["name"] in volumes
+
+
+def test_node_pod_drains_itself_before_it_stops() -> None:
+    """preStop: a deleted or evicted node hands its pchannels off first, within
+    a grace period that covers the drain's timeout and the stop after it."""
+    pod = builders.node_pod(REF, spec(drainTimeoutSeconds=120), 1)
+    hook = pod["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook == [
+        "headrace",
+        "drain",
+        "--metastore",
+        "etcd://etcd:2379",
+        "--cluster",
+        "streams.demo",
+        "--node",
+        "demo-node-1",
+        "--timeout",
+        "120",
+    ]
+    assert not any("$(" in arg for arg in hook), "exec hooks get no variable expansion"
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 150
+    default = builders.node_pod(REF, spec(), 0)
+    assert default["spec"]["terminationGracePeriodSeconds"] == 60 + builders.STOP_GRACE_S
+    base = builders.template_hash(REF, spec(), 0)
+    assert builders.template_hash(REF, spec(drainTimeoutSeconds=61), 0) != base
+
+
+def test_drain_timeout_is_bounded() -> None:
+    for bad in (0, 3601):
+        try:
+            spec(drainTimeoutSeconds=bad)
+        except InvalidSpec as exc:
+            assert "drainTimeoutSeconds" in str(exc.field) or "drainTimeoutSeconds" in exc.message
+        else:
+            raise AssertionError(f"drainTimeoutSeconds {bad} accepted")
 
 
 def test_config_map_carries_what_the_node_reads() -> None:
@@ -251,3 +287,19 @@ def test_ordinal_of_pod_names() -> None:
     assert builders.ordinal_of("demo", "demo-node-012") is None
     assert builders.ordinal_of("demo", "demo-node-x") is None
     assert builders.ordinal_of("demo", "other-node-1") is None
+
+
+def test_max_unavailable_annotation() -> None:
+    def body(value: str | None) -> dict[str, Any]:
+        annotations = {} if value is None else {builders.MAX_UNAVAILABLE: value}
+        return {"metadata": {"annotations": annotations}}
+
+    assert builders.max_unavailable(body(None)) == 1
+    assert builders.max_unavailable(body("3")) == 3
+    for bad in ("0", "-1", "two", "1.5"):
+        try:
+            builders.max_unavailable(body(bad))
+        except InvalidSpec as exc:
+            assert builders.MAX_UNAVAILABLE in exc.message and repr(bad) in exc.message
+        else:
+            raise AssertionError(f"{bad!r} accepted")

@@ -65,7 +65,9 @@ def test_printer_columns() -> None:
     assert columns["Nodes"] == ".status.nodeSummary"
     assert columns["PChannels"] == ".status.pchannelSummary"
     assert columns["WAL"] == ".spec.wal.backend"
-    assert columns["Version"] == ".spec.version"
+    assert columns["Version"] == ".status.runningVersion"
+    assert columns["Image"] == ".status.runningImage"
+    assert columns["Spec-Version"] == ".spec.version"
     assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
     assignments = crdgen.crd("PChannelAssignment")["spec"]["versions"][0]
     names = [c["name"] for c in assignments["additionalPrinterColumns"]]

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from headrace.cluster import Assignment, AssignmentState
 from headrace_operator.nodeplan import (
     ActionKind,
+    Disruption,
     NodeFacts,
     PodView,
     delete_blocked,
@@ -131,7 +132,50 @@ def test_safety_gates_say_why_they_block() -> None:
     assert delete_blocked(pod(2), facts({"c-node-2": 3})) == "3 pchannel(s) still on it"
     assert delete_blocked(pod(2), facts({"c-node-2": 0})) == ""
     assert delete_blocked(pod(2), facts({"c-node-2": 1}, live={"c-node-2"})) == "", "no peer"
-    assert restart_blocked(all_up=True, draining=[], busy=False) == ""
-    assert "c-node-2" in restart_blocked(all_up=True, draining=draining, busy=False)
-    assert restart_blocked(all_up=False, draining=[], busy=False).endswith("node pod is ready")
-    assert restart_blocked(all_up=True, draining=[], busy=True) != ""
+    assert restart_blocked(Disruption(), 1) == ""
+    assert "c-node-2" in restart_blocked(Disruption(draining=("c-node-2",)), 1)
+    assert restart_blocked(Disruption(not_ready=("c-node-0",)), 1).endswith("node pod is ready")
+    assert restart_blocked(Disruption(acted=("c-node-1",)), 1) != ""
+    assert restart_blocked(Disruption(scaling_down=True), 3) == "waits for the scale-down"
+    assert restart_blocked(Disruption(draining=("c-node-2",)), 2) == ""
+    assert restart_blocked(Disruption(draining=("c-node-2",), not_ready=("c-node-2",)), 2) == ""
+    assert restart_blocked(Disruption(not_ready=("c-node-0", "c-node-1")), 2) == (
+        "waits: 2 node pod(s) not ready (maxUnavailable 2)"
+    )
+
+
+def test_max_unavailable_drains_that_many_at_once_highest_first() -> None:
+    stale = {i: pod(i, template_hash="old") for i in range(5)}
+    held = facts({f"c-node-{i}": 1 for i in range(5)})
+    plan = plan_nodes("c", 5, H, stale, held, max_unavailable=2)
+    assert kinds(plan) == [
+        (ActionKind.START_DRAIN, "c-node-4"),
+        (ActionKind.START_DRAIN, "c-node-3"),
+    ]
+    stale[4] = pod(4, template_hash="old", draining="restart")
+    stale[3] = pod(3, template_hash="old", draining="restart")
+    plan = plan_nodes("c", 5, H, stale, held, max_unavailable=2)
+    assert kinds(plan) == [], "two draining: the third waits"
+    drained = facts({f"c-node-{i}": 1 for i in range(3)})
+    plan = plan_nodes("c", 5, H, stale, drained, max_unavailable=2)
+    assert kinds(plan) == [
+        (ActionKind.DELETE_DRAINED, "c-node-4"),
+        (ActionKind.DELETE_DRAINED, "c-node-3"),
+    ], "deleted together; the next drain waits until they are back"
+    back = {**stale, 4: pod(4), 3: pod(3, ready=False)}
+    plan = plan_nodes("c", 5, H, back, drained, max_unavailable=2)
+    assert kinds(plan) == [(ActionKind.START_DRAIN, "c-node-2")], "one down, one more may go"
+
+
+def test_max_unavailable_never_takes_every_node() -> None:
+    stale = {i: pod(i, template_hash="old") for i in range(3)}
+    held = facts({f"c-node-{i}": 1 for i in range(3)})
+    plan = plan_nodes("c", 3, H, stale, held, max_unavailable=5)
+    assert kinds(plan) == [
+        (ActionKind.START_DRAIN, "c-node-2"),
+        (ActionKind.START_DRAIN, "c-node-1"),
+    ], "one node stays to take the pchannels"
+    single = plan_nodes(
+        "c", 1, H, {0: pod(0, template_hash="old")}, facts({"c-node-0": 2}), max_unavailable=4
+    )
+    assert kinds(single) == [(ActionKind.START_DRAIN, "c-node-0")]

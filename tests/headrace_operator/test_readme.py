@@ -43,6 +43,18 @@ def test_the_example_is_a_valid_streaming_cluster() -> None:
         models.parse_cluster_spec(doc["spec"])
 
 
+def test_the_upgrade_example_is_a_valid_plan_for_the_example_cluster() -> None:
+    docs = readme_manifests()
+    plans = [d for d in docs if d.get("kind") == "UpgradePlan"]
+    assert plans, "the Kubernetes section shows no UpgradePlan"
+    clusters = {d["metadata"]["name"] for d in docs if d.get("kind") == "StreamingCluster"}
+    for doc in plans:
+        assert doc["apiVersion"] == models.API_VERSION
+        spec = models.parse_upgrade_spec(doc["spec"])
+        assert spec.cluster_ref.name in clusters
+        assert spec.dry_run, "the example starts as a dry run"
+
+
 def test_the_heredoc_is_found_only_in_its_section() -> None:
     text = (
         "## On Kubernetes\nkubectl apply -f - <<'YAML'\nkind: A\nYAML\n## Next\n<<'YAML'\nB\nYAML\n"

@@ -72,6 +72,56 @@ def test_ready_cluster() -> None:
     assert [n["pchannels"] for n in status["nodeStatuses"]] == [1, 1]  # type: ignore[index]
 
 
+def test_status_shows_the_images_and_versions_the_nodes_really_run() -> None:
+    """Observed from the pods and the metastore registrations, not the spec:
+    mid-upgrade the nodes disagree, and a node without a session has no version."""
+    pods = (
+        PodView(name="c-node-0", ordinal=0, phase="Running", ready=True, image="img:1"),
+        PodView(name="c-node-1", ordinal=1, phase="Running", ready=True, image="img:2"),
+        PodView(name="c-node-2", ordinal=2, phase="Running", ready=True, image="img:2"),
+        PodView(name="c-node-3", ordinal=3, phase="Pending", image="img:2"),
+    )
+    versions = {"c-node-0": "0.1.0", "c-node-1": "0.2.0", "c-node-2": "0.2.0"}
+    snap = ClusterSnapshot(
+        nodes={n: NodeInfo(node_id=n, address=f"{n}:1", version=v) for n, v in versions.items()}
+    )
+    obs = ClusterObservation(
+        cluster="c", generation=1, desired_nodes=4, total_pchannels=1, pods=pods, snapshot=snap
+    )
+    status = cluster_status(obs, None, T0)
+    nodes = status["nodeStatuses"]
+    assert [(n["image"], n["version"]) for n in nodes] == [  # type: ignore[index]
+        ("img:1", "0.1.0"),
+        ("img:2", "0.2.0"),
+        ("img:2", "0.2.0"),
+        ("img:2", ""),
+    ]
+    assert status["runningVersion"] == "0.1.0 (1), 0.2.0 (2)"
+    assert status["runningImage"] == "img:1 (1), img:2 (3)"
+    agreed = cluster_status(
+        ClusterObservation(
+            cluster="c",
+            generation=1,
+            desired_nodes=3,
+            total_pchannels=1,
+            pods=pods[1:3],
+            snapshot=snap,
+        ),
+        None,
+        T0,
+    )
+    assert (agreed["runningVersion"], agreed["runningImage"]) == ("0.2.0", "img:2")
+
+
+def test_pod_view_reads_the_container_image() -> None:
+    pod = {
+        "metadata": {"name": "c-node-0"},
+        "spec": {"containers": [{"name": "node", "image": "img:7"}]},
+    }
+    view = pod_view("c", pod)
+    assert view is not None and view.image == "img:7"
+
+
 def test_transition_time_moves_only_when_the_status_changes() -> None:
     base = ClusterObservation(
         cluster="c", generation=1, desired_nodes=1, total_pchannels=1, pods=ready_pods(1)

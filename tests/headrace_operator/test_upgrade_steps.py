@@ -19,7 +19,7 @@ from headrace_operator import builders, models
 from headrace_operator.events import KubeEventSink
 from headrace_operator.nodeplan import holdings
 from headrace_operator.results import PassResult
-from headrace_operator.upgrade_steps import UpgradePass, run_upgrade_pass
+from headrace_operator.upgrade_steps import OFFLINE_BLOCKED, UpgradePass, run_upgrade_pass
 from tests.headrace_operator.op_harness import BROKEN_SUFFIX, Bed, condition, is_ready
 
 pytestmark = pytest.mark.timeout(300)
@@ -29,13 +29,9 @@ TARGET = "headrace-node:v2"
 
 
 async def create_plan(bed: Bed, name: str, cluster: str, **overrides: Any) -> None:
-    spec: dict[str, Any] = {
-        "clusterRef": {"name": cluster},
-        "version": "0.2.0",
-        "image": TARGET,
-        "soakSeconds": 0,
-    }
+    spec: dict[str, Any] = {"clusterRef": {"name": cluster}, "image": TARGET, "soakSeconds": 0}
     spec.update(overrides)
+    spec.setdefault("version", bed.version_of(spec["image"]))
     body = {
         "apiVersion": models.API_VERSION,
         "kind": "UpgradePlan",
@@ -94,6 +90,32 @@ async def test_dry_run_fills_the_plan_and_changes_nothing(bed: Bed) -> None:
     cluster = await bed.cluster("dry")
     assert builders.NODE_IMAGES not in (cluster["metadata"].get("annotations") or {})
     assert set((await images(bed, "dry")).values()) == {bed.image}
+
+
+async def test_an_offline_plan_is_listed_then_blocked_without_changing_anything(
+    bed: Bed,
+) -> None:
+    await bed.create_cluster("still", nodes=2, pchannels=2)
+    await bed.converge("still", is_ready, what="Ready")
+    uids = {n: p["metadata"]["uid"] for n, p in (await bed.pods("still")).items()}
+    await create_plan(bed, "still-up", "still", mode="Offline", maxUnavailable=1)
+    await upgrade_pass(bed, "still-up")
+    body = await plan_body(bed, "still-up")
+    assert body["status"]["phase"] == "Blocked"
+    assert condition(body, "Blocked")["message"] == OFFLINE_BLOCKED
+    assert "needs cluster-wide write stop (not built in core)" in OFFLINE_BLOCKED
+    assert [s["action"] for s in body["status"]["plan"]] == [
+        "stop-writes",
+        "drain-and-fence",
+        "stop-nodes",
+        "start-nodes",
+        "resume-writes",
+    ]
+    await bed.reconcile("still")
+    assert {n: p["metadata"]["uid"] for n, p in (await bed.pods("still")).items()} == uids
+    cluster = await bed.cluster("still")
+    assert builders.NODE_IMAGES not in (cluster["metadata"].get("annotations") or {})
+    assert "UpgradeBlocked" in await bed.event_reasons()
 
 
 async def test_plan_for_a_missing_cluster_is_blocked(bed: Bed) -> None:
@@ -159,7 +181,8 @@ async def test_rolling_upgrade_one_node_at_a_time(bed: Bed) -> None:
     assert order == ["roll-node-2", "roll-node-1", "roll-node-0"]
     assert set((await images(bed, "roll")).values()) == {TARGET}
     cluster = await bed.cluster("roll")
-    assert cluster["spec"]["image"] == TARGET and cluster["spec"]["version"] == "0.2.0"
+    assert cluster["spec"]["image"] == TARGET
+    assert cluster["spec"]["version"] == bed.version_of(TARGET)
     assert builders.NODE_IMAGES not in (cluster["metadata"].get("annotations") or {})
     assert status["progress"] == "3/3"
     assert {n["step"] for n in status["nodes"]} == {"Done"}
@@ -177,6 +200,42 @@ async def test_rolling_upgrade_one_node_at_a_time(bed: Bed) -> None:
     assert {n: p["metadata"]["uid"] for n, p in pods_before.items()} == {
         n: p["metadata"]["uid"] for n, p in pods_after.items()
     }, "writing the target into the cluster's spec restarts nothing"
+
+
+async def test_max_unavailable_restarts_nodes_in_pairs(bed: Bed) -> None:
+    """``maxUnavailable: 2``: the cluster pass drains both nodes of a step at
+    once (never more), and the next pair waits until they are back."""
+    await bed.create_cluster("pair", nodes=4, pchannels=8)
+    await bed.converge("pair", is_ready, what="Ready")
+    await create_plan(bed, "pair-up", "pair", maxUnavailable=2)
+    await upgrade_pass(bed, "pair-up")
+    planned = [s["nodes"] for s in (await plan_body(bed, "pair-up"))["status"]["plan"]]
+    assert planned == [["pair-node-3", "pair-node-2"], ["pair-node-1", "pair-node-0"]]
+    most_draining = 0
+    deadline = time.monotonic() + (600 if bed.real else 120)
+    while True:
+        await bed.reconcile("pair")
+        pods = await bed.pods("pair")
+        draining = sorted(
+            name
+            for name, pod in pods.items()
+            if (pod["metadata"].get("annotations") or {}).get(builders.DRAINING)
+        )
+        assert len(draining) <= 2, f"at most maxUnavailable drains: {draining}"
+        assert len(pods) >= 2, f"at most two node pods down at a time: {sorted(pods)}"
+        most_draining = max(most_draining, len(draining))
+        await upgrade_pass(bed, "pair-up")
+        status = (await plan_body(bed, "pair-up"))["status"]
+        if status["phase"] == "Succeeded":
+            break
+        assert status["phase"] in ("Pending", "Running"), status
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.3 if bed.real else 0.05)
+    assert most_draining == 2, "the pair drained together"
+    assert set((await images(bed, "pair")).values()) == {TARGET}
+    annotations = (await bed.cluster("pair"))["metadata"].get("annotations") or {}
+    assert builders.MAX_UNAVAILABLE not in annotations
+    assert builders.NODE_IMAGES not in annotations
 
 
 async def test_resumes_after_an_operator_restart_without_restarting_a_node_twice(
@@ -252,6 +311,41 @@ async def test_an_image_that_never_becomes_ready_blocks_and_rollback_brings_it_b
     assert "UpgradeRolledBack" in await bed.event_reasons()
 
 
+async def test_a_node_that_registers_another_version_blocks_the_plan(bed: Bed) -> None:
+    """Running the target image is not enough: the node must register the
+    plan's version in the metastore. An image that does not carry it stops
+    the plan at its first node (Blocked, naming both versions), the cluster's
+    spec is not changed, and rollback brings that node back."""
+    await bed.create_cluster("label", nodes=3, pchannels=3)
+    await bed.converge("label", is_ready, what="Ready")
+    await create_plan(bed, "label-up", "label", version="9.9.9", drainTimeoutSeconds=10)
+
+    async def phase() -> str:
+        await upgrade_pass(bed, "label-up")
+        return str((await plan_body(bed, "label-up"))["status"]["phase"])
+
+    await bed.until("label", lambda: _is(phase, "Blocked"), what="Blocked", timeout=90)
+    body = await plan_body(bed, "label-up")
+    registered = bed.version_of(TARGET)
+    why = f"{TARGET} registered version {registered}, not the plan's 9.9.9"
+    assert condition(body, "Blocked")["message"] == (
+        f"node label-node-2 has not come back on the target image within 10s: {why}"
+    )
+    assert condition(body, "Succeeded")["status"] == "False"
+    first = next(n for n in body["status"]["nodes"] if n["node"] == "label-node-2")
+    assert (first["step"], first["error"]) == ("Restarting", why)
+    assert body["status"]["progress"] == "0/3"
+    now = await images(bed, "label")
+    assert now == {"label-node-0": bed.image, "label-node-1": bed.image, "label-node-2": TARGET}
+    cluster = await bed.cluster("label")
+    assert (cluster["spec"]["image"], cluster["spec"]["version"]) == (bed.image, "0.1.0")
+    node = next(n for n in cluster["status"]["nodeStatuses"] if n["nodeId"] == "label-node-2")
+    assert (node["image"], node["version"]) == (TARGET, registered)
+    await bed.kube.patch_merge(*UP, bed.namespace, "label-up", {"spec": {"rollback": True}})
+    await bed.until("label", lambda: _is(phase, "RolledBack"), what="RolledBack", timeout=90)
+    assert set((await images(bed, "label")).values()) == {bed.image}
+
+
 async def _is(read: Callable[[], Awaitable[str]], expected: str) -> bool:
     return await read() == expected
 
@@ -259,7 +353,7 @@ async def _is(read: Callable[[], Awaitable[str]], expected: str) -> bool:
 async def test_a_finished_plan_does_not_undo_a_later_change(bed: Bed) -> None:
     await bed.create_cluster("done", nodes=1, pchannels=1)
     await bed.converge("done", is_ready, what="Ready")
-    await bed.patch_cluster("done", {"spec": {"image": TARGET, "version": "0.2.0"}})
+    await bed.patch_cluster("done", {"spec": {"image": TARGET, "version": bed.version_of(TARGET)}})
     await create_plan(bed, "done-up", "done")
 
     async def phase() -> str:

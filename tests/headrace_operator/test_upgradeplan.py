@@ -23,9 +23,11 @@ from headrace_operator.upgradeplan import (
     rolling_plan,
     settling,
     stuck_nodes,
+    version_mismatch,
 )
 
 OLD, NEW = "node:1", "node:2"
+V1, V2 = "0.1.0", "0.2.0"
 
 
 def view(
@@ -39,7 +41,14 @@ def view(
         holdings[names[i % nodes]].append(pchannel)
     return ClusterView(
         nodes=tuple(
-            UpgradeNode(name, i, images.get(i, OLD), ready=True, registered=True)
+            UpgradeNode(
+                name,
+                i,
+                images.get(i, OLD),
+                ready=True,
+                registered=True,
+                version=V2 if images.get(i, OLD) == NEW else V1,
+            )
             for i, name in enumerate(names)
         ),
         coordinator=coordinator,
@@ -131,8 +140,10 @@ def test_gates_say_why() -> None:
         competing_plan("alpha", ["first"]) == "UpgradePlan first is already upgrading cluster alpha"
     )
     assert plan_paused(False) == "" and "paused" in plan_paused(True)
-    assert nothing_to_upgrade(view(2, 2), NEW) == ""
-    assert "every node runs node:2" in nothing_to_upgrade(view(2, 2, images={0: NEW, 1: NEW}), NEW)
+    assert nothing_to_upgrade(view(2, 2), NEW, V2) == ""
+    upgraded = view(2, 2, images={0: NEW, 1: NEW})
+    assert "every node runs node:2" in nothing_to_upgrade(upgraded, NEW, V2)
+    assert nothing_to_upgrade(upgraded, NEW, "0.3.0") == "", "the image, not the version"
 
 
 def test_serving_gate_names_the_idle_pchannels() -> None:
@@ -168,27 +179,56 @@ def test_drain_overdue() -> None:
 
 
 def test_node_step() -> None:
-    up = UpgradeNode("n", 0, NEW, ready=True, registered=True)
-    assert node_step(up, target_image=NEW, told=True, holding=0, soaked=False) is NodeStep.SOAKING
-    assert node_step(up, target_image=NEW, told=True, holding=2, soaked=True) is NodeStep.DONE
+    up = UpgradeNode("n", 0, NEW, ready=True, registered=True, version=V2)
+    assert (
+        node_step(up, target_image=NEW, target_version=V2, told=True, holding=0, soaked=False)
+        is NodeStep.SOAKING
+    )
+    assert (
+        node_step(up, target_image=NEW, target_version=V2, told=True, holding=2, soaked=True)
+        is NodeStep.DONE
+    )
     unregistered = UpgradeNode("n", 0, NEW, ready=True)
-    assert node_step(unregistered, target_image=NEW, told=True, holding=0, soaked=True) is (
-        NodeStep.RESTARTING
-    )
-    still_frozen = UpgradeNode("n", 0, NEW, ready=True, registered=True, draining=True)
-    assert node_step(still_frozen, target_image=NEW, told=True, holding=0, soaked=True) is (
-        NodeStep.RESTARTING
-    )
+    assert node_step(
+        unregistered, target_image=NEW, target_version=V2, told=True, holding=0, soaked=True
+    ) is (NodeStep.RESTARTING)
+    still_frozen = UpgradeNode("n", 0, NEW, ready=True, registered=True, version=V2, draining=True)
+    assert node_step(
+        still_frozen, target_image=NEW, target_version=V2, told=True, holding=0, soaked=True
+    ) is (NodeStep.RESTARTING)
+    mislabeled = UpgradeNode("n", 0, NEW, ready=True, registered=True, version=V1)
+    assert node_step(
+        mislabeled, target_image=NEW, target_version=V2, told=True, holding=0, soaked=True
+    ) is (NodeStep.RESTARTING), "on the image but registered another version: not back"
     old = UpgradeNode("n", 0, OLD, ready=True, registered=True)
-    assert node_step(old, target_image=NEW, told=False, holding=3, soaked=False) is (
-        NodeStep.PENDING
+    assert node_step(
+        old, target_image=NEW, target_version=V2, told=False, holding=3, soaked=False
+    ) is (NodeStep.PENDING)
+    assert node_step(
+        old, target_image=NEW, target_version=V2, told=True, holding=3, soaked=False
+    ) is (NodeStep.DRAINING)
+    assert node_step(
+        old, target_image=NEW, target_version=V2, told=True, holding=0, soaked=False
+    ) is (NodeStep.RESTARTING)
+
+
+def test_version_mismatch_says_what_the_node_registered() -> None:
+    mislabeled = UpgradeNode("n", 0, NEW, ready=True, registered=True, version=V1)
+    assert (
+        version_mismatch(mislabeled, NEW, V2)
+        == "node:2 registered version 0.1.0, not the plan's 0.2.0"
     )
-    assert node_step(old, target_image=NEW, told=True, holding=3, soaked=False) is (
-        NodeStep.DRAINING
+    silent = UpgradeNode("n", 0, NEW, ready=True, registered=True)
+    assert version_mismatch(silent, NEW, V2) == "node:2 registered no version, not the plan's 0.2.0"
+    assert version_mismatch(UpgradeNode("n", 0, NEW, version=V2, registered=True), NEW, V2) == ""
+    assert version_mismatch(UpgradeNode("n", 0, NEW), NEW, V2) == "", "not registered yet"
+    assert version_mismatch(UpgradeNode("n", 0, OLD, registered=True), NEW, V2) == ""
+    start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    why = version_mismatch(mislabeled, NEW, V2)
+    late = drain_overdue(
+        UpgradeNode("n", 0, NEW, problem=why), start, start + datetime.timedelta(seconds=11), 10
     )
-    assert node_step(old, target_image=NEW, told=True, holding=0, soaked=False) is (
-        NodeStep.RESTARTING
-    )
+    assert late.endswith("within 10s: node:2 registered version 0.1.0, not the plan's 0.2.0")
 
 
 def test_stuck_nodes_go_first_only_when_they_hold_nothing() -> None:
