@@ -28,6 +28,7 @@ class ErrorCode(enum.Enum):
     STORAGE_FULL = "STORAGE_FULL"
     CLOSED = "CLOSED"
     TXN_ABORTED = "TXN_ABORTED"
+    FLUSH_BEHIND = "FLUSH_BEHIND"
     INTERNAL = "INTERNAL"
 
 
@@ -129,6 +130,14 @@ class Truncated(InvalidArgument):
         self.earliest = earliest
 
 
+class FlushBehind(Unavailable):
+    """A pchannel holds more unflushed collection data than its hard watermark:
+    appends of collection data wait for the flush to move the checkpoint.
+    Nothing was written; the same append succeeds once the flush catches up."""
+
+    code = ErrorCode.FLUSH_BEHIND
+
+
 class NotFound(HeadraceError):
     code = ErrorCode.NOT_FOUND
 
@@ -189,6 +198,7 @@ _BY_CODE: dict[ErrorCode, type[HeadraceError]] = {
     ErrorCode.STORAGE_FULL: StorageFull,
     ErrorCode.CLOSED: Closed,
     ErrorCode.TXN_ABORTED: TxnAborted,
+    ErrorCode.FLUSH_BEHIND: FlushBehind,
     ErrorCode.INTERNAL: HeadraceError,
 }
 

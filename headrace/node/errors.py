@@ -34,6 +34,7 @@ STATUS_OF_CODE: dict[errors.ErrorCode, grpc.StatusCode] = {
     errors.ErrorCode.STORAGE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.ErrorCode.CLOSED: grpc.StatusCode.UNAVAILABLE,
     errors.ErrorCode.TXN_ABORTED: grpc.StatusCode.ABORTED,
+    errors.ErrorCode.FLUSH_BEHIND: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 

@@ -29,6 +29,7 @@ from headrace.wal.api import AppendResult, ReadOptions, WALState
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
 from headrace.wal.contract import Backend, BackendWriter, Record, where
 from headrace.wal.damaged import damage_stats
+from headrace.wal.interceptors.backpressure import BackPressureInterceptor
 from headrace.wal.interceptors.chain import AppendContext, build_chain
 from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
 from headrace.wal.interceptors.lock import LockInterceptor
@@ -40,6 +41,7 @@ from headrace.wal.interceptors.txn import (
     TxnInterceptor,
     TxnTable,
 )
+from headrace.wal.progress import Progress, RetentionOptions
 from headrace.wal.rebuild import DEDUP_FROM, rebuild
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
 
@@ -68,6 +70,9 @@ class WALOptions:
     max_open_txns: int = DEFAULT_MAX_OPEN_TXNS
     read_batch: int = DEFAULT_READ_BATCH
     """Entries a scanner reads ahead at most."""
+    retention: RetentionOptions = dataclasses.field(default_factory=RetentionOptions)
+    """Retention, truncation margin, back-pressure watermarks (applied by the
+    owner node's housekeeping pass and the back-pressure interceptor)."""
     open_timeout_s: float | None = None
     """Bound of :meth:`WAL.open` (fencing, the dedup rebuild, the FENCE): past
     it the open fails with ``Unavailable`` and is retried, it never hangs.
@@ -213,10 +218,14 @@ class WAL:
         table = TxnTable(options.txn_keepalive_s, options.max_txn_bytes, options.max_open_txns)
         self._txn = TxnInterceptor(table, tso, options.max_message_bytes, time.monotonic)
         lock = LockInterceptor()
-        self._chain = build_chain([lock, DedupInterceptor(dedup), self._txn], self._appender.write)
+        backpressure = BackPressureInterceptor(pchannel, self.progress, options.retention)
+        self._chain = build_chain(
+            [backpressure, lock, DedupInterceptor(dedup), self._txn], self._appender.write
+        )
         self._plain_chain = build_chain([lock], self._appender.write)
         """The chain for batches of plain messages: no properties (so no
-        dedup key), no txn id, no DDL or transaction control type."""
+        dedup key, no collection: no back-pressure), no txn id, no DDL or
+        transaction control type."""
         self._sync = TimetickSync(
             self._appender, options.timetick_interval_ms / 1000.0, [self._expire_txns]
         )
@@ -450,6 +459,11 @@ class WAL:
     @property
     def last_timetick(self) -> int:
         return self._appender.last_timetick
+
+    @property
+    def progress(self) -> Progress:
+        """Bytes appended, sampled positions and the flush state (retention)."""
+        return self._appender.progress
 
     @property
     def last_id(self) -> MessageID | None:
