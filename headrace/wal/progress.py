@@ -173,12 +173,18 @@ class Progress:
 
 
 def flushed_bytes(samples: Sequence[Sample], checkpoint: MessageID | None) -> int:
-    """The bytes of the last sample at or below ``checkpoint`` (pure); 0 when
-    there is no checkpoint or it lies before the first sample. The appended
-    bytes less this over-estimate the unflushed bytes by at most the bytes
-    between that sample and the checkpoint, and count only what this WAL
-    appended (everything, when it has no sample at or below the checkpoint)."""
+    """The bytes counted up to the first sample at or after ``checkpoint``
+    (pure); 0 without a checkpoint.
+
+    The appended bytes less this are the unflushed bytes, under-estimated by
+    at most the bytes between the checkpoint and that sample (one sampling
+    gap: the housekeeping pass notes the tail before asking, so there always
+    is one), and counting only what this WAL appended (everything, when the
+    checkpoint lies before the first sample). An under-estimate, not an
+    over-estimate: a checkpoint landing between two distant samples must
+    release back-pressure, never hold it forever.
+    """
     if checkpoint is None:
         return 0
-    index = bisect.bisect_right([s.id for s in samples], checkpoint)
-    return 0 if index == 0 else samples[index - 1].bytes
+    index = bisect.bisect_left([s.id for s in samples], checkpoint)
+    return samples[index].bytes if index < len(samples) else (samples[-1].bytes if samples else 0)

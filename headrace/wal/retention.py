@@ -132,7 +132,9 @@ def _points(inputs: Inputs) -> list[_Point]:
 
 
 def _age_s(point: _Point, now_ms: int) -> float:
-    return (now_ms - tso.physical_ms(point.timetick)) / 1000.0
+    """Seconds since the record's timetick; 0 for a timetick ahead of the
+    clock (the TSO may hand out times a little ahead)."""
+    return max(0, now_ms - tso.physical_ms(point.timetick)) / 1000.0
 
 
 def _retention_allows(point: _Point, inputs: Inputs) -> bool:

@@ -241,17 +241,20 @@ def test_position_log_thins_the_older_half() -> None:
     assert log.samples[-1].bytes == 290
 
 
-def test_unflushed_bytes_count_from_the_sample_at_or_below_the_checkpoint() -> None:
+def test_unflushed_bytes_count_from_the_sample_at_or_after_the_checkpoint() -> None:
     progress = Progress(PositionLog(min_gap_s=0))
     for i in range(1, 6):
         progress.appended(Id(i * 10), i, 100)
     assert progress.unflushed_bytes() == 500  # no checkpoint: everything
-    assert flushed_bytes(progress.positions.samples, Id(35)) == 300
+    assert flushed_bytes(progress.positions.samples, Id(35)) == 400
+    assert flushed_bytes(progress.positions.samples, Id(30)) == 300
     progress.set_flush(FlushState(("orders",), Id(35)))
     assert progress.carries_collections
-    assert progress.unflushed_bytes() == 200
+    assert progress.unflushed_bytes() == 100  # counted from the next sample: never held back
     progress.set_flush(FlushState(("orders",), Id(5)))  # before every sample
-    assert progress.unflushed_bytes() == 500
+    assert progress.unflushed_bytes() == 400
+    progress.set_flush(FlushState(("orders",), Id(50)))  # at the tail
+    assert progress.unflushed_bytes() == 0
 
 
 @pytest.mark.parametrize(
