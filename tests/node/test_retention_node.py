@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -325,3 +326,54 @@ async def count_payloads(node: StreamingNode, after: MessageID, payload: bytes) 
     finally:
         await reader.close()
     return count
+
+
+def kafka_low_watermark(backend: Backend) -> int:
+    """The broker's log start offset of the pchannel's topic (blocking)."""
+    from headrace.wal.kafka import client as kafka_client  # noqa: PLC0415
+    from headrace.wal.kafka.backend import KafkaBackend  # noqa: PLC0415
+
+    assert isinstance(backend, KafkaBackend)
+    scan = kafka_client.Scan(backend.settings, backend.settings.topic(P))
+    try:
+        return scan.watermarks()[0]
+    finally:
+        scan.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_kafka_low_watermark_moves_once_a_checkpoint_is_written(
+    cluster: Cluster, kafka_bootstrap: str
+) -> None:
+    from headrace.wal import registry  # noqa: PLC0415
+    from headrace.wal.kafka.message_id import KafkaMessageID  # noqa: PLC0415
+
+    backend = registry.create(
+        "kafka",
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"headrace.retention-{uuid.uuid4().hex[:10]}.",
+    )
+    await cluster.configure([P])
+    collection = await orders(cluster)
+    await start_node(cluster, FAST, backend)
+    node = cluster.nodes["node-a"]
+    await cluster.assign(P, "node-a", 1)
+    results = await insert_many(held(node), collection, 20)
+    low = await asyncio.to_thread(kafka_low_watermark, backend)
+    await until(lambda: "orders has a shard here and no checkpoint yet" in reason(node))
+    assert await asyncio.to_thread(kafka_low_watermark, backend) == low
+
+    target = results[12]
+    assert isinstance(target.id, KafkaMessageID)
+    await checkpoint(cluster, target)
+    async with asyncio.timeout(60):
+        while True:
+            moved_to = await asyncio.to_thread(kafka_low_watermark, backend)
+            if moved_to != low:
+                break
+            await asyncio.sleep(0.1)
+    assert low < moved_to <= target.id.offset
+    first = await backend.earliest(P)
+    assert first is not None and first <= target.id
