@@ -9,7 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace import errors, tso
-from headrace.wal.interceptors.backpressure import Pressure, pressure
+from headrace.message.types import Message, MessageType
+from headrace.table.messages import COLLECTION
+from headrace.wal.api import AppendResult
+from headrace.wal.interceptors.backpressure import BackPressureInterceptor, Pressure, pressure
+from headrace.wal.interceptors.chain import AppendContext
 from headrace.wal.memory.message_id import MemoryMessageID as Id
 from headrace.wal.progress import (
     FlushState,
@@ -288,3 +292,71 @@ def test_bad_options_are_refused_with_the_option_named(changes: dict[str, object
     with pytest.raises(errors.InvalidArgument) as caught:
         RetentionOptions(**changes)  # type: ignore[arg-type]
     assert next(iter(changes)) in caught.value.message
+
+
+def data(collection: bool = True, kind: MessageType = MessageType.INSERT) -> AppendContext:
+    properties = {COLLECTION: "orders"} if collection else {}
+    return AppendContext(Message(kind, "orders-0", b"rows", properties), 100)
+
+
+class Chain:
+    """The rest of the chain: records what reached it and settles it."""
+
+    def __init__(self) -> None:
+        self.passed: list[AppendContext] = []
+        self.slept: list[float] = []
+
+    async def next(self, batch: list[AppendContext]) -> None:
+        self.passed.extend(batch)
+        for ctx in batch:
+            ctx.result = AppendResult(Id(1), 1, 1)
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+def interceptor(
+    unflushed: int, *, collections: bool = True
+) -> tuple[BackPressureInterceptor, Chain]:
+    progress = Progress(PositionLog(min_gap_s=0))
+    progress.appended(Id(1), 1, unflushed)
+    progress.set_flush(FlushState(("orders",) if collections else (), None))
+    chain = Chain()
+    options = RetentionOptions(soft_bytes=1000, hard_bytes=2000, max_delay_s=0.5)
+    return BackPressureInterceptor("p", progress, options, chain.sleep), chain
+
+
+async def test_collection_data_waits_in_proportion_past_the_soft_watermark() -> None:
+    bp, chain = interceptor(1500)
+    batch = [data(), data(collection=False)]
+    await bp(batch, chain.next)
+    assert chain.slept == [0.25]
+    assert chain.passed == batch
+
+
+@pytest.mark.parametrize(
+    ("unflushed", "collections", "batch"),
+    [
+        pytest.param(1500, True, [data(collection=False)], id="opaque data only"),
+        pytest.param(1500, False, [data()], id="pchannel without collections"),
+        pytest.param(900, True, [data()], id="below the soft watermark"),
+    ],
+)
+async def test_no_delay(unflushed: int, collections: bool, batch: list[AppendContext]) -> None:
+    bp, chain = interceptor(unflushed, collections=collections)
+    await bp(batch, chain.next)
+    assert chain.slept == []
+    assert chain.passed == batch
+
+
+async def test_past_the_hard_watermark_only_collection_data_is_refused() -> None:
+    bp, chain = interceptor(2000)
+    insert, delete = data(), data(kind=MessageType.DELETE)
+    opaque, seal = data(collection=False), data(kind=MessageType.FLUSH)
+    await bp([insert, opaque, delete, seal], chain.next)
+    assert chain.passed == [opaque, seal]
+    for refused in (insert, delete):
+        assert isinstance(refused.error, errors.FlushBehind)
+        assert refused.error.retryable
+    assert "2000 bytes after its checkpoint (none yet)" in str(insert.error)
+    assert chain.slept == []
