@@ -85,6 +85,18 @@ def collections_on(
     )
 
 
+def owns(assignment: Assignment | None, node_id: str, term: int) -> bool:
+    """Whether ``node_id`` owns the pchannel under ``term`` by its record (pure):
+    ASSIGNING or ASSIGNED to it under exactly that term (UNASSIGNING: it is
+    handing the pchannel over, so nothing is truncated any more)."""
+    return (
+        assignment is not None
+        and assignment.node == node_id
+        and assignment.term == term
+        and assignment.state in _OWNING
+    )
+
+
 class Housekeeper:
     """The housekeeping loop of one node (see the module docstring)."""
 
@@ -152,15 +164,9 @@ class Housekeeper:
         self, pchannel: str, wal: WAL, snapshot: Snapshot, pchannels: list[str]
     ) -> None:
         owned = snapshot.assignments.get(pchannel)
-        if owned is None:
+        if owned is None or not owns(owned[0], self.node_id, wal.term):
             return
-        assignment, revision = owned
-        if (
-            assignment.node != self.node_id
-            or assignment.term != wal.term
-            or assignment.state not in _OWNING
-        ):
-            return
+        revision = owned[1]
         checkpoint_record = snapshot.checkpoints.get(pchannel)
         try:
             checkpoint = (

@@ -21,9 +21,11 @@ from headrace import errors
 from headrace.cli.main import main as cli_main
 from headrace.client import HeadraceClient, ProducerOptions
 from headrace.client.status import status
+from headrace.cluster import Assignment, AssignmentState
 from headrace.coordinator.checkpoint import CheckpointWriter
 from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
+from headrace.node.housekeeping import owns
 from headrace.node.server import NodeConfig, StreamingNode
 from headrace.table import messages
 from headrace.table.collections import Collection, CollectionSpec, CollectionStore
@@ -377,3 +379,57 @@ async def test_kafka_low_watermark_moves_once_a_checkpoint_is_written(
     assert low < moved_to <= target.id.offset
     first = await backend.earliest(P)
     assert first is not None and first <= target.id
+
+
+@pytest.mark.pulsar
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_pulsar_earliest_moves_once_a_checkpoint_is_written(
+    cluster: Cluster, pulsar_url: str
+) -> None:
+    """Pulsar's own truncation: the backend's mark and the subscription's
+    cursor move (the broker's retention then drops whole ledgers below it)."""
+    from headrace.wal import registry  # noqa: PLC0415
+
+    backend = registry.create(
+        "pulsar", service_url=pulsar_url, topic_prefix=f"retention-{uuid.uuid4().hex[:10]}-"
+    )
+    await cluster.configure([P])
+    collection = await orders(cluster)
+    node = await start_node(cluster, FAST, backend)
+    await cluster.assign(P, "node-a", 1)
+    results = await insert_many(held(node), collection, 20)
+    first = await backend.earliest(P)
+    await until(lambda: "orders has a shard here and no checkpoint yet" in reason(node))
+    assert await backend.earliest(P) == first
+
+    target = results[12]
+    await checkpoint(cluster, target)
+    async with asyncio.timeout(60):
+        while True:
+            earliest = await backend.earliest(P)
+            if earliest != first:
+                break
+            await asyncio.sleep(0.1)
+    assert first is not None and earliest is not None
+    assert first < earliest <= target.id
+
+
+@pytest.mark.parametrize(
+    ("state", "node", "term", "expected"),
+    [
+        (AssignmentState.ASSIGNED, "node-a", 3, True),
+        (AssignmentState.ASSIGNING, "node-a", 3, True),
+        (AssignmentState.UNASSIGNING, "node-a", 3, False),
+        (AssignmentState.UNASSIGNED, "node-a", 3, False),
+        (AssignmentState.ASSIGNED, "node-b", 3, False),
+        (AssignmentState.ASSIGNED, "node-a", 4, False),
+        (AssignmentState.ASSIGNED, "node-a", 2, False),
+    ],
+)
+def test_only_the_owner_under_the_wal_term_truncates(
+    state: AssignmentState, node: str, term: int, expected: bool
+) -> None:
+    record = Assignment(pchannel=P, state=state, term=term, node=node)
+    assert owns(record, "node-a", 3) is expected
+    assert owns(None, "node-a", 3) is False
