@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
 import pytest
 
 from headrace import errors
+from headrace.cli.exits import EXIT_ERROR, exit_code
 from headrace.cli.main import build_parser
 from headrace.cli.retentionflags import forward_retention_flags, retention_options
 from headrace.cli.run import standalone_config
+from headrace.client.errors import from_proto
+from headrace.node.errors import STATUS_OF_CODE, to_json, to_proto
 from headrace.standalone import node_command
 from headrace.wal.progress import RetentionOptions
 
@@ -75,3 +79,13 @@ def test_the_standalone_forwards_given_flags_to_its_nodes(tmp_path: Path) -> Non
     assert retention_options(node_args) == RetentionOptions(
         max_age_s=None, soft_bytes=4000, hard_bytes=5000
     )
+
+
+def test_flush_behind_is_retryable_on_the_wire_and_a_non_usage_exit() -> None:
+    """FLUSH_BEHIND is mapped once: gRPC status, wire round trip, CLI exit code."""
+    behind = errors.FlushBehind("the flush of pchannel p is behind")
+    back = from_proto(to_proto(behind))
+    assert isinstance(back, errors.FlushBehind) and back.retryable
+    assert '"retryable":true' in to_json(behind)
+    assert STATUS_OF_CODE[errors.ErrorCode.FLUSH_BEHIND] is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert exit_code(errors.ErrorCode.FLUSH_BEHIND) == EXIT_ERROR
