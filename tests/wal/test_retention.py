@@ -158,6 +158,16 @@ CASES = [
         id="checkpoint young and before every sample: keep everything",
     ),
     pytest.param(inputs(samples=()), None, "no known position", id="no samples yet"),
+    pytest.param(
+        inputs(
+            collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(-0.01)),
+            options=dataclasses.replace(OPTS, max_age_s=None, max_bytes=1, margin_s=0),
+        ),
+        Id(85),
+        "the checkpoint",
+        id="a timetick a little ahead of the clock is of age 0, not negative",
+    ),
 ]
 
 
