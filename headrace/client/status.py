@@ -13,7 +13,7 @@ from headrace.coordinator.control import BalanceControl, ControlKeys, NodeContro
 from headrace.coordinator.status import layout_summary
 from headrace.metastore.contract import Get, KeyValue
 from headrace.metastore.factory import open_metastore
-from headrace.table.records import CheckpointRecord
+from headrace.table.records import CheckpointRecord, checkpoints_prefix
 from headrace.wal.retention import RetentionRecord, retention_prefix
 
 
@@ -45,7 +45,7 @@ async def status(
                         Get(keys.pchannels, prefix=True),
                         Get(keys.leader),
                         Get(control.requests, prefix=True),
-                        Get(f"{keys.root}/checkpoints/", prefix=True),
+                        Get(checkpoints_prefix(keys), prefix=True),
                         Get(retention_prefix(keys), prefix=True),
                     ],
                 )

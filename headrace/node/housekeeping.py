@@ -37,7 +37,7 @@ from headrace.message.ids import MessageID
 from headrace.metastore.contract import Compare, Get, KeyValue, Metastore, Put
 from headrace.node.walmanager import WALManager
 from headrace.table.collections import Collection, CollectionRecord, collections_prefix
-from headrace.table.records import CheckpointRecord
+from headrace.table.records import CheckpointRecord, checkpoints_prefix
 from headrace.wal.api import WALState
 from headrace.wal.framework import WAL
 from headrace.wal.progress import FlushState, RetentionOptions, Sample
@@ -141,7 +141,7 @@ class Housekeeper:
                 Get(keys.config),
                 Get(collections_prefix(keys), prefix=True),
                 Get(keys.pchannels, prefix=True),
-                Get(f"{keys.root}/checkpoints/", prefix=True),
+                Get(checkpoints_prefix(keys), prefix=True),
                 Get(retention_prefix(keys), prefix=True),
             ],
         )
