@@ -29,6 +29,7 @@ class ErrorCode(enum.Enum):
     CLOSED = "CLOSED"
     TXN_ABORTED = "TXN_ABORTED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    FLUSH_BEHIND = "FLUSH_BEHIND"
     INTERNAL = "INTERNAL"
 
 
@@ -130,6 +131,14 @@ class Truncated(InvalidArgument):
         self.earliest = earliest
 
 
+class FlushBehind(Unavailable):
+    """A pchannel holds more unflushed collection data than its hard watermark:
+    appends of collection data wait for the flush to move the checkpoint.
+    Nothing was written; the same append succeeds once the flush catches up."""
+
+    code = ErrorCode.FLUSH_BEHIND
+
+
 class NotFound(HeadraceError):
     code = ErrorCode.NOT_FOUND
 
@@ -199,6 +208,7 @@ _BY_CODE: dict[ErrorCode, type[HeadraceError]] = {
     ErrorCode.CLOSED: Closed,
     ErrorCode.TXN_ABORTED: TxnAborted,
     ErrorCode.PERMISSION_DENIED: PermissionDenied,
+    ErrorCode.FLUSH_BEHIND: FlushBehind,
     ErrorCode.INTERNAL: HeadraceError,
 }
 

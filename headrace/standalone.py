@@ -75,6 +75,8 @@ class StandaloneConfig:
     """WAL backend: ``local`` (files under ``wal_dir``), ``kafka`` or ``pulsar``."""
     wal_args: tuple[str, ...] = ()
     """Broker flags of the node command (``--kafka-bootstrap ...``) for kafka/pulsar."""
+    node_args: tuple[str, ...] = ()
+    """Further node flags (retention and back-pressure, ``--retention-s ...``)."""
 
     @property
     def metastore_url(self) -> str:
@@ -163,7 +165,12 @@ def node_command(cfg: StandaloneConfig, node_id: str, *, parent: int | None = No
         lease_ttl_s=cfg.lease_ttl_s,
         timetick_interval_ms=cfg.timetick_interval_ms,
     )
-    return [*argv, "--exit-with-parent", str(os.getpid() if parent is None else parent)]
+    return [
+        *argv,
+        *cfg.node_args,
+        "--exit-with-parent",
+        str(os.getpid() if parent is None else parent),
+    ]
 
 
 def node_environment(environ: Mapping[str, str]) -> dict[str, str]:

@@ -35,7 +35,16 @@ async def status(args: argparse.Namespace) -> int:
         node["state"] = _node_state(node)
     _print_table(report["nodes"], ["node_id", "address", "state", "pchannels"])
     print()
-    _print_table(report["pchannels"], ["pchannel", "state", "node", "term", "wal_state", "lag"])
+    for row in report["pchannels"]:
+        unflushed = row.get("unflushed_bytes")
+        row["unflushed"] = "-" if unflushed is None else unflushed
+    _print_table(
+        report["pchannels"],
+        [
+            *("pchannel", "state", "node", "term", "wal_state", "lag"),
+            *("checkpoint", "unflushed", "truncated_below"),
+        ],
+    )
     for row in report["pchannels"]:
         if row.get("wal_error"):
             print(f"{row['pchannel']}: {row['wal_error']}")

@@ -20,6 +20,11 @@ from headrace import errors
 from headrace import standalone as standalone_mod
 from headrace.cli import walflags
 from headrace.cli.argtypes import positive_float, positive_int
+from headrace.cli.retentionflags import (
+    add_retention_args,
+    forward_retention_flags,
+    retention_options,
+)
 from headrace.client import api as client_api
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.node import server as node_server
@@ -50,6 +55,7 @@ def add_standalone_args(p: argparse.ArgumentParser) -> None:
         help="WAL backend (default local: files under --data-dir)",
     )
     walflags.add_broker_args(p)
+    add_retention_args(p)
 
 
 def add_node_args(p: argparse.ArgumentParser) -> None:
@@ -79,6 +85,7 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
         "that died before)",
     )
     walflags.add_broker_args(p)
+    add_retention_args(p)
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -159,7 +166,9 @@ async def node(args: argparse.Namespace) -> int:
         cluster=args.cluster,
         wal_backend=args.wal,
         backend_settings=wal_settings(args),
-        wal_options=WALOptions(timetick_interval_ms=args.timetick_interval_ms),
+        wal_options=WALOptions(
+            timetick_interval_ms=args.timetick_interval_ms, retention=retention_options(args)
+        ),
         session_ttl=args.lease_ttl,
     )
     try:
@@ -185,6 +194,7 @@ def standalone_config(
         walflags.check_backend(args, "local")
     else:
         walflags.broker_settings(args, env)
+    retention_options(args)  # refused here, before any node starts
     return standalone_mod.StandaloneConfig(
         data_dir=Path(args.data_dir),
         nodes=args.nodes,
@@ -195,6 +205,7 @@ def standalone_config(
         timetick_interval_ms=args.timetick_interval_ms,
         wal=args.wal,
         wal_args=tuple(walflags.forward_flags(args)),
+        node_args=tuple(forward_retention_flags(args)),
     )
 
 

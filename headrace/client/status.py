@@ -13,6 +13,8 @@ from headrace.coordinator.control import BalanceControl, ControlKeys, NodeContro
 from headrace.coordinator.status import layout_summary
 from headrace.metastore.contract import Get, KeyValue
 from headrace.metastore.factory import open_metastore
+from headrace.table.records import CheckpointRecord, checkpoints_prefix
+from headrace.wal.retention import RetentionRecord, retention_prefix
 
 
 async def status(
@@ -21,7 +23,8 @@ async def status(
     *,
     timeout: float = 10.0,
 ) -> dict[str, object]:
-    """A JSON-ready summary: config, nodes, pchannels with owner, term and state.
+    """A JSON-ready summary: config, nodes, pchannels with owner, term and state,
+    flush checkpoint, unflushed bytes and truncation point.
 
     A node is ``frozen`` if it says so or an operator froze or drained it
     (``draining``); a frozen or draining node that is not running is listed
@@ -42,6 +45,8 @@ async def status(
                         Get(keys.pchannels, prefix=True),
                         Get(keys.leader),
                         Get(control.requests, prefix=True),
+                        Get(checkpoints_prefix(keys), prefix=True),
+                        Get(retention_prefix(keys), prefix=True),
                     ],
                 )
             finally:
@@ -50,13 +55,15 @@ async def status(
         raise errors.Unavailable(
             f"metastore {metastore_url} did not answer within {timeout:g}s"
         ) from None
-    config_kvs, node_kvs, pchannel_kvs, leader_kvs, request_kvs = result.gets
+    config_kvs, node_kvs, pchannel_kvs, leader_kvs, request_kvs, cp_kvs, kept_kvs = result.gets
     config = parse_record(ClusterConfig, config_kvs[0].value) if config_kvs else None
     nodes = [parse_record(NodeInfo, kv.value) for kv in node_kvs]
     records = {a.pchannel: a for a in (parse_record(Assignment, kv.value) for kv in pchannel_kvs)}
     controls = _under(request_kvs, control.node_controls, NodeControl)
     balance = _under(request_kvs, control.requests, BalanceControl).get("balance")
     layout = {n.node_id: n for n in layout_summary(records.values(), nodes, controls).nodes}
+    checkpoints = {r.pchannel: r for r in (CheckpointRecord.from_json(k.value) for k in cp_kvs)}
+    kept = {r.pchannel: r for r in (RetentionRecord.from_json(k.value) for k in kept_kvs)}
     names = list(config.pchannels) if config is not None else []
     names += sorted(set(records) - set(names))
     pchannels: list[dict[str, object]] = []
@@ -70,6 +77,7 @@ async def status(
                 "address": record.address if record else "",
                 "term": record.term if record else 0,
                 "target": record.target if record else "",
+                **_retention(checkpoints.get(name), kept.get(name)),
             }
         )
     return {
@@ -105,6 +113,20 @@ async def status(
             if node_id not in layout and (c.frozen or c.draining)
         ],
         "pchannels": pchannels,
+    }
+
+
+def _retention(
+    checkpoint: CheckpointRecord | None, kept: RetentionRecord | None
+) -> dict[str, object]:
+    """A pchannel's flush checkpoint (from its record), and what its owner's
+    last housekeeping pass recorded: unflushed bytes (None before any pass),
+    the position the backend was truncated below, and why it keeps the rest."""
+    return {
+        "checkpoint": checkpoint.position if checkpoint is not None else "",
+        "unflushed_bytes": kept.unflushed_bytes if kept is not None else None,
+        "truncated_below": kept.truncated_below if kept is not None else "",
+        "retention": kept.reason if kept is not None else "",
     }
 
 

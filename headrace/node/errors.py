@@ -35,6 +35,7 @@ STATUS_OF_CODE: dict[errors.ErrorCode, grpc.StatusCode] = {
     errors.ErrorCode.CLOSED: grpc.StatusCode.UNAVAILABLE,
     errors.ErrorCode.TXN_ABORTED: grpc.StatusCode.ABORTED,
     errors.ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    errors.ErrorCode.FLUSH_BEHIND: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 

@@ -50,6 +50,7 @@ from headrace.metastore.factory import open_metastore
 from headrace.metastore.session import Session, start_exclusive
 from headrace.node.assignments import Reactor
 from headrace.node.collections import NodeCollections
+from headrace.node.housekeeping import Housekeeper
 from headrace.node.services import ConsumerService, Limits, ManagerService, ProducerService
 from headrace.node.walmanager import WALManager
 from headrace.proto import rpc
@@ -159,6 +160,7 @@ class StreamingNode:
         self.producer_service: ProducerService | None = None
         self.consumer_service: ConsumerService | None = None
         self.reactor: Reactor | None = None
+        self.housekeeper: Housekeeper | None = None
 
     @property
     def metastore(self) -> Metastore:
@@ -192,6 +194,7 @@ class StreamingNode:
                 session_lease=self._session_lease,
             )
             await self._register()
+            self.housekeeper = Housekeeper(cfg.node_id, self.metastore, self.keys, self.manager)
             self._tasks = [
                 guarded_task(
                     self.reactor.run(),
@@ -205,6 +208,12 @@ class StreamingNode:
                     f"{cfg.node_id}-session",
                     self._on_task_failure,
                     finishable=True,  # returns only once another process took the id
+                    logger=log,
+                ),
+                guarded_task(
+                    self.housekeeper.run(),
+                    f"{cfg.node_id}-housekeeping",
+                    self._on_task_failure,
                     logger=log,
                 ),
             ]

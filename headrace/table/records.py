@@ -221,6 +221,11 @@ def segments_prefix(keys: Keys, pchannel: str) -> str:
     return f"{keys.root}/segments/{pchannel}/"
 
 
+def checkpoints_prefix(keys: Keys) -> str:
+    """The prefix of every pchannel's ``CheckpointRecord`` (``Keys.checkpoint``)."""
+    return keys.checkpoint("")
+
+
 def segment_key(keys: Keys, pchannel: str, segment_id: int) -> str:
     if not 0 <= segment_id < 10**20:
         raise errors.InvalidArgument(f"segment id out of range: {segment_id}")

@@ -32,6 +32,7 @@ from headrace.wal.api import AppendResult, ReadOptions, WALState
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
 from headrace.wal.contract import Backend, BackendWriter, Record, where
 from headrace.wal.damaged import damage_stats
+from headrace.wal.interceptors.backpressure import BackPressureInterceptor
 from headrace.wal.interceptors.chain import AppendContext, Interceptor, build_chain
 from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
 from headrace.wal.interceptors.lock import LockInterceptor
@@ -51,6 +52,7 @@ from headrace.wal.interceptors.txn import (
     TxnInterceptor,
     TxnTable,
 )
+from headrace.wal.progress import Progress, RetentionOptions
 from headrace.wal.rebuild import DEDUP_FROM, TailScan, rebuild
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
 
@@ -79,6 +81,9 @@ class WALOptions:
     max_open_txns: int = DEFAULT_MAX_OPEN_TXNS
     read_batch: int = DEFAULT_READ_BATCH
     """Entries a scanner reads ahead at most."""
+    retention: RetentionOptions = dataclasses.field(default_factory=RetentionOptions)
+    """Retention, truncation margin, back-pressure watermarks (applied by the
+    owner node's housekeeping pass and the back-pressure interceptor)."""
     open_timeout_s: float | None = None
     """Bound of :meth:`WAL.open` (fencing, the dedup rebuild, the FENCE): past
     it the open fails with ``Unavailable`` and is retried, it never hangs.
@@ -242,13 +247,15 @@ class WAL:
                     lambda: self._appender.last_id,
                 ),
             )
-        chain: list[Interceptor] = [lock, DedupInterceptor(dedup), self._txn]
+        backpressure = BackPressureInterceptor(pchannel, self.progress, options.retention)
+        chain: list[Interceptor] = [backpressure, lock, DedupInterceptor(dedup), self._txn]
         if self._segments is not None:
             chain.append(self._segments)
         self._chain = build_chain(chain, self._appender.write)
         self._plain_chain = build_chain([lock], self._appender.write)
         """The chain for batches of plain messages: no properties (so no
-        dedup key), no txn id, no DDL or transaction control type."""
+        dedup key, no collection: no back-pressure), no txn id, no DDL or
+        transaction control type."""
         self._sync = TimetickSync(
             self._appender,
             options.timetick_interval_ms / 1000.0,
@@ -500,6 +507,11 @@ class WAL:
     @property
     def last_timetick(self) -> int:
         return self._appender.last_timetick
+
+    @property
+    def progress(self) -> Progress:
+        """Bytes appended, sampled positions and the flush state (retention)."""
+        return self._appender.progress
 
     @property
     def last_id(self) -> MessageID | None:

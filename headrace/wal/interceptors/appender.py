@@ -45,6 +45,7 @@ from headrace.wal.interceptors.planning import (
     unsettle,
 )
 from headrace.wal.interceptors.txn import TXN_ID_BYTES
+from headrace.wal.progress import Progress, Sample
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,10 @@ class Appender:
         )
         self.last_id: MessageID | None = last.id
         self.appended_total = 0
+        self.progress = Progress()
+        """Bytes appended and sampled positions (retention, back-pressure)."""
+        if last.id is not None:
+            self.progress.positions.note(Sample(last.id, last.timetick, 0), force=True)
         self.failure: errors.HeadraceError | None = None
         """Set once the WAL can no longer write (fenced, backend state unknown)."""
         self._queue: deque[Request] = deque()
@@ -375,6 +380,8 @@ class Appender:
             if entries:
                 self.last_id = entries[-1].id
             self.appended_total += len(batch.records)
+            if batch.records and entries:
+                self.progress.appended(entries[-1].id, timeticks[-1], sum(map(len, batch.records)))
             self._buffer.extend_columns(entries, timeticks, batch.sizes, batch.persisted)
         elif isinstance(error, errors.Fenced):
             unsettle(batch)

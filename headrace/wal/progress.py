@@ -1,0 +1,190 @@
+"""What a WAL knows of its own log for retention and back-pressure.
+
+:class:`PositionLog` samples the log as the appender acknowledges batches:
+``(id, timetick, bytes)``, where ``bytes`` counts the encoded bytes this WAL
+appended since it opened, up to and including the record ``id``. Samples are
+taken at most every :attr:`PositionLog.min_gap_s`; when the log is full, every
+other sample of its older half is dropped, so recent positions stay fine
+grained (the checkpoint is normally recent) and old ones coarse. Records
+written before this WAL opened lie below the first sample (taken at open with
+``bytes`` 0).
+
+:class:`Progress` is one WAL's live view: the byte counter, the samples, and
+the flush state the node's housekeeping pass last learned from the metastore
+(:class:`FlushState`). The back-pressure interceptor reads it on every append.
+
+:class:`RetentionOptions` is the one options object of retention, truncation
+and back-pressure.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from headrace import errors
+from headrace.message.ids import MessageID
+
+DAY_S = 86_400.0
+MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetentionOptions:
+    """Retention of opaque data, the truncation safety margin, the flush
+    back-pressure watermarks, and how often the owner node applies them.
+
+    ``max_age_s`` / ``max_bytes``: a record may be truncated once it is older
+    than ``max_age_s`` or once ``max_bytes`` newer bytes follow it (like a
+    Kafka topic's ``retention.ms`` / ``retention.bytes``); None: no bound of
+    that kind (both None: opaque data is kept forever, nothing is truncated).
+    ``margin_s`` / ``margin_bytes``: never truncate a record younger than
+    ``margin_s`` or followed by fewer than ``margin_bytes``.
+    ``soft_bytes`` / ``hard_bytes``: unflushed bytes of a pchannel carrying
+    collection data past which its collection appends are delayed (up to
+    ``max_delay_s``) / refused with FLUSH_BEHIND.
+    """
+
+    max_age_s: float | None = 7 * DAY_S
+    max_bytes: int | None = None
+    margin_s: float = 60.0
+    margin_bytes: int = 16 * MIB
+    soft_bytes: int = 1024 * MIB
+    hard_bytes: int = 4096 * MIB
+    max_delay_s: float = 1.0
+    pass_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        for name in ("max_age_s", "max_bytes"):
+            value = getattr(self, name)
+            if value is not None and (_not_number(value) or value <= 0):
+                problems.append(f"{name} must be positive or None, got {value!r}")
+        for name in ("margin_s", "margin_bytes", "max_delay_s"):
+            value = getattr(self, name)
+            if _not_number(value) or value < 0:
+                problems.append(f"{name} must be a number of at least 0, got {value!r}")
+        for name in ("soft_bytes", "hard_bytes", "pass_interval_s"):
+            value = getattr(self, name)
+            if _not_number(value) or value <= 0:
+                problems.append(f"{name} must be positive, got {value!r}")
+        if not problems and self.soft_bytes > self.hard_bytes:
+            problems.append(
+                f"soft_bytes ({self.soft_bytes}) must not exceed hard_bytes ({self.hard_bytes})"
+            )
+        if problems:
+            raise errors.InvalidArgument("retention options: " + "; ".join(problems))
+
+
+def _not_number(value: object) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int | float)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sample:
+    """A position of the log: the record ``id``, its ``timetick``, and the
+    bytes this WAL appended up to and including it."""
+
+    id: MessageID
+    timetick: int
+    bytes: int
+
+
+class PositionLog:
+    """Samples of the log, in id order (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        capacity: int = 4096,
+        min_gap_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if capacity < 4:
+            raise errors.InvalidArgument(f"a position log holds at least 4 samples, not {capacity}")
+        self.capacity = capacity
+        self.min_gap_s = min_gap_s
+        self._clock = clock
+        self._samples: list[Sample] = []
+        self._last_noted = float("-inf")
+
+    def note(self, sample: Sample, *, force: bool = False) -> None:
+        """Keep ``sample`` unless one was kept less than ``min_gap_s`` ago."""
+        now = self._clock()
+        if not force and now - self._last_noted < self.min_gap_s:
+            return
+        samples = self._samples
+        if samples and sample.id <= samples[-1].id:
+            return
+        self._last_noted = now
+        samples.append(sample)
+        if len(samples) > self.capacity:
+            half = len(samples) // 2
+            self._samples = samples[:half:2] + samples[half:]
+
+    @property
+    def samples(self) -> Sequence[Sample]:
+        return tuple(self._samples)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FlushState:
+    """What the owner's housekeeping pass last learned about a pchannel's flush.
+
+    ``collections``: collections with a shard on the pchannel (empty: it
+    carries only opaque vchannels). ``checkpoint``: the flush checkpoint, None
+    if nothing was flushed yet.
+    """
+
+    collections: tuple[str, ...] = ()
+    checkpoint: MessageID | None = None
+
+
+class Progress:
+    """One WAL's byte counter, samples and flush state."""
+
+    def __init__(self, log: PositionLog | None = None) -> None:
+        self.positions = log if log is not None else PositionLog()
+        self.appended_bytes = 0
+        self.flush = FlushState()
+        self._flushed_bytes = 0
+        """Bytes at the checkpoint as far as the samples tell (see :func:`flushed_bytes`)."""
+
+    def appended(self, last_id: MessageID, timetick: int, size: int) -> None:
+        """The appender acknowledged ``size`` more bytes ending at ``last_id``."""
+        self.appended_bytes += size
+        self.positions.note(Sample(last_id, timetick, self.appended_bytes))
+
+    def set_flush(self, state: FlushState) -> None:
+        """What the housekeeping pass learned; samples noted later all lie
+        above the checkpoint, so the bytes at the checkpoint are computed once."""
+        self.flush = state
+        self._flushed_bytes = flushed_bytes(self.positions.samples, state.checkpoint)
+
+    @property
+    def carries_collections(self) -> bool:
+        return bool(self.flush.collections)
+
+    def unflushed_bytes(self) -> int:
+        """Bytes appended after the checkpoint, as far as this WAL counted them."""
+        return max(0, self.appended_bytes - self._flushed_bytes)
+
+
+def flushed_bytes(samples: Sequence[Sample], checkpoint: MessageID | None) -> int:
+    """The bytes counted up to the first sample at or after ``checkpoint``
+    (pure); 0 without a checkpoint.
+
+    The appended bytes less this are the unflushed bytes, under-estimated by
+    at most the bytes between the checkpoint and that sample (one sampling
+    gap: the housekeeping pass notes the tail before asking, so there always
+    is one), and counting only what this WAL appended (everything, when the
+    checkpoint lies before the first sample). An under-estimate, not an
+    over-estimate: a checkpoint landing between two distant samples must
+    release back-pressure, never hold it forever.
+    """
+    if checkpoint is None:
+        return 0
+    index = bisect.bisect_left([s.id for s in samples], checkpoint)
+    return samples[index].bytes if index < len(samples) else (samples[-1].bytes if samples else 0)

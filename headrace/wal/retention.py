@@ -1,0 +1,187 @@
+"""Where a pchannel may be truncated: a pure decision, and its status record.
+
+:func:`decide` takes what the owner knows of one pchannel (the flush
+checkpoint, the collections with a shard on it, the sampled positions of its
+WAL, the time and the :class:`~headrace.wal.progress.RetentionOptions`) and
+answers the position to truncate below, or to keep everything, with the
+reason. The rules:
+
+* **Collections**: with a collection on the pchannel, nothing at or after the
+  flush checkpoint is truncated; with no checkpoint yet, nothing at all.
+* **Opaque retention**: vchannels of no collection are opaque logs, kept like a
+  Kafka topic: a record may go once it is older than ``max_age_s`` or once
+  ``max_bytes`` newer bytes follow it. Any vchannel name can be opaque, so the
+  bound applies to every pchannel; with neither bound set nothing is truncated.
+* **Margin**: a truncation point is at least ``margin_s`` old and followed by
+  at least ``margin_bytes``.
+* Points are only the WAL's sampled positions and the checkpoint itself, whose
+  ages (timeticks) and following bytes are known; bytes are lower bounds
+  (records before the WAL opened are not counted), so every rule errs on
+  keeping more.
+
+The point is the highest candidate that every rule allows; the backend drops
+records below it (``Backend.truncate``: whole segments on the local backend,
+``delete_records`` on Kafka, the subscription's cursor on Pulsar) and keeps the
+point itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Sequence
+
+import pydantic
+
+from headrace import tso
+from headrace.cluster import JsonRecord, Keys
+from headrace.message.ids import MessageID
+from headrace.wal.progress import RetentionOptions, Sample
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checkpointed:
+    """The flush checkpoint: the last flushed record and its timetick."""
+
+    position: MessageID
+    timetick: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the owner knows of one pchannel at ``now_ms`` (wall-clock ms)."""
+
+    checkpoint: Checkpointed | None
+    collections: tuple[str, ...]
+    """Collections with a shard on the pchannel."""
+    samples: Sequence[Sample]
+    """The WAL's sampled positions, in id order; the last is the tail."""
+    appended_bytes: int
+    now_ms: int
+    options: RetentionOptions
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Truncation:
+    """The decision: truncate below ``below``, or (``below`` None) keep everything."""
+
+    below: MessageID | None
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Point:
+    id: MessageID
+    timetick: int
+    bytes_after: int
+    """A lower bound of the bytes appended after the record."""
+
+
+def decide(inputs: Inputs) -> Truncation:
+    """The position to truncate below, or keep everything with the reason (pure)."""
+    options = inputs.options
+    if inputs.collections and inputs.checkpoint is None:
+        return Truncation(
+            None, f"collection {inputs.collections[0]} has a shard here and no checkpoint yet"
+        )
+    if options.max_age_s is None and options.max_bytes is None:
+        return Truncation(None, "opaque data is kept forever (no retention age or bytes)")
+    points = _points(inputs)
+    if not points:
+        return Truncation(None, "the WAL has no known position yet")
+    allowed = [p for p in points if _retention_allows(p, inputs)]
+    if not allowed:
+        return Truncation(None, f"nothing is past the retention bound ({_bound_text(options)})")
+    allowed = [p for p in allowed if _margin_allows(p, inputs)]
+    if not allowed:
+        return Truncation(
+            None,
+            f"nothing past the retention bound is outside the safety margin "
+            f"({options.margin_s:g} s, {options.margin_bytes} bytes)",
+        )
+    checkpoint = inputs.checkpoint
+    if inputs.collections and checkpoint is not None:
+        allowed = [p for p in allowed if p.id <= checkpoint.position]
+        if not allowed:
+            return Truncation(
+                None,
+                f"the checkpoint {checkpoint.position} of collection "
+                f"{inputs.collections[0]} is below every position retention and the "
+                "margin allow",
+            )
+    best = max(allowed, key=lambda p: p.id)
+    why = "retention"
+    if inputs.collections and checkpoint is not None and best.id == checkpoint.position:
+        why = "the checkpoint"
+    return Truncation(best.id, f"below {best.id} ({why}, margin kept)")
+
+
+def _points(inputs: Inputs) -> list[_Point]:
+    samples = inputs.samples
+    total = inputs.appended_bytes
+    points = [_Point(s.id, s.timetick, total - s.bytes) for s in samples]
+    checkpoint = inputs.checkpoint
+    if checkpoint is not None and samples:
+        ids = [s.id for s in samples]
+        above = bisect.bisect_left(ids, checkpoint.position)
+        if above < len(samples) and samples[above].id != checkpoint.position:
+            # The bytes at the checkpoint are at most those at the next sample.
+            after = total - samples[above].bytes
+            points.append(_Point(checkpoint.position, checkpoint.timetick, after))
+    return points
+
+
+def _age_s(point: _Point, now_ms: int) -> float:
+    """Seconds since the record's timetick; 0 for a timetick ahead of the
+    clock (the TSO may hand out times a little ahead)."""
+    return max(0, now_ms - tso.physical_ms(point.timetick)) / 1000.0
+
+
+def _retention_allows(point: _Point, inputs: Inputs) -> bool:
+    options = inputs.options
+    old = options.max_age_s is not None and _age_s(point, inputs.now_ms) >= options.max_age_s
+    big = options.max_bytes is not None and point.bytes_after >= options.max_bytes
+    return old or big
+
+
+def _margin_allows(point: _Point, inputs: Inputs) -> bool:
+    options = inputs.options
+    return (
+        _age_s(point, inputs.now_ms) >= options.margin_s
+        and point.bytes_after >= options.margin_bytes
+    )
+
+
+def _bound_text(options: RetentionOptions) -> str:
+    parts = []
+    if options.max_age_s is not None:
+        parts.append(f"older than {options.max_age_s:g} s")
+    if options.max_bytes is not None:
+        parts.append(f"{options.max_bytes} newer bytes")
+    return " or ".join(parts)
+
+
+class RetentionRecord(JsonRecord):
+    """What the owner's housekeeping pass last saw of a pchannel, for
+    ``headrace status``: the checkpoint, the unflushed bytes (as the WAL
+    counts them, see :mod:`headrace.wal.progress`), the position the backend
+    was last truncated below (empty: never by this owner) and why it keeps
+    what it keeps."""
+
+    pchannel: str
+    node: str
+    term: int
+    checkpoint: str = ""
+    unflushed_bytes: int = 0
+    truncated_below: str = ""
+    reason: str = ""
+    collections: list[str] = pydantic.Field(default_factory=list)
+    at_ms: int = 0
+
+
+def retention_key(keys: Keys, pchannel: str) -> str:
+    return f"{keys.root}/retention/{pchannel}"
+
+
+def retention_prefix(keys: Keys) -> str:
+    return f"{keys.root}/retention/"
