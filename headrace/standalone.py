@@ -68,6 +68,8 @@ class StandaloneConfig:
     cluster: str = cluster.DEFAULT_CLUSTER
     lease_ttl_s: float = 3.0
     fsync: str = "batch"
+    segment_bytes: int | None = None
+    """Local WAL segment size (None: the backend's default)."""
     timetick_interval_ms: float = 10.0
     ready_timeout_s: float = 60.0
     restart_nodes: bool = True
@@ -155,6 +157,8 @@ def node_command(cfg: StandaloneConfig, node_id: str, *, parent: int | None = No
     """
     if cfg.wal == "local":
         wal = ["--wal", "local", "--wal-dir", str(cfg.wal_dir.resolve()), "--fsync", cfg.fsync]
+        if cfg.segment_bytes is not None:
+            wal += ["--segment-bytes", str(cfg.segment_bytes)]
     else:
         wal = ["--wal", cfg.wal, *cfg.wal_args]
     argv = node_argv(

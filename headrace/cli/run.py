@@ -47,6 +47,13 @@ def add_standalone_args(p: argparse.ArgumentParser) -> None:
         "--lease-ttl", type=positive_float, default=3.0, help="node session TTL in seconds"
     )
     p.add_argument("--fsync", choices=["batch", "interval"], default="batch")
+    p.add_argument(
+        "--segment-bytes",
+        type=positive_int,
+        default=None,
+        help="local WAL: bytes after which a segment file is closed and a new one started "
+        "(default 64 MiB); truncation deletes whole segment files",
+    )
     p.add_argument("--timetick-interval-ms", type=positive_float, default=10.0)
     p.add_argument(
         "--wal",
@@ -71,6 +78,13 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wal", choices=WAL_BACKENDS, default="local", help="WAL backend")
     p.add_argument("--wal-dir", default=None, help="local backend: root directory")
     p.add_argument("--fsync", choices=["batch", "interval"], default="batch")
+    p.add_argument(
+        "--segment-bytes",
+        type=positive_int,
+        default=None,
+        help="local WAL: bytes after which a segment file is closed and a new one started "
+        "(default 64 MiB); truncation deletes whole segment files",
+    )
     p.add_argument("--lease-ttl", type=positive_float, default=3.0)
     p.add_argument("--timetick-interval-ms", type=positive_float, default=10.0)
     p.add_argument(
@@ -103,10 +117,14 @@ def wal_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         walflags.check_backend(args, "local")
         if not args.wal_dir:
             raise errors.InvalidArgument("--wal local needs --wal-dir DIR")
-        return {"root": str(Path(args.wal_dir).resolve()), "fsync": args.fsync}
+        settings: dict[str, Any] = {"root": str(Path(args.wal_dir).resolve()), "fsync": args.fsync}
+        if args.segment_bytes is not None:
+            settings["segment_bytes"] = args.segment_bytes
+        return settings
     if args.wal in walflags.BROKERS:
-        if args.wal_dir:
-            raise errors.InvalidArgument(f"--wal-dir is for --wal local, not --wal {args.wal}")
+        for flag, value in (("--wal-dir", args.wal_dir), ("--segment-bytes", args.segment_bytes)):
+            if value:
+                raise errors.InvalidArgument(f"{flag} is for --wal local, not --wal {args.wal}")
         return walflags.broker_settings(args, env)
     raise errors.InvalidArgument(f"unknown WAL backend {args.wal!r} (known: local, kafka, pulsar)")
 
@@ -194,6 +212,10 @@ def standalone_config(
         walflags.check_backend(args, "local")
     else:
         walflags.broker_settings(args, env)
+        if args.segment_bytes is not None:
+            raise errors.InvalidArgument(
+                f"--segment-bytes is for --wal local, not --wal {args.wal}"
+            )
     retention_options(args)  # refused here, before any node starts
     return standalone_mod.StandaloneConfig(
         data_dir=Path(args.data_dir),
@@ -202,6 +224,7 @@ def standalone_config(
         cluster=args.cluster,
         lease_ttl_s=args.lease_ttl,
         fsync=args.fsync,
+        segment_bytes=args.segment_bytes,
         timetick_interval_ms=args.timetick_interval_ms,
         wal=args.wal,
         wal_args=tuple(walflags.forward_flags(args)),
