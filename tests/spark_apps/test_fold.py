@@ -25,8 +25,7 @@ def rows(pks: list[int]) -> pa.Table:
 def entries(*built: Message) -> list[LogEntry]:
     """Message i+1 at memory:i+1 with timetick 10*(i+1)."""
     return [
-        LogEntry(MemoryMessageID(i + 1), m.with_stamp(10 * (i + 1), 1))
-        for i, m in enumerate(built)
+        LogEntry(MemoryMessageID(i + 1), m.with_stamp(10 * (i + 1), 1)) for i, m in enumerate(built)
     ]
 
 
