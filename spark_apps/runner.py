@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from headrace import errors
+from headrace.client import HeadraceClient
 from headrace.cluster import Assignment, Keys
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
@@ -54,6 +55,7 @@ from spark_apps.schedule import (
     Outcome,
     Result,
     RetryPolicy,
+    Unreadable,
     Wait,
     after,
     is_poison,
@@ -93,26 +95,28 @@ class Stuck(errors.HeadraceError):
     """A cancelled flush did not end: only a new process recovers."""
 
 
-async def read_channels(metastore: Metastore, keys: Keys) -> list[Channel]:
-    """The seal, checkpoint and Assignment of every pchannel with a seal."""
-    seals = {
-        r.pchannel: r
-        for r in (
-            SealRecord.from_json(kv.value) for kv in await metastore.get_prefix(seals_prefix(keys))
-        )
-    }
-    channels = []
-    for pchannel, seal in sorted(seals.items()):
+async def read_channels(metastore: Metastore, keys: Keys) -> list[Channel | Unreadable]:
+    """The seal, checkpoint and Assignment of every pchannel with a seal; a
+    pchannel whose records do not decode is Unreadable (the others go on)."""
+    channels: list[Channel | Unreadable] = []
+    for kv in await metastore.get_prefix(seals_prefix(keys)):
+        pchannel = kv.key.removeprefix(seals_prefix(keys))
         checkpoint = await metastore.get(keys.checkpoint(pchannel))
         assignment = await metastore.get(keys.pchannel(pchannel))
-        channels.append(
-            Channel(
+        try:
+            channel = Channel(
                 pchannel,
-                seal,
+                SealRecord.from_json(kv.value),
                 None if checkpoint is None else CheckpointRecord.from_json(checkpoint.value),
                 None if assignment is None else Assignment.from_json(assignment.value),
             )
-        )
+            for record in (channel.seal, channel.checkpoint):
+                if record is not None:
+                    record.position_id()  # a position of an unknown backend fails here
+        except errors.HeadraceError as exc:
+            channels.append(Unreadable(pchannel, str(exc)))
+            continue
+        channels.append(channel)
     return channels
 
 
@@ -130,7 +134,10 @@ class FlushRunner:
         self.startup_s: float | None = None
         """Seconds the session took to start (None until it did)."""
         self.metastore = metastore
-        self.keys = Keys(options.cluster)
+        # The public client's view of the cluster: its keys, and (made on
+        # construction) the message id classes of every WAL backend, which
+        # comparing the seal with the checkpoint needs.
+        self.keys = HeadraceClient(options.metastore_url, options.cluster, metastore=metastore).keys
         self.attempts: dict[str, Attempts] = {}
         self.results: list[Result] = []
         """Every finished flush, in order (for tests and the bench)."""
@@ -167,7 +174,8 @@ class FlushRunner:
         for step in steps:
             if isinstance(step, Wait) and self._reasons.get(step.pchannel) != step.reason:
                 self._reasons[step.pchannel] = step.reason
-                log.info("%s: waiting: %s", step.pchannel, step.reason)
+                level = logging.ERROR if step.loud else logging.INFO
+                log.log(level, "%s: waiting: %s", step.pchannel, step.reason)
         ends = [s.until for s in steps if isinstance(s, Wait) and s.until is not None]
         timeout = self.options.poll_s
         if ends:

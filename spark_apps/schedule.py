@@ -53,6 +53,15 @@ class Channel:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A pchannel whose records do not decode (a malformed record, a position
+    of an unknown backend): nothing is flushed until they do."""
+
+    pchannel: str
+    error: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Attempts:
     """The runner's history of one pchannel since its last success."""
 
@@ -63,6 +72,8 @@ class Attempts:
     fenced_term: int = 0
     """The last term a flush was refused under (FENCED)."""
     last_error: str = ""
+    poisoned: bool = False
+    """The last failure was bad data (long back-off)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,14 +94,18 @@ class Wait:
     reason: str
     until: float | None = None
     """Monotonic time the wait ends by itself; None: until a record changes."""
+    loud: bool = False
+    """Something is wrong that an operator must fix (reported as an error)."""
 
 
 Step = Launch | Wait
 
 
-def next_step(channel: Channel, attempts: Attempts, now: float) -> Step:
+def next_step(channel: Channel | Unreadable, attempts: Attempts, now: float) -> Step:
     """Whether to flush the pchannel now, and which range under which term."""
     p = channel.pchannel
+    if isinstance(channel, Unreadable):
+        return Wait(p, f"its records cannot be read: {channel.error}", loud=True)
     seal, checkpoint, assignment = channel.seal, channel.checkpoint, channel.assignment
     if seal is None:
         return Wait(p, "no seal recorded yet")
@@ -112,6 +127,7 @@ def next_step(channel: Channel, attempts: Attempts, now: float) -> Step:
             p,
             f"backing off after {attempts.failures} failure(s): {attempts.last_error}",
             until=attempts.retry_at,
+            loud=attempts.poisoned,
         )
     return Launch(p, assignment.term, checkpoint.position if checkpoint else "", seal.position)
 
@@ -143,7 +159,7 @@ def after(attempts: Attempts, result: Result, now: float, policy: RetryPolicy) -
     if error.code is errors.ErrorCode.FENCED:
         return Attempts(0, now, max(attempts.fenced_term, result.launch.term), str(error))
     if error.code in POISON_CODES:
-        return Attempts(failures, now + policy.poison_s, attempts.fenced_term, str(error))
+        return Attempts(failures, now + policy.poison_s, attempts.fenced_term, str(error), True)
     return Attempts(failures, now + backoff(failures, policy), attempts.fenced_term, str(error))
 
 

@@ -115,6 +115,10 @@ async def test_the_runner_flushes_each_new_seal_including_more_segments_than_one
         steps += [seals(orders, segment_base=1000 + 2 * segment)]
     written = await write(cluster, *steps, deletes(orders, [3, 699]))
     end1 = str(written[-1].id)
+    # Records of other pchannels that do not decode stop only those pchannels.
+    await cluster.metastore.put(seal_key(cluster.keys, "pch-garbage"), b"{not json")
+    alien = SealRecord(pchannel="pch-alien", position="nosuchbackend:7", term=1)
+    await cluster.metastore.put(seal_key(cluster.keys, "pch-alien"), alien.to_json())
     runner = RunnerProcess(cluster, warehouse, tmp_path / "runner.log")
     await runner.start()
     try:
@@ -139,6 +143,19 @@ async def test_the_runner_flushes_each_new_seal_including_more_segments_than_one
     text = runner.log.read_text()
     assert "headrace flush runner ready" in text
     assert "2 commit(s)" in text, text
+    assert "pch-garbage: waiting: its records cannot be read: CORRUPT" in text, text
+    assert "pch-alien: waiting: its records cannot be read" in text, text
+    # A new runner starts with a checkpoint already there (it compares ids at once).
+    third = await write(cluster, inserts(orders, [901], segment_base=6000), seals(orders, 6000))
+    end3 = str(third[-1].id)
+    await put_seal(cluster, end3)
+    again = RunnerProcess(cluster, warehouse, tmp_path / "runner2.log")
+    await again.start()
+    try:
+        await until_checkpoint(cluster, again, end3)
+    finally:
+        assert await again.stop() == 0, again.log.read_text()
+    assert table_rows(cluster, warehouse) == expected(kept | {900, 3, 901})
 
 
 async def test_a_runner_killed_mid_flush_is_resumed_by_the_next_without_duplicates(

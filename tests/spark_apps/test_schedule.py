@@ -15,6 +15,7 @@ from spark_apps.schedule import (
     Outcome,
     Result,
     RetryPolicy,
+    Unreadable,
     Wait,
     after,
     backoff,
@@ -127,6 +128,22 @@ def test_fenced_waits_for_a_newer_term_and_never_reuses_the_refused_one() -> Non
     # A later success keeps the memory of the fenced term.
     ok = Result(Launch(P, 4, "memory:10", "memory:20"), Outcome.COMMITTED)
     assert after(history, ok, 11.0, POLICY).fenced_term == 3
+
+
+def test_unreadable_records_wait_loudly_until_they_change() -> None:
+    step = next_step(Unreadable(P, "CORRUPT: malformed SealRecord"), Attempts(), 0.0)
+    assert isinstance(step, Wait)
+    assert step.loud and step.until is None
+    assert "cannot be read: CORRUPT" in step.reason
+
+
+def test_a_poison_back_off_is_reported_loudly_a_transient_one_not() -> None:
+    poisoned = after(Attempts(), failed(errors.CorruptData), 0.0, POLICY)
+    step = next_step(channel(), poisoned, 1.0)
+    assert isinstance(step, Wait) and step.loud
+    transient = after(Attempts(), failed(errors.Unavailable), 0.0, POLICY)
+    step = next_step(channel(), transient, 0.5)
+    assert isinstance(step, Wait) and not step.loud
 
 
 def test_backoff() -> None:
