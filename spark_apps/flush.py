@@ -153,6 +153,14 @@ def run_in(spark: SparkSession, job: RangeJob, group: str = "") -> FlushResult:
             raise failures[0].error()
         results = [o for o in outputs if isinstance(o, ShardResult)]
         written = time.monotonic()
+        for shard in results:
+            log.info(
+                "flush %s: %s read %.1fs, fold %.1fs, write %.1fs (%d rows)",
+                job.pchannel,
+                shard.vchannel,
+                *shard.seconds,
+                sum(s.rows for s in shard.segments),
+            )
         commits = plan_commits(job, results) if tasks else (empty_commit(job),)
         result = None
         for commit in commits:

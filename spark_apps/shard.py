@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -87,6 +88,8 @@ class ShardResult:
     timetick: int
     seal_timeticks: tuple[tuple[int, int], ...] = ()
     """(segment id, timetick of its seal) of every segment in ``segments``."""
+    seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Time the task spent reading, folding and writing (the driver logs it)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -224,10 +227,15 @@ def write_segments(catalog: TableCatalog, task: ShardTask, fold: ShardFold) -> S
 def flush_shard(task: ShardTask) -> ShardResult | ShardFailure:
     """Run in a Spark worker: read, fold and write one shard's range."""
     try:
+        started = time.monotonic()
         entries = asyncio.run(_read(task))
+        read = time.monotonic()
         folded = fold(task.collection, task.vchannel, entries)
+        folding = time.monotonic()
         with TableCatalog.open(task.job.catalog) as catalog:
-            return write_segments(catalog, task, folded)
+            result = write_segments(catalog, task, folded)
+        seconds = (read - started, folding - read, time.monotonic() - folding)
+        return dataclasses.replace(result, seconds=seconds)
     except errors.HeadraceError as exc:
         return ShardFailure(task.vchannel, exc.code.value, exc.message, exc.retryable)
 
