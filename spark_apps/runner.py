@@ -139,8 +139,6 @@ class FlushRunner:
         # comparing the seal with the checkpoint needs.
         self.keys = HeadraceClient(options.metastore_url, options.cluster, metastore=metastore).keys
         self.attempts: dict[str, Attempts] = {}
-        self.results: list[Result] = []
-        """Every finished flush, in order (for tests and the bench)."""
         self._reasons: dict[str, str] = {}
         self._wake = asyncio.Event()
 
@@ -152,12 +150,10 @@ class FlushRunner:
         ]
         try:
             while not stop.is_set():
-                now = time.monotonic()
-                steps = [
-                    next_step(c, self.attempts.get(c.pchannel, Attempts()), now)
-                    for c in await read_channels(self.metastore, self.keys)
-                ]
+                # Cleared before reading: a change during the read wakes the next sleep.
                 self._wake.clear()
+                steps = await self._steps()
+                self._report(steps)
                 launches = [s for s in steps if isinstance(s, Launch)]
                 for launch in launches:
                     if stop.is_set():
@@ -170,12 +166,25 @@ class FlushRunner:
                 watcher.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
 
-    async def _sleep(self, steps: Sequence[Launch | Wait], stop: asyncio.Event) -> None:
+    async def _steps(self) -> list[Launch | Wait]:
+        """This round's decisions; none while the metastore does not answer."""
+        try:
+            channels = await read_channels(self.metastore, self.keys)
+        except errors.HeadraceError as exc:
+            log.warning("cannot read the flush records (retrying): %s", exc)
+            return []
+        now = time.monotonic()
+        return [next_step(c, self.attempts.get(c.pchannel, Attempts()), now) for c in channels]
+
+    def _report(self, steps: Sequence[Launch | Wait]) -> None:
+        """Log each pchannel's reason to wait when it changes."""
         for step in steps:
             if isinstance(step, Wait) and self._reasons.get(step.pchannel) != step.reason:
                 self._reasons[step.pchannel] = step.reason
                 level = logging.ERROR if step.loud else logging.INFO
                 log.log(level, "%s: waiting: %s", step.pchannel, step.reason)
+
+    async def _sleep(self, steps: Sequence[Launch | Wait], stop: asyncio.Event) -> None:
         ends = [s.until for s in steps if isinstance(s, Wait) and s.until is not None]
         timeout = self.options.poll_s
         if ends:
@@ -225,7 +234,6 @@ class FlushRunner:
         )
         started = time.monotonic()
         result = await self.flush(launch, stop)
-        self.results.append(result)
         self._reasons.pop(launch.pchannel, None)
         history = after(
             self.attempts.get(launch.pchannel, Attempts()),
@@ -329,14 +337,16 @@ async def serve(options: RunnerOptions, stop: asyncio.Event) -> None:
     runner = FlushRunner(options, lambda: spark_session(options.master), metastore)
     try:
         await runner.run(stop)
+        # Only after a clean run: with a flush stuck in the session, stopping
+        # it could hang too; the JVM goes with this process anyway.
+        if runner.started is not None:
+            await asyncio.to_thread(runner.started.stop)
     finally:
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         await metastore.close()
-        if runner.started is not None:
-            await asyncio.to_thread(runner.started.stop)
 
 
 def parse_args(argv: Sequence[str]) -> RunnerOptions:
