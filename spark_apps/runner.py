@@ -273,14 +273,22 @@ class FlushRunner:
         """The runner's one Spark session, started on first use."""
         if self._spark is None:
             started = time.monotonic()
-            self._spark = await asyncio.to_thread(self._make_spark)
+            try:
+                self._spark = await asyncio.to_thread(self._make_spark)
+            except Exception as exc:  # pyspark and py4j raise their own types (no JVM, bad master)
+                raise errors.Unavailable(
+                    f"the Spark session did not start: {_first_line(exc)}"
+                ) from exc
             self.startup_s = time.monotonic() - started
             log.info("Spark session ready in %.1fs (startup_s)", self.startup_s)
         return self._spark
 
     async def flush(self, launch: Launch, stop: asyncio.Event) -> Result:
         """One flush in the session, cancelled past the deadline or on stop."""
-        spark = await self.session()
+        try:
+            spark = await self.session()
+        except errors.Unavailable as exc:
+            return Result(launch, Outcome.FAILED, exc)
         group = f"headrace-flush-{launch.pchannel}-{uuid.uuid4().hex[:8]}"
         job = asyncio.ensure_future(asyncio.to_thread(run_in, spark, self._job(launch), group))
         stopped = asyncio.ensure_future(stop.wait())
@@ -311,12 +319,15 @@ def outcome_of(launch: Launch, job: asyncio.Future[FlushResult]) -> Result:
         return Result(launch, Outcome.COMMITTED)
     if isinstance(exc, errors.HeadraceError):
         return Result(launch, Outcome.FAILED, exc)
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return Result(
-        launch,
-        Outcome.FAILED,
-        errors.Unavailable(f"the Spark job failed: {type(exc).__name__}: {first}"),
+        launch, Outcome.FAILED, errors.Unavailable(f"the Spark job failed: {_first_line(exc)}")
     )
+
+
+def _first_line(exc: BaseException) -> str:
+    """A foreign exception in one line (a JVM error's text is a stack trace)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 async def _stop_when_orphaned(stop: asyncio.Event, parent: int) -> None:

@@ -1,13 +1,20 @@
-"""The flush runner's decisions (pure): what to flush next and why it waits."""
+"""The flush runner's decisions (pure: what to flush next and why it waits), and how a
+runner whose Spark session cannot start reports it."""
 
 from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 import headrace.wal.memory  # noqa: F401 - registers the memory: message ids
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState
+from headrace.metastore.factory import open_metastore
 from headrace.table.records import CheckpointRecord, SealRecord
+from spark_apps.runner import FlushRunner, RunnerOptions
 from spark_apps.schedule import (
     Attempts,
     Channel,
@@ -22,6 +29,9 @@ from spark_apps.schedule import (
     is_poison,
     next_step,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 P = "pch-0"
 POLICY = RetryPolicy(base_s=1.0, cap_s=8.0, poison_s=300.0)
@@ -148,3 +158,23 @@ def test_a_poison_back_off_is_reported_loudly_a_transient_one_not() -> None:
 
 def test_backoff() -> None:
     assert [backoff(n, POLICY) for n in range(6)] == [1.0, 1.0, 2.0, 4.0, 8.0, 8.0]
+
+
+async def test_a_session_that_cannot_start_is_a_retryable_failure(tmp_path: Path) -> None:
+    """No JVM, a bad master: the flush fails UNAVAILABLE and backs off; the
+    runner does not die (its supervisor would restart it in a loop)."""
+
+    def no_java() -> SparkSession:
+        raise RuntimeError("Java gateway process exited before sending its port number\nmore")
+
+    metastore = await open_metastore(f"sqlite://{tmp_path}/meta.db")
+    try:
+        runner = FlushRunner(RunnerOptions(metastore.url, str(tmp_path)), no_java, metastore)
+        result = await runner.flush(Launch(P, 3, "", "memory:20"), asyncio.Event())
+    finally:
+        await metastore.close()
+    assert result.outcome is Outcome.FAILED
+    assert isinstance(result.error, errors.Unavailable)
+    assert "did not start: RuntimeError: Java gateway process exited" in str(result.error)
+    assert "more" not in str(result.error)
+    assert after(Attempts(), result, 0.0, POLICY).retry_at == 1.0
