@@ -194,7 +194,7 @@ async def bench_flush(
         "shards": shards,
         "rows_per_s": round(rows_per_s, 1),
         "baseline_rows_per_s": round(baseline_rows_per_s, 1),
-        "ratio": round(rows_per_s / baseline_rows_per_s, 3) if baseline_rows_per_s else 0.0,
+        "ratio": ratio(rows_per_s, baseline_rows_per_s),
         "startup_s": job["startup_s"],
         "flush_s": job["flush_s"],
         "baseline_s": round(baseline_s, 3),
@@ -203,6 +203,12 @@ async def bench_flush(
         "job_log": job["log"],
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def ratio(measured: float, baseline: float) -> float:
+    """``measured / baseline`` to three significant digits (a small run's
+    ratio must not round to 0); 0 without a baseline."""
+    return float(f"{measured / baseline:.3g}") if baseline > 0 else 0.0
 
 
 async def _ready(cfg: standalone.StandaloneConfig, task: asyncio.Task[int]) -> Metastore:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from headrace import errors
-from headrace.bench.flush import bench_flush, make_rows
+from headrace.bench.flush import bench_flush, make_rows, ratio
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -27,6 +27,13 @@ async def test_the_flush_benchmark_runs_end_to_end(tmp_path: Path) -> None:
 async def test_a_bad_size_is_refused(tmp_path: Path) -> None:
     with pytest.raises(errors.InvalidArgument, match="must be positive"):
         await bench_flush(0, tmp_path)
+
+
+def test_the_ratio_keeps_three_significant_digits() -> None:
+    # A slow tiny run under load: rounding to 3 decimals made it 0.0 (and the smoke flaky).
+    assert ratio(45.0, 100_000.0) == 0.00045
+    assert ratio(97_972.0, 178_436.0) == 0.549
+    assert ratio(1.0, 0.0) == 0.0
 
 
 def test_the_rows_have_the_benchmark_shape() -> None:
