@@ -5,7 +5,8 @@ One foreground process owns a data directory::
     DIR/LOCK         held (flock) by the standalone while it runs; holds its pid
     DIR/meta.db      SQLite metastore (shared with the node processes)
     DIR/wal/         local WAL backend root (one sub-directory per pchannel)
-    DIR/logs/        one log file per node process
+    DIR/logs/        one log file per node process (and flush-runner.log)
+    DIR/warehouse/   the Iceberg tables the flush runner writes (default warehouse)
 
 A second standalone on a directory in use fails at once with
 :class:`headrace.errors.InUse` naming the holder's pid (the CLI exits with
@@ -29,7 +30,13 @@ It runs the coordinator in-process and supervises N streaming-node processes
 before the standalone is ready stops the start-up at once with its exit code
 and the tail of its log, instead of being restarted in a loop. It prints one line
 ``headrace standalone ready metastore=<url> ...`` once every pchannel is
-ASSIGNED, and shuts down cleanly on SIGINT/SIGTERM. Starting again on the same
+ASSIGNED, and shuts down cleanly on SIGINT/SIGTERM.
+
+With the ``pipeline`` extra installed (pyspark importable) it also supervises
+the flush runner (``python -m spark_apps.runner``: one long-lived local Spark
+session that flushes each pchannel's range up to its last seal into the
+warehouse), restarted like a node if it dies; ``flush=False`` (``--no-flush``)
+leaves it out. The standalone itself never imports pyspark. Starting again on the same
 directory resumes with all acknowledged data: the pchannel list is kept in the
 metastore and every WAL reopens under a new term.
 """
@@ -39,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import logging
 import os
 import signal
@@ -79,6 +87,21 @@ class StandaloneConfig:
     """Broker flags of the node command (``--kafka-bootstrap ...``) for kafka/pulsar."""
     node_args: tuple[str, ...] = ()
     """Further node flags (retention and back-pressure, ``--retention-s ...``)."""
+    flush: bool = True
+    """Run the flush runner (if the ``pipeline`` extra is installed)."""
+    warehouse: str = ""
+    """Where the runner writes tables: an absolute directory or ``s3://...``;
+    empty: ``DIR/warehouse``."""
+    spark_master: str = "local[2]"
+
+    @property
+    def warehouse_location(self) -> str:
+        return self.warehouse or str((self.data_dir / "warehouse").resolve())
+
+    @property
+    def runs_flush(self) -> bool:
+        """Whether the flush runner is started: asked for and pyspark installed."""
+        return self.flush and pipeline_installed()
 
     @property
     def metastore_url(self) -> str:
@@ -172,6 +195,32 @@ def node_command(cfg: StandaloneConfig, node_id: str, *, parent: int | None = No
     return [
         *argv,
         *cfg.node_args,
+        "--exit-with-parent",
+        str(os.getpid() if parent is None else parent),
+    ]
+
+
+def pipeline_installed() -> bool:
+    """Whether pyspark can be imported (without importing it)."""
+    return importlib.util.find_spec("pyspark") is not None
+
+
+def runner_command(cfg: StandaloneConfig, *, parent: int | None = None) -> list[str]:
+    """The command line of the flush runner process (pure but for the default
+    ``parent``, this process); it stops once ``parent`` is gone."""
+    return [
+        sys.executable,
+        "-P",
+        "-m",
+        "spark_apps.runner",
+        "--metastore",
+        cfg.metastore_url,
+        "--cluster",
+        cfg.cluster,
+        "--warehouse",
+        cfg.warehouse_location,
+        "--master",
+        cfg.spark_master,
         "--exit-with-parent",
         str(os.getpid() if parent is None else parent),
     ]
@@ -289,10 +338,13 @@ class NodeProcess:
     def log_path(self) -> Path:
         return self.cfg.log_dir / f"{self.node_id}.log"
 
+    def command(self) -> list[str]:
+        return node_command(self.cfg, self.node_id)
+
     async def start(self) -> None:
         self.log.begin()
         self.proc = await asyncio.create_subprocess_exec(
-            *node_command(self.cfg, self.node_id),
+            *self.command(),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -375,6 +427,27 @@ class NodeProcess:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)
             backoff = min(backoff * 2, 10.0)
+
+
+class RunnerProcess(NodeProcess):
+    """The supervised flush runner: started, logged, stopped and restarted
+    like a node process."""
+
+    def __init__(self, cfg: StandaloneConfig) -> None:
+        super().__init__(cfg, "flush-runner")
+
+    def command(self) -> list[str]:
+        return runner_command(self.cfg)
+
+
+def supervised_processes(cfg: StandaloneConfig) -> list[NodeProcess]:
+    """The node processes, and the flush runner if it runs."""
+    procs = [NodeProcess(cfg, f"node-{i}") for i in range(cfg.nodes)]
+    if cfg.runs_flush:
+        procs.append(RunnerProcess(cfg))
+    elif cfg.flush:
+        log.info("no flush runner: pyspark is not installed (the pipeline extra)")
+    return procs
 
 
 async def wait_nodes_registered(
@@ -471,7 +544,7 @@ async def _run_locked(cfg: StandaloneConfig, stop: asyncio.Event, *, announce: b
             coordinator_id=f"standalone-{os.getpid()}",
         ),
     )
-    procs = [NodeProcess(cfg, f"node-{i}") for i in range(cfg.nodes)]
+    procs = supervised_processes(cfg)
     loop = asyncio.get_running_loop()
     announced = asyncio.Event()
     failed: asyncio.Future[NodeExit] = loop.create_future()

@@ -38,21 +38,20 @@ from typing import TYPE_CHECKING
 
 from headrace import errors
 from headrace.client import HeadraceClient
+from headrace.cluster import Keys
 from headrace.message import ids
+from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.table import (
     CatalogConfig,
-    Checkpoint,
     CheckpointRecord,
     FlushCommit,
     FlushResult,
     ObjectStoreOptions,
     TableCatalog,
-    TableChanges,
-    WalRange,
 )
-from headrace.table.collections import CollectionStore
-from headrace.table.records import PrimaryKey
+from headrace.table.collections import Collection, CollectionRecord, collections_prefix
+from spark_apps.commits import plan_commits
 from spark_apps.shard import RangeJob, ShardFailure, ShardResult, ShardTask, flush_shard
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ async def shard_tasks(job: RangeJob) -> list[ShardTask]:
             if kv is not None and covers(CheckpointRecord.from_json(kv.value), job):
                 log.info("%s: (%s, %s] is already committed", job.pchannel, job.start, job.end)
                 return []
-            collections = await CollectionStore(metastore, client.keys).list()
+            collections = await live_collections(metastore, client.keys)
             return [
                 ShardTask(job, collection, vchannel)
                 for collection in collections
@@ -91,6 +90,17 @@ async def shard_tasks(job: RangeJob) -> list[ShardTask]:
             ]
     finally:
         await metastore.close()
+
+
+async def live_collections(metastore: Metastore, keys: Keys) -> list[Collection]:
+    """The collections not dropped: a record with a true ``dropped`` field
+    stops flushing (tolerated absent: older records have no such field)."""
+    items = await metastore.get_prefix(collections_prefix(keys))
+    return [
+        CollectionRecord.from_json(item.value).collection()
+        for item in items
+        if not json.loads(item.value).get("dropped")
+    ]
 
 
 def covers(checkpoint: CheckpointRecord, job: RangeJob) -> bool:
@@ -106,68 +116,72 @@ def covers(checkpoint: CheckpointRecord, job: RangeJob) -> bool:
     )
 
 
-def commit_of(job: RangeJob, results: Sequence[ShardResult]) -> FlushCommit:
-    """The flush commit of the tasks' results (pure)."""
-    by_collection: dict[str, list[ShardResult]] = {}
-    for result in results:
-        by_collection.setdefault(result.collection, []).append(result)
-    tables = []
-    for collection, shards in sorted(by_collection.items()):
-        segments = tuple(s for shard in shards for s in shard.segments)
-        deletes: dict[PrimaryKey, None] = {}
-        for shard in shards:
-            deletes.update(dict.fromkeys(shard.deletes))
-        tables.append(
-            TableChanges(
-                collection,
-                data_files=tuple(f for s in segments for f in s.files),
-                deletes=tuple(deletes),
-                segments=segments,
-            )
-        )
-    timetick = max((r.timetick for r in results), default=0)
-    return FlushCommit(
-        pchannel=job.pchannel,
-        launch_term=job.term,
-        wal_range=WalRange(job.start, job.end),
-        checkpoint=Checkpoint(job.end, timetick),
-        tables=tuple(tables),
-    )
-
-
 def run(job: RangeJob, master: str) -> FlushResult:
-    """The whole job; raises the Headrace error that stopped it."""
+    """The whole job in a Spark session of its own; raises the Headrace error
+    that stopped it."""
+    started = time.monotonic()
+    spark = spark_session(master)
+    log.info("flush %s: Spark session ready in %.1fs", job.pchannel, time.monotonic() - started)
+    try:
+        return run_in(spark, job)
+    finally:
+        spark.stop()
+
+
+def run_in(spark: SparkSession, job: RangeJob, group: str = "") -> FlushResult:
+    """The whole job in a running session (the standalone's runner keeps one).
+
+    ``group``: the Spark job group the tasks run in, so that a runner can
+    cancel them (``cancelJobGroup``) when the flush passes its deadline.
+    Several commits if the range has more segments than one commit holds
+    (:func:`spark_apps.commits.plan_commits`); the result of the last.
+    """
     started = time.monotonic()
     tasks = asyncio.run(shard_tasks(job))
     with TableCatalog.open(job.catalog) as catalog:
         for collection in {t.collection.name: t.collection for t in tasks}.values():
             catalog.create_table(collection.name, collection.schema, collection.primary_key)
-        spark = spark_session(master)
         ready = time.monotonic()
-        try:
-            outputs = (
-                spark.sparkContext.parallelize(tasks, max(len(tasks), 1)).map(flush_shard).collect()
-                if tasks
-                else []
-            )
-        finally:
-            spark.stop()
+        outputs = []
+        if tasks:
+            context = spark.sparkContext
+            if group:
+                context.setJobGroup(group, f"flush {job.pchannel}", interruptOnCancel=True)
+            outputs = context.parallelize(tasks, len(tasks)).map(flush_shard).collect()
         failures = [o for o in outputs if isinstance(o, ShardFailure)]
         if failures:
             raise failures[0].error()
         results = [o for o in outputs if isinstance(o, ShardResult)]
         written = time.monotonic()
-        result = catalog.commit_flush(commit_of(job, results))
+        for shard in results:
+            log.info(
+                "flush %s: %s read %.1fs, fold %.1fs, write %.1fs (%d rows)",
+                job.pchannel,
+                shard.vchannel,
+                *shard.seconds,
+                sum(s.rows for s in shard.segments),
+            )
+        commits = plan_commits(job, results) if tasks else (empty_commit(job),)
+        result = None
+        for commit in commits:
+            result = catalog.commit_flush(commit)
+    assert result is not None
     log.info(
-        "flush %s (%s, %s]: startup %.1fs, read+write %.1fs, commit %.1fs",
+        "flush %s (%s, %s]: prepare %.1fs, read+write %.1fs, %d commit(s) %.1fs",
         job.pchannel,
         job.start or "beginning",
         job.end,
         ready - started,
         written - ready,
+        len(commits),
         time.monotonic() - written,
     )
     return result
+
+
+def empty_commit(job: RangeJob) -> FlushCommit:
+    """A range with no collection data: the checkpoint still moves past it."""
+    return plan_commits(job, ())[0]
 
 
 def spark_session(master: str) -> SparkSession:

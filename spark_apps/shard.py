@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -58,12 +59,22 @@ class SegmentRows:
     end: str
     """The seal's position."""
     rows: pa.Table
+    seal_timetick: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PositionedDelete:
+    """A delete message's keys and where it is in the log: a flush split into
+    several commits applies it in the commit whose range holds it."""
+
+    position: str
+    keys: tuple[PrimaryKey, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ShardFold:
     segments: tuple[SegmentRows, ...]
-    deletes: tuple[PrimaryKey, ...]
+    deletes: tuple[PositionedDelete, ...]
     timetick: int
     """The largest timetick seen in the range."""
 
@@ -73,8 +84,12 @@ class ShardResult:
     collection: str
     vchannel: str
     segments: tuple[SegmentRecord, ...]
-    deletes: tuple[PrimaryKey, ...]
+    deletes: tuple[PositionedDelete, ...]
     timetick: int
+    seal_timeticks: tuple[tuple[int, int], ...] = ()
+    """(segment id, timetick of its seal) of every segment in ``segments``."""
+    seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Time the task spent reading, folding and writing (the driver logs it)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,8 +118,8 @@ def fold(collection: Collection, vchannel: str, entries: list[LogEntry]) -> Shar
     """
     known = {collection.name: collection}
     inserts: list[tuple[int, messages.Insert, str]] = []
-    deletes: list[tuple[int, pa.ChunkedArray]] = []
-    seals: dict[int, str] = {}
+    deletes: list[tuple[int, pa.ChunkedArray, str]] = []
+    seals: dict[int, tuple[str, int]] = {}
     timetick = 0
     for seq, entry in enumerate(entries):
         timetick = max(timetick, entry.message.timetick)
@@ -113,13 +128,13 @@ def fold(collection: Collection, vchannel: str, entries: list[LogEntry]) -> Shar
             if data.segment_id in seals:
                 raise errors.CorruptData(
                     f"{vchannel}: insert at {entry.id} into segment {data.segment_id}, "
-                    f"sealed at {seals[data.segment_id]}"
+                    f"sealed at {seals[data.segment_id][0]}"
                 )
             inserts.append((seq, data, str(entry.id)))
         elif isinstance(data, messages.Delete):
-            deletes.append((seq, data.keys))
+            deletes.append((seq, data.keys, str(entry.id)))
         elif isinstance(data, messages.Seal):
-            seals.setdefault(data.segment_id, str(entry.id))
+            seals.setdefault(data.segment_id, (str(entry.id), entry.message.timetick))
     surviving = _apply_deletes(collection, inserts, deletes)
     by_segment: dict[int, list[tuple[str, pa.Table]]] = {}
     for (_, insert, position), rows in zip(inserts, surviving, strict=True):
@@ -134,21 +149,22 @@ def fold(collection: Collection, vchannel: str, entries: list[LogEntry]) -> Shar
         SegmentRows(
             segment_id,
             parts[0][0],
-            seals[segment_id],
+            seals[segment_id][0],
             pa.concat_tables([rows for _, rows in parts]).sort_by(collection.primary_key),
+            seals[segment_id][1],
         )
         for segment_id, parts in sorted(by_segment.items())
     )
-    keys: dict[PrimaryKey, None] = {}
-    for _, array in deletes:
-        keys.update(dict.fromkeys(array.to_pylist()))
-    return ShardFold(segments, tuple(keys), timetick)
+    positioned = tuple(
+        PositionedDelete(position, tuple(array.to_pylist())) for _, array, position in deletes
+    )
+    return ShardFold(segments, positioned, timetick)
 
 
 def _apply_deletes(
     collection: Collection,
     inserts: list[tuple[int, messages.Insert, str]],
-    deletes: list[tuple[int, pa.ChunkedArray]],
+    deletes: list[tuple[int, pa.ChunkedArray, str]],
 ) -> list[pa.Table]:
     """Each insert's rows without the keys deleted after it."""
     pk = collection.primary_key
@@ -199,17 +215,27 @@ def write_segments(catalog: TableCatalog, task: ShardTask, fold: ShardFold) -> S
             )
         )
     return ShardResult(
-        task.collection.name, task.vchannel, tuple(records), fold.deletes, fold.timetick
+        task.collection.name,
+        task.vchannel,
+        tuple(records),
+        fold.deletes,
+        fold.timetick,
+        tuple((s.segment_id, s.seal_timetick) for s in fold.segments),
     )
 
 
 def flush_shard(task: ShardTask) -> ShardResult | ShardFailure:
     """Run in a Spark worker: read, fold and write one shard's range."""
     try:
+        started = time.monotonic()
         entries = asyncio.run(_read(task))
+        read = time.monotonic()
         folded = fold(task.collection, task.vchannel, entries)
+        folding = time.monotonic()
         with TableCatalog.open(task.job.catalog) as catalog:
-            return write_segments(catalog, task, folded)
+            result = write_segments(catalog, task, folded)
+        seconds = (read - started, folding - read, time.monotonic() - folding)
+        return dataclasses.replace(result, seconds=seconds)
     except errors.HeadraceError as exc:
         return ShardFailure(task.vchannel, exc.code.value, exc.message, exc.retryable)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import sys
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from headrace import errors
+from headrace.cli.argtypes import positive_int
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -82,6 +84,19 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--dir", default=None)
     b.add_argument("--json", action="store_true")
     b.set_defaults(handler=handoff)
+
+    b = sub.add_parser(
+        "flush",
+        help="the Spark flush job vs pyarrow writing the same rows to Parquet "
+        "(needs the pipeline extra)",
+    )
+    b.add_argument("--rows", type=positive_int, default=1_000_000)
+    b.add_argument("--shards", type=positive_int, default=4)
+    b.add_argument("--batch-rows", type=positive_int, default=2000, help="rows per INSERT")
+    b.add_argument("--master", default="local[2]")
+    b.add_argument("--dir", default=None, help="parent of the run's directory (default: temp)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=flush)
 
 
 def _emit(result: dict[str, Any], as_json: bool) -> None:
@@ -171,6 +186,18 @@ async def handoff(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="headrace-handoff-", dir=args.dir) as tmp:
         result = await bench_handoff.bench_handoff(
             Path(tmp), moves=args.moves, failovers=args.failovers, lease_ttl_s=args.lease_ttl
+        )
+    _emit(result, args.json)
+    return 0
+
+
+async def flush(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("pyspark") is None:
+        raise errors.InvalidArgument("bench flush needs pyspark (the pipeline extra)")
+    bench_flush = importlib.import_module("headrace.bench.flush")
+    with tempfile.TemporaryDirectory(prefix="headrace-flush-", dir=args.dir) as tmp:
+        result = await bench_flush.bench_flush(
+            args.rows, Path(tmp), shards=args.shards, batch_rows=args.batch_rows, master=args.master
         )
     _emit(result, args.json)
     return 0

@@ -63,6 +63,18 @@ def add_standalone_args(p: argparse.ArgumentParser) -> None:
     )
     walflags.add_broker_args(p)
     add_retention_args(p)
+    p.add_argument(
+        "--no-flush",
+        dest="flush",
+        action="store_false",
+        help="do not run the flush runner (it runs when pyspark is installed)",
+    )
+    p.add_argument(
+        "--warehouse",
+        default="",
+        help="where flushed tables go: an absolute directory (default DATA_DIR/warehouse)",
+    )
+    p.add_argument("--spark-master", default="local[2]", help="the flush runner's Spark master")
 
 
 def add_node_args(p: argparse.ArgumentParser) -> None:
@@ -229,7 +241,18 @@ def standalone_config(
         wal=args.wal,
         wal_args=tuple(walflags.forward_flags(args)),
         node_args=tuple(forward_retention_flags(args)),
+        flush=args.flush,
+        warehouse=warehouse_location(args.warehouse),
+        spark_master=args.spark_master,
     )
+
+
+def warehouse_location(flag: str) -> str:
+    """``--warehouse`` as the runner takes it (pure but for the working
+    directory): an object store URL as is, a directory made absolute."""
+    if not flag or "://" in flag:
+        return flag
+    return str(Path(flag).resolve())
 
 
 async def standalone_mod_run(cfg: standalone_mod.StandaloneConfig, stop: asyncio.Event) -> int:

@@ -23,7 +23,10 @@ def rows(pks: list[int]) -> pa.Table:
 
 
 def entries(*built: Message) -> list[LogEntry]:
-    return [LogEntry(MemoryMessageID(i + 1), m) for i, m in enumerate(built)]
+    """Message i+1 at memory:i+1 with timetick 10*(i+1)."""
+    return [
+        LogEntry(MemoryMessageID(i + 1), m.with_stamp(10 * (i + 1), 1)) for i, m in enumerate(built)
+    ]
 
 
 def test_deletes_apply_to_rows_before_them_only() -> None:
@@ -46,7 +49,12 @@ def test_deletes_apply_to_rows_before_them_only() -> None:
     ]
     assert folded.segments[0].rows["pk"].to_pylist() == [1, 2, 3, 4]
     assert folded.segments[1].rows.num_rows == 0
-    assert folded.deletes == (2, 9, 5)
+    assert [(d.position, d.keys) for d in folded.deletes] == [
+        ("memory:2", (2, 9)),
+        ("memory:5", (5,)),
+    ]
+    assert [s.seal_timetick for s in folded.segments] == [60, 70]
+    assert folded.timetick == 70
     assert folded.segments[0].rows.schema.equals(SCHEMA)
 
 
