@@ -160,6 +160,8 @@ def _print_collection(described: dict[str, Any], as_json: bool) -> None:
         f"primary_key={described['primary_key']}  state={_state(described)}"
     )
     print(f"  vchannels: {', '.join(described['vchannels'])}")
+    if "table" in described:
+        print(f"  table: {described['table'] or '(not flushed yet)'}")
     for field in described["fields"]:
         null = "" if field["nullable"] else " not null"
         print(f"  {field['name']}: {field['type']}{null}")

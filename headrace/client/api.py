@@ -258,7 +258,9 @@ async def describe_collection(
     metastore_url: str, name: str, cluster: str = DEFAULT_CLUSTER
 ) -> dict[str, Any]:
     async with _connected(metastore_url, cluster) as client:
-        return (await client.describe_collection(name)).describe()
+        described = (await client.describe_collection(name)).describe()
+        described["table"] = await client.table_location(name)
+        return described
 
 
 async def create_collection(

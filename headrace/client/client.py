@@ -26,6 +26,7 @@ from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.table import messages as table_messages
 from headrace.table.collections import Collection, CollectionSpec, CollectionStore, Dropped
+from headrace.table.records import TableRecord, table_key
 from headrace.wal import registry
 from headrace.wal.api import AppendResult
 
@@ -210,6 +211,14 @@ class HeadraceClient:
     async def describe_collection(self, name: str) -> Collection:
         """The recorded collection (dropped ones too); NOT_FOUND if there is none."""
         return await self.collections.get(arguments.instance(name, str, "name"))
+
+    async def table_location(self, name: str) -> str | None:
+        """The current metadata file of ``name``'s Iceberg table, which any
+        Iceberg reader opens (DuckDB's ``iceberg_scan``, Spark, Trino); None
+        before its first flush."""
+        view = self.view
+        kv = await view.metastore.get(table_key(view.keys, arguments.instance(name, str, "name")))
+        return None if kv is None else TableRecord.from_json(kv.value).metadata_location
 
     async def list_collections(self, *, include_dropped: bool = False) -> list[Collection]:
         """The cluster's collections by name (dropped ones only if asked)."""
