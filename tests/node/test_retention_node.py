@@ -338,13 +338,13 @@ async def count_payloads(node: StreamingNode, after: MessageID, payload: bytes) 
     return count
 
 
-def kafka_low_watermark(backend: Backend) -> int:
-    """The broker's log start offset of the pchannel's topic (blocking)."""
+def kafka_low_watermark(backend: Backend, pchannel: str = P) -> int:
+    """The broker's log start offset of ``pchannel``'s topic (blocking)."""
     from headrace.wal.kafka import client as kafka_client  # noqa: PLC0415
     from headrace.wal.kafka.backend import KafkaBackend  # noqa: PLC0415
 
     assert isinstance(backend, KafkaBackend)
-    scan = kafka_client.Scan(backend.settings, backend.settings.topic(P))
+    scan = kafka_client.Scan(backend.settings, backend.settings.topic(pchannel))
     try:
         return scan.watermarks()[0]
     finally:

@@ -96,9 +96,10 @@ async def until(condition: Callable[[], bool], timeout: float) -> None:
             await asyncio.sleep(0.05)
 
 
-def table_keys(standalone: Standalone) -> list[int]:
+def table_keys(standalone: Standalone, cluster: str = "default") -> list[int]:
+    """The primary keys DuckDB reads from the committed ``items`` table, sorted."""
     warehouse = str((standalone.data_dir / "warehouse").resolve())
-    with TableCatalog.open(CatalogConfig(standalone.url, warehouse)) as catalog:
+    with TableCatalog.open(CatalogConfig(standalone.url, warehouse, cluster)) as catalog:
         location = catalog.table("items").metadata_location
     con = duck.connect()
     try:
