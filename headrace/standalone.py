@@ -273,8 +273,21 @@ class NodeLog:
         """The current process's last LOG_TAIL_BYTES of output (for its exit report)."""
 
     def begin(self) -> None:
-        """A new process starts writing: its exit report shows only its own lines."""
+        """A new process starts writing: its exit report shows only its own lines.
+
+        The file exists from the process's start (a process that is slow to
+        say anything, the flush runner, still has its log where expected);
+        if it cannot be created, the first write reports why.
+        """
         self._recent.clear()
+        with contextlib.suppress(OSError):
+            self._open()
+
+    def _open(self) -> int:
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return self._fd
 
     def tail(self, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
         """The last ``lines`` lines the current process wrote."""
@@ -285,12 +298,10 @@ class NodeLog:
         self._recent += data
         del self._recent[:-LOG_TAIL_BYTES]
         try:
-            if self._fd is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = self._open()
             view = memoryview(data)
             while view:
-                view = view[os.write(self._fd, view) :]
+                view = view[os.write(fd, view) :]
         except OSError as exc:
             self._divert(f"{exc.strerror or exc}", data)
             return
