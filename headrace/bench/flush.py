@@ -4,8 +4,8 @@ same rows to Parquet, in the same run.
 1. A standalone (in this process, one node, one pchannel, local WAL, no flush
    runner) takes ``rows`` rows of an int64 primary key, a 128-float32 vector
    and a short string, as INSERT messages of ``batch_rows`` rows in a
-   ``shards``-shard collection (one segment per shard), then one seal per
-   shard, through the public producer (:mod:`headrace.table.messages`).
+   ``shards``-shard collection (``producer.insert``), then ``client.flush``
+   (the node seals every growing segment).
 2. Baseline: pyarrow writes the same rows, split the same way (one file per
    shard, sorted by key as the job sorts them), to Parquet in a local
    directory: ``baseline_rows_per_s``.
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -39,12 +40,10 @@ import pyarrow.parquet as pq
 from headrace import cluster, errors, standalone
 from headrace.bench import report
 from headrace.client.client import HeadraceClient
-from headrace.message.types import Message
+from headrace.client.routing import split_by_shard
 from headrace.metastore import factory
 from headrace.metastore.contract import Metastore
-from headrace.table import CatalogConfig, TableCatalog, messages
-from headrace.table.collections import Collection, CollectionSpec, CollectionStore
-from headrace.wal.api import AppendResult
+from headrace.table import CatalogConfig, TableCatalog
 
 DIM = 128
 SCHEMA = pa.schema(
@@ -74,40 +73,22 @@ def make_rows(start: int, count: int) -> pa.Table:
     )
 
 
-def shard_of(keys: pa.Array, shards: int) -> pa.Array:
-    return pc.remainder(keys, shards)
-
-
 async def _write_wal(
-    url: str, collection: Collection, table: pa.Table, batch_rows: int
+    url: str, cluster_name: str, table: pa.Table, options: Ingest
 ) -> tuple[str, float]:
-    """Insert every shard's rows (segment = shard + 1) and seal them; the last
-    seal's position and the seconds it took."""
-    shards = len(collection.vchannels)
+    """Create the collection, insert the rows through the public producer
+    (``batch_rows`` rows per call; the client routes them by key and the node
+    stamps their segments) and ask for a flush, which seals every growing
+    segment; the last seal's position and the seconds it took."""
     started = time.perf_counter()
-    async with HeadraceClient(url) as client:
-        producer = client.producer()
-        for shard, vchannel in enumerate(collection.vchannels):
-            mine = table.filter(pc.equal(shard_of(table["pk"], shards), shard))
-            for offset in range(0, mine.num_rows, batch_rows):
-                batch = [
-                    messages.insert(collection, vchannel, shard + 1, mine.slice(offset, batch_rows))
-                ]
-                _check(await producer.send_many(batch))
-        seals: list[Message] = [
-            messages.seal(collection, vchannel, shard + 1)
-            for shard, vchannel in enumerate(collection.vchannels)
-        ]
-        results = _check(await producer.send_many(seals))
-        await producer.close()
-    return str(results[-1].id), time.perf_counter() - started
-
-
-def _check(outcomes: list[AppendResult | errors.HeadraceError]) -> list[AppendResult]:
-    for outcome in outcomes:
-        if isinstance(outcome, errors.HeadraceError):
-            raise outcome
-    return [o for o in outcomes if isinstance(o, AppendResult)]
+    async with HeadraceClient(url, cluster_name) as client:
+        collection = await client.create_collection("bench", SCHEMA, "pk", options.shards)
+        async with client.producer() as producer:
+            for offset in range(0, table.num_rows, options.batch_rows):
+                await producer.insert(collection, table.slice(offset, options.batch_rows))
+        requested = await client.flush("bench", wait=False)
+    (end,) = requested.targets.values()
+    return str(end), time.perf_counter() - started
 
 
 def baseline(table: pa.Table, shards: int, root: Path) -> float:
@@ -115,9 +96,8 @@ def baseline(table: pa.Table, shards: int, root: Path) -> float:
     sorted by key, one Parquet file."""
     root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    for shard in range(shards):
-        mine = table.filter(pc.equal(shard_of(table["pk"], shards), shard)).sort_by("pk")
-        pq.write_table(mine, root / f"shard-{shard}.parquet")
+    for shard, mine in split_by_shard(table, "pk", shards).items():
+        pq.write_table(mine.sort_by("pk"), root / f"shard-{shard}.parquet")
     return time.perf_counter() - started
 
 
@@ -158,11 +138,11 @@ async def bench_flush(
     store = None
     try:
         store = await _ready(cfg, task)
-        spec = CollectionSpec("bench", SCHEMA, "pk", shards=shards)
-        collection = await CollectionStore(store, cluster.Keys(cfg.cluster)).create(spec)
         # CPU-heavy steps off the event loop: the standalone's coordinator runs on it.
         table = await asyncio.to_thread(make_rows, 0, rows)
-        end, ingest_s = await _write_wal(cfg.metastore_url, collection, table, batch_rows)
+        end, ingest_s = await _write_wal(
+            cfg.metastore_url, cfg.cluster, table, Ingest(shards, batch_rows)
+        )
         baseline_s = await asyncio.to_thread(baseline, table, shards, root / "baseline")
         del table
         (pchannel,) = cluster.default_pchannels(1)
@@ -203,6 +183,12 @@ async def bench_flush(
         "job_log": job["log"],
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ingest:
+    shards: int
+    batch_rows: int
 
 
 def ratio(measured: float, baseline: float) -> float:

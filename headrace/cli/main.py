@@ -92,7 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="start standalone, produce and consume a little, stop")
     p.add_argument("--data-dir", default=None, help="data directory (default: a temporary one)")
-    p.add_argument("--count", type=positive_int, default=2000)
+    p.add_argument("--count", type=positive_int, default=2000, help="messages to produce")
+    p.add_argument(
+        "--rows",
+        type=positive_int,
+        default=10_000,
+        help="rows of the collection step (with the pipeline extra installed)",
+    )
     p.set_defaults(handler=run.demo)
 
     p = sub.add_parser("produce", help="append messages to a vchannel")

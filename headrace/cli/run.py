@@ -20,6 +20,7 @@ from headrace import errors
 from headrace import standalone as standalone_mod
 from headrace.cli import walflags
 from headrace.cli.argtypes import positive_float, positive_int
+from headrace.cli.demo_collection import demo_collection, pipeline_missing
 from headrace.cli.retentionflags import (
     add_retention_args,
     forward_retention_flags,
@@ -311,6 +312,12 @@ async def demo(args: argparse.Namespace) -> int:
         try:
             print(f"demo: ready, metastore {url}", flush=True)
             ok = await _demo_traffic(url, args.count)
+            missing = pipeline_missing()
+            if ok and missing is None:
+                ok = await demo_collection(url, data_dir, args.rows)
+            elif ok:
+                print(f"demo: the data pipeline step is skipped: {missing}", flush=True)
+            print("demo: PASSED" if ok else "demo: FAILED", flush=True)
         finally:
             proc.send_signal(signal.SIGINT)
             code = await asyncio.wait_for(proc.wait(), 60)
@@ -355,5 +362,4 @@ async def _demo_traffic(url: str, count: int) -> bool:
                 f"{'yes' if same else 'NO'}",
                 flush=True,
             )
-    print("demo: PASSED" if ok else "demo: FAILED", flush=True)
     return ok

@@ -1,9 +1,9 @@
 """The flush runner end to end: real streaming nodes, a SQLite metastore, real
 local Spark, DuckDB reading the committed table.
 
-The test plays the owner node's part: it writes collection messages with
-:mod:`headrace.table.messages` and then the :class:`SealRecord` the node's
-segment interceptor writes after its seals are acknowledged.
+The test writes collection messages with :mod:`headrace.table.messages`
+(inserts and flush requests); the owner node stamps segments, writes the seals
+and the :class:`SealRecord` the runner watches.
 """
 
 from __future__ import annotations
@@ -55,9 +55,17 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 
 async def put_seal(cluster: Cluster, position: str, term: int = 1) -> None:
-    """What the owner node does once its seals are acknowledged."""
-    record = SealRecord(pchannel=P, position=position, term=term, node="n1")
-    await cluster.metastore.put(seal_key(cluster.keys, P), record.to_json())
+    """Wait for the owner node's SealRecord at ``position`` (the node writes it
+    once the seals a flush request asked for are acknowledged)."""
+    async with asyncio.timeout(60):
+        while True:
+            kv = await cluster.metastore.get(seal_key(cluster.keys, P))
+            if kv is not None:
+                record = SealRecord.from_json(kv.value)
+                if record.position == position:
+                    assert record.term == term
+                    return
+            await asyncio.sleep(0.05)
 
 
 class RunnerProcess:
@@ -108,31 +116,31 @@ async def test_the_runner_flushes_each_new_seal_including_more_segments_than_one
     warehouse = tmp_path / "warehouse"
     orders = await create(cluster)
     # 2 shards x 70 segments = 140 segments: more than one commit holds (120).
+    # Each flush request seals both shards' growing segments.
     steps = []
     for segment in range(70):
         pks = list(range(segment * 10, segment * 10 + 10))
-        steps += [inserts(orders, pks, segment_base=1000 + 2 * segment)]
-        steps += [seals(orders, segment_base=1000 + 2 * segment)]
-    written = await write(cluster, *steps, deletes(orders, [3, 699]))
+        steps += [inserts(orders, pks)]
+        if segment == 69:
+            steps += [deletes(orders, [3, 699])]
+        steps += [seals(orders)]
+    written = await write(cluster, *steps)
     end1 = str(written[-1].id)
     # Records of other pchannels that do not decode stop only those pchannels.
     await cluster.metastore.put(seal_key(cluster.keys, "pch-garbage"), b"{not json")
     alien = SealRecord(pchannel="pch-alien", position="nosuchbackend:7", term=1)
     await cluster.metastore.put(seal_key(cluster.keys, "pch-alien"), alien.to_json())
+    await put_seal(cluster, end1)  # the whole range is sealed before the runner looks
     runner = RunnerProcess(cluster, warehouse, tmp_path / "runner.log")
     await runner.start()
     try:
-        # The deletes come after the last seal: the flush range ends at the seal record.
-        await put_seal(cluster, end1)
         await until_checkpoint(cluster, runner, end1)
         kept = set(range(700)) - {3, 699}
         assert table_rows(cluster, warehouse) == expected(kept)
         recorded = await cluster.metastore.get_prefix(segments_prefix(cluster.keys, P))
         assert len(recorded) == 140
         # A second seal: flushed from the checkpoint on, by the same session.
-        second = await write(
-            cluster, inserts(orders, [900, 3], segment_base=5000), seals(orders, 5000)
-        )
+        second = await write(cluster, inserts(orders, [900, 3]), seals(orders))
         end2 = str(second[-1].id)
         await put_seal(cluster, end2)
         await until_checkpoint(cluster, runner, end2)
@@ -146,7 +154,7 @@ async def test_the_runner_flushes_each_new_seal_including_more_segments_than_one
     assert "pch-garbage: waiting: its records cannot be read: CORRUPT" in text, text
     assert "pch-alien: waiting: its records cannot be read" in text, text
     # A new runner starts with a checkpoint already there (it compares ids at once).
-    third = await write(cluster, inserts(orders, [901], segment_base=6000), seals(orders, 6000))
+    third = await write(cluster, inserts(orders, [901]), seals(orders))
     end3 = str(third[-1].id)
     await put_seal(cluster, end3)
     again = RunnerProcess(cluster, warehouse, tmp_path / "runner2.log")
@@ -164,8 +172,8 @@ async def test_a_runner_killed_mid_flush_is_resumed_by_the_next_without_duplicat
     warehouse = tmp_path / "warehouse"
     orders = await create(cluster)
     pks = list(range(6000))
-    steps = [inserts(orders, pks[i : i + 500], segment_base=1) for i in range(0, 6000, 500)]
-    written = await write(cluster, *steps, deletes(orders, [7, 4001]), seals(orders, 1))
+    steps = [inserts(orders, pks[i : i + 500]) for i in range(0, 6000, 500)]
+    written = await write(cluster, *steps, deletes(orders, [7, 4001]), seals(orders))
     end = str(written[-1].id)
     await put_seal(cluster, end)
     log = tmp_path / "runner.log"
@@ -205,7 +213,7 @@ async def test_fenced_then_the_new_term_and_a_hung_job_past_its_deadline(
     its deadline and retried later."""
     warehouse = tmp_path / "warehouse"
     orders = await create(cluster, shards=1)
-    written = await write(cluster, inserts(orders, [1, 2, 3], 1), seals(orders, 1))
+    written = await write(cluster, inserts(orders, [1, 2, 3]), seals(orders))
     end = str(written[-1].id)
     await put_seal(cluster, end)
     await cluster.start_node("n2")
@@ -239,7 +247,7 @@ async def test_fenced_then_the_new_term_and_a_hung_job_past_its_deadline(
     retry = after(history, hung, time.monotonic(), policy)
     assert retry.failures == 1 and retry.retry_at > time.monotonic()
     # The session still works after the cancellation.
-    more = await write(cluster, inserts(orders, [4], 2), seals(orders, 2))
+    more = await write(cluster, inserts(orders, [4]), seals(orders))
     result = await runner.flush(Launch(P, 2, end, str(more[-1].id)), stop)
     assert result.outcome is Outcome.COMMITTED, result.error
     assert table_rows(cluster, warehouse) == expected({1, 2, 3, 4})

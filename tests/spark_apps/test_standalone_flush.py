@@ -14,12 +14,8 @@ from pathlib import Path
 import pytest
 
 from headrace.client import HeadraceClient
-from headrace.message.types import Message
-from headrace.metastore.factory import open_metastore
-from headrace.table import CatalogConfig, CheckpointRecord, TableCatalog, messages
-from headrace.table.collections import Collection, CollectionSpec, CollectionStore
-from headrace.table.records import SealRecord, seal_key
-from headrace.wal.api import AppendResult
+from headrace.table import CatalogConfig, TableCatalog
+from headrace.table.collections import Collection
 from tests.cli.standalone_proc import Standalone
 from tests.spark_apps.test_flush_job import SCHEMA, expected, rows
 from tests.table import duck
@@ -52,35 +48,14 @@ def runner_pids(standalone: Standalone) -> list[int]:
     return found
 
 
-async def flush_batch(url: str, collection: Collection, pks: list[int], segment: int) -> str:
-    """Insert rows into one segment, seal it, record the seal as the node would;
-    return the seal's position."""
-    vchannel = collection.vchannels[0]
-    batch: list[Message] = [
-        messages.insert(collection, vchannel, segment, rows(pks)),
-        messages.seal(collection, vchannel, segment),
-    ]
+async def flush_batch(url: str, collection: Collection, pks: list[int]) -> None:
+    """Insert rows through the public producer and flush them (the node seals
+    and records the seal, the runner commits); wait until committed."""
     async with HeadraceClient(url) as client:
-        producer = client.producer()
-        outcomes = await producer.send_many(batch)
-        await producer.close()
-        pchannel = client.route(vchannel)
-    assert all(isinstance(o, AppendResult) for o in outcomes), outcomes
-    end = outcomes[-1]
-    assert isinstance(end, AppendResult)
-    metastore = await open_metastore(url, create=False)
-    try:
-        keys = client.keys
-        record = SealRecord(pchannel=pchannel, position=str(end.id), term=1)
-        await metastore.put(seal_key(keys, pchannel), record.to_json())
-        async with asyncio.timeout(DEADLINE):
-            while True:
-                kv = await metastore.get(keys.checkpoint(pchannel))
-                if kv is not None and CheckpointRecord.from_json(kv.value).position == str(end.id):
-                    return str(end.id)
-                await asyncio.sleep(0.3)
-    finally:
-        await metastore.close()
+        async with client.producer() as producer:
+            await producer.insert(collection, rows(pks))
+        flushed = await client.flush(collection.name, wait=True, timeout=DEADLINE)
+    assert flushed.waited
 
 
 def table_rows(standalone: Standalone) -> list[tuple[object, ...]]:
@@ -93,15 +68,9 @@ def table_rows(standalone: Standalone) -> list[tuple[object, ...]]:
 async def test_the_standalone_flushes_seals_and_restarts_a_dead_runner(
     standalone: Standalone,
 ) -> None:
-    metastore = await open_metastore(standalone.url, create=False)
-    try:
-        async with HeadraceClient(standalone.url) as client:
-            keys = client.keys
-        spec = CollectionSpec("orders", SCHEMA, "pk", shards=1)
-        orders = await CollectionStore(metastore, keys).create(spec)
-    finally:
-        await metastore.close()
-    await flush_batch(standalone.url, orders, [1, 2, 3], segment=1)
+    async with HeadraceClient(standalone.url) as client:
+        orders = await client.create_collection("orders", SCHEMA, "pk", shards=1)
+    await flush_batch(standalone.url, orders, [1, 2, 3])
     assert table_rows(standalone) == expected({1, 2, 3})
 
     (pid,) = runner_pids(standalone)
@@ -112,7 +81,7 @@ async def test_the_standalone_flushes_seals_and_restarts_a_dead_runner(
             if restarted:
                 break
             await asyncio.sleep(0.2)
-    await flush_batch(standalone.url, orders, [4, 5], segment=2)
+    await flush_batch(standalone.url, orders, [4, 5])
     assert table_rows(standalone) == expected({1, 2, 3, 4, 5})
     log = (standalone.data_dir / "logs" / "flush-runner.log").read_text()
     assert log.count("headrace flush runner ready") == 2, log
