@@ -83,9 +83,11 @@ NOT_RUN = {
     "Set-up: two commands": "scripts/demo.sh and scripts/test.sh install into .venv and run the "
     "whole suite: CI runs them (.ci/run), not a test inside that suite",
     "Architecture": "a diagram, not code",
-    "Collections": "flush --wait needs the node's segment interceptor and the standalone's "
-    "flush runner (issue #12); the same calls are tested against in-process nodes in "
-    "tests/client/test_collections.py and tests/cli/test_collections_cli.py",
+    "Collections": "the duckdb CLI is not part of the test bed; the same workflow (create, "
+    "insert, delete, flush --wait, read the Iceberg table) runs in the demo "
+    "(test_demo_from_a_shadowing_working_directory), the CLI in "
+    "tests/cli/test_collections_cli.py and the end to end check with DuckDB in "
+    "tests/spark_apps/test_collection_end_to_end.py",
     "On Kubernetes": "needs a Kubernetes cluster, Helm and docker; the manifests (the "
     "StreamingCluster and the UpgradePlan) are checked by tests/headrace_operator/test_readme.py "
     "against the models and a real API server; the upgrade workflow runs in e2e/test_upgrade.py",
