@@ -46,7 +46,9 @@ def test_a_headrace_folder_in_the_working_directory_does_not_shadow_the_nodes(
     assert running.interrupt() == 0
 
 
+@pytest.mark.timeout(900)
 def test_demo_from_a_shadowing_working_directory(tmp_path: Path) -> None:
+    """The demo end to end, including its data pipeline step (Spark, Iceberg)."""
     work = tmp_path / "work"
     (work / "headrace").mkdir(parents=True)
     (work / "headrace" / "__init__.py").write_text(
@@ -67,11 +69,12 @@ def test_demo_from_a_shadowing_working_directory(tmp_path: Path) -> None:
         cwd=work,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=840,
         check=False,
     )
     assert out.returncode == 0, (out.stdout, out.stderr)
     assert "demo: PASSED" in out.stdout
+    assert "exactly the rows not deleted: yes" in out.stdout, out.stdout
 
 
 def test_a_node_failing_at_start_up_is_reported_at_once(
