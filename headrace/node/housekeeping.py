@@ -200,6 +200,7 @@ class Housekeeper:
                 appended_bytes=progress.appended_bytes,
                 now_ms=tso.now_ms(),
                 options=self.options,
+                opaque=progress.opaque.spans,
             )
         )
         self.decisions[pchannel] = decision

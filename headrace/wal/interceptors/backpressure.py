@@ -11,6 +11,9 @@ acknowledged is ever dropped). Other messages of the batch go on: seals and
 flush requests must pass or the flush could never catch up, and opaque
 vchannels are governed by retention instead.
 
+The WAL notes where the opaque records of each acknowledged batch lie
+(:func:`note_opaque`): retention holds back only them.
+
 The unflushed bytes and whether the pchannel carries collections come from
 the WAL's :class:`~headrace.wal.progress.Progress`, which the owner node's
 housekeeping pass updates from the metastore.
@@ -20,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from headrace import errors
+from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.table.messages import COLLECTION
 from headrace.wal.interceptors.chain import AppendContext, Handler
@@ -51,6 +55,32 @@ def pressure(unflushed: int, options: RetentionOptions) -> Pressure:
 
 def is_collection_data(msg: Message) -> bool:
     return msg.type in _DATA and COLLECTION in msg.properties
+
+
+def is_opaque(msg: Message) -> bool:
+    """A record retention governs: not the WAL's own tick or fence, and of no
+    collection (a collection's data, DDL, seals and flushes name it)."""
+    return not msg.type.is_system and COLLECTION not in msg.properties
+
+
+def note_opaque(progress: Progress, batch: Sequence[AppendContext], *, plain: bool) -> None:
+    """Note the acknowledged opaque records of ``batch`` in ``progress`` as one
+    span (``plain``: every message of the batch is opaque: no properties)."""
+    first: MessageID | None = None
+    last: MessageID | None = None
+    timetick = 0
+    for ctx in batch:
+        result = ctx.result
+        if result is None or not (plain or is_opaque(ctx.message)):
+            continue
+        rid = result.id
+        if first is None or rid < first:
+            first = rid
+        if last is None or rid > last:
+            last = rid
+        timetick = max(timetick, result.timetick)
+    if first is not None and last is not None:
+        progress.opaque_appended(first, last, timetick)
 
 
 class BackPressureInterceptor:
