@@ -329,7 +329,11 @@ class WAL:
                     history = History(start, segments.replay_record)
                     scan = TailScan(start, history.observe)
                 await rebuild(backend, pchannel, last_record, last_msg, dedup, scan=scan)
-                unread = history.spans(last) if history is not None else History.unread(last)
+                unread = (
+                    History.unread(last)
+                    if history is None
+                    else history.spans(last, await backend.earliest(pchannel))
+                )
             wal = cls(
                 backend=backend,
                 pchannel=pchannel,

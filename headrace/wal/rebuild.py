@@ -95,15 +95,17 @@ class History:
             self._run = None
         self._observe(rid, msg)
 
-    def spans(self, last: Position) -> list[OpaqueSpan]:
-        """The spans of opaque history below ``last``, the log's last record at open."""
+    def spans(self, last: Position, earliest: MessageID | None) -> list[OpaqueSpan]:
+        """The spans of opaque history up to ``last``, the log's last record at
+        open (``earliest``: the log's first record then)."""
         if self._run is not None:
             self._seen.note(self._run)
             self._run = None
         first = self._first
-        if first is None:
+        if first is None or first.id is None:
             return History.unread(last)
-        unread = [] if self._start is None else History.unread(first)
+        read_all = self._start is None or (earliest is not None and first.id <= earliest)
+        unread = [] if read_all else History.unread(first)
         return unread + list(self._seen.spans)
 
     @staticmethod

@@ -467,6 +467,16 @@ def test_opaque_log_coalesces_within_its_gap_and_merges_conservatively_when_full
     assert log.spans[0].first is None and len(log.spans) <= 4
 
 
+@pytest.mark.parametrize("capacity", [2, 3, 5])
+def test_opaque_log_never_exceeds_its_capacity(capacity: int) -> None:
+    log = OpaqueLog(capacity=capacity, coalesce_s=0)
+    for i in range(40):
+        log.note(OpaqueSpan(Id(i), Id(i), i, i))
+        assert len(log.spans) <= capacity
+    assert log.spans[-1] == OpaqueSpan(Id(39), Id(39), 39, 39)
+    assert log.spans[0].first == Id(0)  # merged, never dropped
+
+
 def test_a_merged_span_reaches_from_start_of_the_log_if_either_does() -> None:
     merged = OpaqueSpan(Id(5), Id(6), 9, 60).merge(OpaqueSpan(None, Id(1), 2, 0))
     assert merged == OpaqueSpan(None, Id(6), 9, 60)
