@@ -65,13 +65,23 @@ def is_opaque(msg: Message) -> bool:
 
 def note_opaque(progress: Progress, batch: Sequence[AppendContext], *, plain: bool) -> None:
     """Note the acknowledged opaque records of ``batch`` in ``progress`` as one
-    span (``plain``: every message of the batch is opaque: no properties)."""
+    span (``plain``: every message of the batch is opaque, no properties, and
+    the batch went to the log as one request in order: only its ends are
+    looked at)."""
+    if plain:
+        head = next((ctx.result for ctx in batch if ctx.result is not None), None)
+        tail = next((ctx.result for ctx in reversed(batch) if ctx.result is not None), None)
+        if head is not None and tail is not None:
+            progress.opaque_appended(
+                min(head.id, tail.id), max(head.id, tail.id), max(head.timetick, tail.timetick)
+            )
+        return
     first: MessageID | None = None
     last: MessageID | None = None
     timetick = 0
     for ctx in batch:
         result = ctx.result
-        if result is None or not (plain or is_opaque(ctx.message)):
+        if result is None or not is_opaque(ctx.message):
             continue
         rid = result.id
         if first is None or rid < first:
