@@ -11,9 +11,13 @@ from __future__ import annotations
 from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.tso import LocalTSO
+from headrace.wal.api import AppendResult
 from headrace.wal.framework import WAL, WALOptions
+from headrace.wal.interceptors.backpressure import note_opaque
+from headrace.wal.interceptors.chain import AppendContext
 from headrace.wal.memory.backend import MemoryBackend, MemoryStore
-from headrace.wal.progress import OpaqueSpan
+from headrace.wal.memory.message_id import MemoryMessageID as Id
+from headrace.wal.progress import OpaqueSpan, Progress
 from tests.wal.test_segments import ORDERS, QUIET, Hooks, P, insert
 
 OPTIONS = WALOptions(timetick_interval_ms=QUIET)
@@ -107,3 +111,26 @@ async def test_history_below_where_the_tail_scan_starts_counts_as_opaque() -> No
     assert unread.first is None and unread.last == flushed.id
     assert unread.timetick == flushed.timetick  # as young as the first record read
     assert covers(spans, early.id) and not covers(spans, later.id)
+
+
+def settled(msg: Message, seq: int, timetick: int) -> AppendContext:
+    return AppendContext(msg, 10, AppendResult(Id(seq), timetick, 1))
+
+
+def test_a_batch_is_noted_from_its_oldest_to_its_youngest_opaque_record() -> None:
+    """Dedup hits answer with an earlier record's result anywhere in the
+    batch; collection data and unsettled messages are not opaque records."""
+    progress = Progress()
+    batch = [
+        settled(insert(ORDERS, 0, [1]), 9, 90),  # collection data below: not noted
+        settled(opaque(), 10, 100),
+        settled(opaque(), 11, 110),
+        settled(opaque(producer_id="p", producer_seq="1"), 3, 30),  # a dedup hit
+        AppendContext(opaque(), 10),  # refused: no result
+        settled(insert(ORDERS, 0, [2]), 12, 120),
+    ]
+    note_opaque(progress, batch, plain=False)
+    assert progress.opaque.spans == (OpaqueSpan(Id(3), Id(11), 110, 0),)
+    plain = Progress()
+    note_opaque(plain, [AppendContext(opaque(), 10), *batch[1:3]], plain=True)
+    assert plain.opaque.spans == (OpaqueSpan(Id(10), Id(11), 110, 0),)
