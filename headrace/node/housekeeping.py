@@ -13,7 +13,8 @@ One loop per node (a guarded task) runs a pass every
    ASSIGNED): tell the WAL's :class:`~headrace.wal.progress.Progress` the
    collections with a shard on it and the checkpoint (back-pressure reads
    them), note the tail as a sample, and run the pure
-   :func:`headrace.wal.retention.decide`.
+   :func:`headrace.wal.retention.decide` on the samples and the WAL's opaque
+   spans (retention holds back only where opaque records lie).
 3. **Truncate** the backend below the decided point when it moved forward
    since the last truncation under this term. A failing backend is logged and
    tried again next pass.
@@ -200,6 +201,7 @@ class Housekeeper:
                 appended_bytes=progress.appended_bytes,
                 now_ms=tso.now_ms(),
                 options=self.options,
+                opaque=progress.opaque.spans,
             )
         )
         self.decisions[pchannel] = decision

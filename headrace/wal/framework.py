@@ -32,7 +32,7 @@ from headrace.wal.api import AppendResult, ReadOptions, WALState
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
 from headrace.wal.contract import Backend, BackendWriter, Record, where
 from headrace.wal.damaged import damage_stats
-from headrace.wal.interceptors.backpressure import BackPressureInterceptor
+from headrace.wal.interceptors.backpressure import BackPressureInterceptor, note_opaque
 from headrace.wal.interceptors.chain import AppendContext, Interceptor, build_chain
 from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
 from headrace.wal.interceptors.lock import LockInterceptor
@@ -52,8 +52,8 @@ from headrace.wal.interceptors.txn import (
     TxnInterceptor,
     TxnTable,
 )
-from headrace.wal.progress import Progress, RetentionOptions
-from headrace.wal.rebuild import DEDUP_FROM, TailScan, rebuild
+from headrace.wal.progress import OpaqueSpan, Progress, RetentionOptions
+from headrace.wal.rebuild import DEDUP_FROM, History, TailScan, rebuild
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
 
 __all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner"]
@@ -316,6 +316,8 @@ class WAL:
         try:
             last_record = await backend.last_record(pchannel)
             last = START
+            history: History | None = None
+            unread: list[OpaqueSpan] = []
             dedup = DedupWindow(options.dedup_window)
             segments = None if collections is None else SegmentTable(options.segments)
             if last_record is not None:
@@ -324,8 +326,14 @@ class WAL:
                 scan = None
                 if collections is not None and segments is not None:
                     start = scan_start(await collections.checkpoint(pchannel), last_msg)
-                    scan = TailScan(start, segments.replay_record)
+                    history = History(start, segments.replay_record)
+                    scan = TailScan(start, history.observe)
                 await rebuild(backend, pchannel, last_record, last_msg, dedup, scan=scan)
+                unread = (
+                    History.unread(last)
+                    if history is None
+                    else history.spans(last, await backend.earliest(pchannel))
+                )
             wal = cls(
                 backend=backend,
                 pchannel=pchannel,
@@ -339,6 +347,7 @@ class WAL:
                 if collections is None or segments is None
                 else (collections, segments),
             )
+            wal.progress.opaque.note_history(unread)
             wal._appender.start()
             await wal._appender.fence()
         except BaseException:
@@ -450,6 +459,7 @@ class WAL:
         self._idle.clear()
         try:
             await chain(valid)
+            note_opaque(self.progress, valid, plain=plain)
         finally:
             self._inflight -= 1
             if self._inflight == 0:
@@ -561,7 +571,9 @@ class WAL:
             await self._segments.chore(self._appender.write)
 
     async def _write_system(self, msgs: list[Message]) -> None:
-        await self._appender.write([AppendContext(m, codec.encoded_size(m)) for m in msgs])
+        batch = [AppendContext(m, codec.encoded_size(m)) for m in msgs]
+        await self._appender.write(batch)
+        note_opaque(self.progress, batch, plain=False)
 
 
 def _outcome(ctx: AppendContext) -> AppendResult | errors.HeadraceError:

@@ -13,6 +13,15 @@ written before this WAL opened lie below the first sample (taken at open with
 the flush state the node's housekeeping pass last learned from the metastore
 (:class:`FlushState`). The back-pressure interceptor reads it on every append.
 
+:class:`OpaqueLog` notes where opaque records are (records of no collection
+that the WAL did not write itself: retention holds only them back), one
+:class:`OpaqueSpan` per append batch, coalesced within
+:attr:`OpaqueLog.coalesce_s`; when full, neighbours of its older half are
+merged, conservatively (a merged span covers both and keeps the younger
+timetick and the larger byte count). History from before the WAL opened that
+the open did not read is noted as a span from the start of the log, as young
+as the oldest record the open did read.
+
 :class:`RetentionOptions` is the one options object of retention, truncation
 and back-pressure.
 """
@@ -39,7 +48,9 @@ class RetentionOptions:
     ``max_age_s`` / ``max_bytes``: a record may be truncated once it is older
     than ``max_age_s`` or once ``max_bytes`` newer bytes follow it (like a
     Kafka topic's ``retention.ms`` / ``retention.bytes``); None: no bound of
-    that kind (both None: opaque data is kept forever, nothing is truncated).
+    that kind (both None: opaque data is kept forever). Only opaque records
+    are governed by them: a point with no opaque record below it is not held
+    back (see :mod:`headrace.wal.retention`).
     ``margin_s`` / ``margin_bytes``: never truncate a record younger than
     ``margin_s`` or followed by fewer than ``margin_bytes``.
     ``soft_bytes`` / ``hard_bytes``: unflushed bytes of a pchannel carrying
@@ -130,6 +141,89 @@ class PositionLog:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class OpaqueSpan:
+    """Opaque records lie in ``[first, last]`` (``first`` None: possibly from
+    the start of the log on); the youngest of them has a timetick of at most
+    ``timetick``, and at most ``bytes`` were counted up to it (so the bytes
+    after it are at least the appended bytes less ``bytes``)."""
+
+    first: MessageID | None
+    last: MessageID
+    timetick: int
+    bytes: int
+
+    def merge(self, other: OpaqueSpan) -> OpaqueSpan:
+        """A span covering both (conservative: the younger timetick, more bytes)."""
+        first = None if self.first is None or other.first is None else min(self.first, other.first)
+        return OpaqueSpan(
+            first,
+            max(self.last, other.last),
+            max(self.timetick, other.timetick),
+            max(self.bytes, other.bytes),
+        )
+
+    def describe(self) -> str:
+        if self.first is None:
+            return f"unread history before the WAL opened (up to {self.last})"
+        if self.first == self.last:
+            return f"opaque record {self.first}"
+        return f"opaque records {self.first}..{self.last}"
+
+
+class OpaqueLog:
+    """Where opaque records lie, a bounded list of spans (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        capacity: int = 1024,
+        coalesce_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if capacity < 2:
+            raise errors.InvalidArgument(f"an opaque log holds at least 2 spans, not {capacity}")
+        self.capacity = capacity
+        self.coalesce_s = coalesce_s
+        self._clock = clock
+        self._spans: list[OpaqueSpan] = []
+        self._last_noted = float("-inf")
+
+    def note(self, span: OpaqueSpan) -> None:
+        """Keep ``span``, merged into the last one when that one was noted
+        less than ``coalesce_s`` ago or does not lie wholly below it (batches
+        may be acknowledged out of order)."""
+        now = self._clock()
+        spans = self._spans
+        if spans and (
+            now - self._last_noted < self.coalesce_s
+            or span.first is None
+            or spans[-1].last >= span.first
+        ):
+            spans[-1] = spans[-1].merge(span)
+            return
+        self._last_noted = now
+        spans.append(span)
+        if len(spans) > self.capacity:
+            half = max(2, len(spans) // 2)
+            merged = [
+                spans[i].merge(spans[i + 1]) if i + 1 < half else spans[i]
+                for i in range(0, half, 2)
+            ]
+            self._spans = merged + spans[half:]
+
+    def note_history(self, spans: Sequence[OpaqueSpan]) -> None:
+        """Opaque records from before the WAL opened (in id order), placed
+        before anything noted since; not coalesced by time."""
+        self._spans = list(spans) + self._spans
+        while len(self._spans) > self.capacity:
+            self._spans[:2] = [self._spans[0].merge(self._spans[1])]
+
+    @property
+    def spans(self) -> Sequence[OpaqueSpan]:
+        return tuple(self._spans)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class FlushState:
     """What the owner's housekeeping pass last learned about a pchannel's flush.
 
@@ -145,8 +239,9 @@ class FlushState:
 class Progress:
     """One WAL's byte counter, samples and flush state."""
 
-    def __init__(self, log: PositionLog | None = None) -> None:
+    def __init__(self, log: PositionLog | None = None, opaque: OpaqueLog | None = None) -> None:
         self.positions = log if log is not None else PositionLog()
+        self.opaque = opaque if opaque is not None else OpaqueLog()
         self.appended_bytes = 0
         self.flush = FlushState()
         self._flushed_bytes = 0
@@ -156,6 +251,12 @@ class Progress:
         """The appender acknowledged ``size`` more bytes ending at ``last_id``."""
         self.appended_bytes += size
         self.positions.note(Sample(last_id, timetick, self.appended_bytes))
+
+    def opaque_appended(self, first: MessageID, last: MessageID, timetick: int) -> None:
+        """Opaque records of one acknowledged batch lie in ``[first, last]``,
+        the youngest at ``timetick``; the bytes counted now are at least those
+        up to it."""
+        self.opaque.note(OpaqueSpan(first, last, timetick, self.appended_bytes))
 
     def set_flush(self, state: FlushState) -> None:
         """What the housekeeping pass learned; samples noted later all lie

@@ -29,8 +29,11 @@ from headrace.message import codec, ids
 from headrace.message.ids import MessageID
 from headrace.message.types import Message
 from headrace.wal.api import AppendResult
+from headrace.wal.buffer import Position
 from headrace.wal.contract import Backend, Record, StartPosition
+from headrace.wal.interceptors.backpressure import is_opaque
 from headrace.wal.interceptors.dedup import DedupWindow, ProducerKey, logged_pair
+from headrace.wal.progress import OpaqueLog, OpaqueSpan
 
 DEDUP_FROM = "dedup_from"
 """Property of the WAL's own ticks and fences: where a dedup rebuild starts."""
@@ -62,6 +65,55 @@ class TailScan:
 
     start: MessageID | None
     observe: Callable[[MessageID, Message], None]
+
+
+class History:
+    """The opaque records an open's tail scan read (it reads them anyway), for
+    retention: runs of consecutive opaque records become spans, and what lies
+    before the first record read is unknown, so it counts as opaque history as
+    young as that record (unless the scan read from the earliest record)."""
+
+    def __init__(self, start: MessageID | None, observe: Callable[[MessageID, Message], None]):
+        self._start = start
+        self._observe = observe
+        self._first: Position | None = None
+        self._run: OpaqueSpan | None = None
+        self._seen = OpaqueLog(coalesce_s=0.0)
+
+    def observe(self, rid: MessageID, msg: Message) -> None:
+        if self._first is None:
+            self._first = Position(rid, msg.timetick)
+        if is_opaque(msg):
+            run = self._run
+            self._run = (
+                OpaqueSpan(rid, rid, msg.timetick, 0)
+                if run is None
+                else OpaqueSpan(run.first, rid, msg.timetick, 0)
+            )
+        elif self._run is not None:
+            self._seen.note(self._run)
+            self._run = None
+        self._observe(rid, msg)
+
+    def spans(self, last: Position, earliest: MessageID | None) -> list[OpaqueSpan]:
+        """The spans of opaque history up to ``last``, the log's last record at
+        open (``earliest``: the log's first record then)."""
+        if self._run is not None:
+            self._seen.note(self._run)
+            self._run = None
+        first = self._first
+        if first is None or first.id is None:
+            return History.unread(last)
+        read_all = self._start is None or (earliest is not None and first.id <= earliest)
+        unread = [] if read_all else History.unread(first)
+        return unread + list(self._seen.spans)
+
+    @staticmethod
+    def unread(last: Position) -> list[OpaqueSpan]:
+        """History up to ``last`` nobody read: opaque, as young as ``last``."""
+        if last.id is None:
+            return []
+        return [OpaqueSpan(None, last.id, last.timetick, 0)]
 
 
 def anchor_of(msg: Message) -> MessageID | None:

@@ -9,9 +9,12 @@ reason. The rules:
 * **Collections**: with a collection on the pchannel, nothing at or after the
   flush checkpoint is truncated; with no checkpoint yet, nothing at all.
 * **Opaque retention**: vchannels of no collection are opaque logs, kept like a
-  Kafka topic: a record may go once it is older than ``max_age_s`` or once
-  ``max_bytes`` newer bytes follow it. Any vchannel name can be opaque, so the
-  bound applies to every pchannel; with neither bound set nothing is truncated.
+  Kafka topic: an opaque record may go once it is older than ``max_age_s`` or
+  once ``max_bytes`` newer bytes follow it (neither set: kept forever). A
+  point is held back only by the youngest opaque record below it, as far as
+  the WAL's :class:`~headrace.wal.progress.OpaqueSpan` list tells (history
+  from before the WAL opened that the open did not read counts as opaque);
+  with no opaque record below a point, retention does not hold it back.
 * **Margin**: a truncation point is at least ``margin_s`` old and followed by
   at least ``margin_bytes``.
 * Points are only the WAL's sampled positions and the checkpoint itself, whose
@@ -36,7 +39,7 @@ import pydantic
 from headrace import tso
 from headrace.cluster import JsonRecord, Keys
 from headrace.message.ids import MessageID
-from headrace.wal.progress import RetentionOptions, Sample
+from headrace.wal.progress import OpaqueSpan, RetentionOptions, Sample
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,6 +62,8 @@ class Inputs:
     appended_bytes: int
     now_ms: int
     options: RetentionOptions
+    opaque: Sequence[OpaqueSpan]
+    """Where opaque records lie (see :class:`~headrace.wal.progress.OpaqueLog`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,19 +89,29 @@ def decide(inputs: Inputs) -> Truncation:
         return Truncation(
             None, f"collection {inputs.collections[0]} has a shard here and no checkpoint yet"
         )
-    if options.max_age_s is None and options.max_bytes is None:
-        return Truncation(None, "opaque data is kept forever (no retention age or bytes)")
     points = _points(inputs)
     if not points:
         return Truncation(None, "the WAL has no known position yet")
-    allowed = [p for p in points if _retention_allows(p, inputs)]
+    below = _OpaqueBelow(inputs.opaque)
+    allowed = [p for p in points if _retention_allows(below.youngest(p.id), inputs)]
     if not allowed:
-        return Truncation(None, f"nothing is past the retention bound ({_bound_text(options)})")
+        holder = below.youngest(min(p.id for p in points))
+        held = holder.describe() if holder is not None else "opaque data"
+        if options.max_age_s is None and options.max_bytes is None:
+            return Truncation(
+                None,
+                f"opaque data is kept forever (no retention age or bytes): {held} lies "
+                "below every position",
+            )
+        return Truncation(
+            None,
+            f"{held} below every position is not past the retention bound ({_bound_text(options)})",
+        )
     allowed = [p for p in allowed if _margin_allows(p, inputs)]
     if not allowed:
         return Truncation(
             None,
-            f"nothing past the retention bound is outside the safety margin "
+            f"nothing retention allows is outside the safety margin "
             f"({options.margin_s:g} s, {options.margin_bytes} bytes)",
         )
     checkpoint = inputs.checkpoint
@@ -110,10 +125,51 @@ def decide(inputs: Inputs) -> Truncation:
                 "margin allow",
             )
     best = max(allowed, key=lambda p: p.id)
-    why = "retention"
+    why = "retention" if below.youngest(best.id) is not None else "no opaque data below"
     if inputs.collections and checkpoint is not None and best.id == checkpoint.position:
         why = "the checkpoint"
-    return Truncation(best.id, f"below {best.id} ({why}, margin kept)")
+    reason = f"below {best.id} ({why}, margin kept)"
+    above = [p.id for p in points if p.id > best.id]
+    holder = below.youngest(min(above)) if above else None
+    if holder is not None and not _retention_allows(holder, inputs):
+        reason += f"; {holder.describe()} holds back what follows"
+    return Truncation(best.id, reason)
+
+
+class _OpaqueBelow:
+    """The youngest opaque span reaching below a point, by bisection over
+    the spans sorted by their first id (spans from the start of the log reach
+    below every point)."""
+
+    def __init__(self, spans: Sequence[OpaqueSpan]) -> None:
+        unread: OpaqueSpan | None = None
+        known: list[tuple[MessageID, OpaqueSpan]] = []
+        for span in spans:
+            if span.first is None:
+                unread = span if unread is None else unread.merge(span)
+            else:
+                known.append((span.first, span))
+        known.sort(key=lambda pair: pair[0])
+        self._firsts = [first for first, _ in known]
+        youngest: list[OpaqueSpan] = []
+        running = unread
+        for _, span in known:
+            running = span if running is None else _younger(running, span)
+            youngest.append(running)
+        self._youngest = youngest
+        self._unread = unread
+
+    def youngest(self, point: MessageID) -> OpaqueSpan | None:
+        """The youngest span with a record possibly below ``point`` (ages and
+        bytes of several are combined conservatively), None if none has."""
+        index = bisect.bisect_left(self._firsts, point)
+        return self._youngest[index - 1] if index else self._unread
+
+
+def _younger(a: OpaqueSpan, b: OpaqueSpan) -> OpaqueSpan:
+    """The span of the two with the younger record, its bytes at least both's."""
+    young = a if a.timetick >= b.timetick else b
+    return dataclasses.replace(young, bytes=max(a.bytes, b.bytes))
 
 
 def _points(inputs: Inputs) -> list[_Point]:
@@ -131,23 +187,32 @@ def _points(inputs: Inputs) -> list[_Point]:
     return points
 
 
-def _age_s(point: _Point, now_ms: int) -> float:
-    """Seconds since the record's timetick; 0 for a timetick ahead of the
-    clock (the TSO may hand out times a little ahead)."""
-    return max(0, now_ms - tso.physical_ms(point.timetick)) / 1000.0
+def _age_s(timetick: int, now_ms: int) -> float:
+    """Seconds since ``timetick``; 0 for a timetick ahead of the clock (the
+    TSO may hand out times a little ahead)."""
+    return max(0, now_ms - tso.physical_ms(timetick)) / 1000.0
 
 
-def _retention_allows(point: _Point, inputs: Inputs) -> bool:
+def _retention_allows(holder: OpaqueSpan | None, inputs: Inputs) -> bool:
+    """Whether the youngest opaque record below a point (``holder``, None:
+    none) is past the retention bound."""
+    if holder is None:
+        return True
     options = inputs.options
-    old = options.max_age_s is not None and _age_s(point, inputs.now_ms) >= options.max_age_s
-    big = options.max_bytes is not None and point.bytes_after >= options.max_bytes
+    old = (
+        options.max_age_s is not None
+        and _age_s(holder.timetick, inputs.now_ms) >= options.max_age_s
+    )
+    big = (
+        options.max_bytes is not None and inputs.appended_bytes - holder.bytes >= options.max_bytes
+    )
     return old or big
 
 
 def _margin_allows(point: _Point, inputs: Inputs) -> bool:
     options = inputs.options
     return (
-        _age_s(point, inputs.now_ms) >= options.margin_s
+        _age_s(point.timetick, inputs.now_ms) >= options.margin_s
         and point.bytes_after >= options.margin_bytes
     )
 

@@ -195,6 +195,72 @@ async def wait_status(cluster: Cluster, condition: object) -> dict[str, object]:
             await asyncio.sleep(0.05)
 
 
+DEFAULT_RETENTION = RetentionOptions(margin_s=0, margin_bytes=0, pass_interval_s=0.05)
+"""The default retention (opaque data kept 7 days), no safety margin, quick passes."""
+
+
+async def test_collection_only_pchannel_is_truncated_below_the_checkpoint_by_default(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue #12: a pchannel carrying only collection data is truncated below
+    its flush checkpoint with the default 7-day retention of opaque data."""
+    backend = LocalBackend(str(tmp_path / "wal"), segment_bytes=2048)
+    await cluster.configure([P])
+    collection = await orders(cluster)
+    node = await start_node(cluster, DEFAULT_RETENTION, backend)
+    await cluster.assign(P, "node-a", 1)
+    wal = held(node)
+    results = await insert_many(wal, collection, 60)
+    directory = str(tmp_path / "wal" / P)
+    before = files.list_segments(directory)
+    first = await backend.earliest(P)
+
+    target = results[40]
+    await checkpoint(cluster, target)
+    await until(lambda: "the checkpoint" in reason(node))
+    await moved(backend, first)
+    await asyncio.sleep(0.2)  # the pass deletes the files in a thread
+    earliest = await backend.earliest(P)
+    assert earliest is not None and first is not None
+    assert first < earliest <= target.id
+    assert before[0] not in files.list_segments(directory)
+
+
+async def test_an_opaque_record_holds_truncation_back_until_retention_lets_it_go(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """One opaque record amid collection data: the pchannel is not truncated
+    past it while it is younger than the retention age, then it goes."""
+    backend = LocalBackend(str(tmp_path / "wal"), segment_bytes=2048)
+    await cluster.configure([P])
+    collection = await orders(cluster)
+    max_age_s = 4.0
+    options = dataclasses.replace(DEFAULT_RETENTION, max_age_s=max_age_s)
+    node = await start_node(cluster, options, backend)
+    await cluster.assign(P, "node-a", 1)
+    wal = held(node)
+    await insert_many(wal, collection, 10)
+    opaque = await wal.append(Message(MessageType.INSERT, "logs-0", b"x" * 500))
+    written = asyncio.get_running_loop().time()
+    results = await insert_many(wal, collection, 50)
+
+    target = results[40]
+    await checkpoint(cluster, target)
+    await until(lambda: f"opaque record {opaque.id}" in reason(node))
+    assert asyncio.get_running_loop().time() - written < max_age_s, "the machine was too slow"
+    earliest = await backend.earliest(P)
+    assert earliest is not None and earliest <= opaque.id
+    assert node.housekeeper is not None
+    held_at = node.housekeeper.decisions[P].below
+    assert held_at is None or held_at <= opaque.id
+
+    await until(lambda: "the checkpoint" in reason(node))
+    await moved(backend, earliest)
+    await asyncio.sleep(0.2)  # the pass deletes the files in a thread
+    gone = await backend.earliest(P)
+    assert gone is not None and opaque.id < gone <= target.id
+
+
 async def test_opaque_pchannel_is_truncated_by_retention_bytes(cluster: Cluster) -> None:
     """No collection on the pchannel: retention alone bounds it (here: keep
     the newest 4 KiB), and its appends are never slowed or refused."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 from hypothesis import given, settings
@@ -17,6 +18,8 @@ from headrace.wal.interceptors.chain import AppendContext
 from headrace.wal.memory.message_id import MemoryMessageID as Id
 from headrace.wal.progress import (
     FlushState,
+    OpaqueLog,
+    OpaqueSpan,
     PositionLog,
     Progress,
     RetentionOptions,
@@ -44,6 +47,21 @@ LOG = samples(*((i * 10, 100 - i * 10, i * 1000) for i in range(11)))
 TOTAL = 10_000
 
 
+def everywhere(log: tuple[Sample, ...]) -> tuple[OpaqueSpan, ...]:
+    """Every record of ``log`` is opaque: the records up to each sample, as
+    young as it (what the rule assumed before the WAL tracked opaque data)."""
+    first = OpaqueSpan(None, log[0].id, log[0].timetick, log[0].bytes)
+    rest = (
+        OpaqueSpan(Id(before.id.seq + 1), s.id, s.timetick, s.bytes)
+        for before, s in itertools.pairwise(log)
+    )
+    return (first, *rest)
+
+
+def opaque_at(i: int, ago: float, size: int) -> OpaqueSpan:
+    return OpaqueSpan(Id(i), Id(i), tick(ago), size)
+
+
 def inputs(**changes: object) -> Inputs:
     base = Inputs(
         checkpoint=None,
@@ -52,6 +70,7 @@ def inputs(**changes: object) -> Inputs:
         appended_bytes=TOTAL,
         now_ms=NOW_MS,
         options=OPTS,
+        opaque=everywhere(LOG),
     )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
@@ -85,7 +104,8 @@ CASES = [
     pytest.param(
         inputs(options=dataclasses.replace(OPTS, max_age_s=200 * 60)),
         None,
-        "nothing is past the retention bound",
+        "unread history before the WAL opened (up to memory:0) below every position is not "
+        "past the retention bound",
         id="nothing old enough",
     ),
     pytest.param(
@@ -161,6 +181,139 @@ CASES = [
     pytest.param(
         inputs(
             collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(15)),
+            options=RetentionOptions(margin_bytes=0),
+            opaque=(),
+        ),
+        Id(85),
+        "the checkpoint",
+        id="collection-only pchannel: below the checkpoint, default 7-day retention",
+    ),
+    pytest.param(
+        inputs(options=RetentionOptions(margin_bytes=0), opaque=()),
+        Id(90),
+        "no opaque data below",
+        id="neither collections nor opaque data: only the margin",
+    ),
+    pytest.param(
+        inputs(
+            collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(15)),
+            options=RetentionOptions(max_age_s=None, margin_bytes=0),
+            opaque=(),
+        ),
+        Id(85),
+        "the checkpoint",
+        id="no retention bound and no opaque data: the checkpoint",
+    ),
+    pytest.param(
+        inputs(
+            collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(15)),
+            options=RetentionOptions(margin_bytes=0),
+            opaque=(opaque_at(35, 65, 3500),),
+        ),
+        Id(30),
+        "opaque record memory:35 holds back what follows",
+        id="an opaque record holds back the points above it",
+    ),
+    pytest.param(
+        inputs(
+            collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(15)),
+            options=RetentionOptions(max_age_s=3600, margin_bytes=0),
+            opaque=(opaque_at(35, 65, 3500),),
+        ),
+        Id(85),
+        "the checkpoint",
+        id="until it is past the retention age",
+    ),
+    pytest.param(
+        inputs(
+            collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(15)),
+            options=RetentionOptions(max_age_s=None, max_bytes=6000, margin_bytes=0),
+            opaque=(opaque_at(35, 65, 3500),),
+        ),
+        Id(85),
+        "the checkpoint",
+        id="or followed by max_bytes",
+    ),
+    pytest.param(
+        inputs(
+            samples=LOG[1:],
+            options=RetentionOptions(max_age_s=None, margin_bytes=0),
+            opaque=(opaque_at(5, 95, 500),),
+        ),
+        None,
+        "opaque data is kept forever (no retention age or bytes): opaque record memory:5",
+        id="no retention bound: opaque data below every point keeps everything",
+    ),
+    pytest.param(
+        inputs(
+            collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(15)),
+            options=RetentionOptions(margin_bytes=0),
+            opaque=(opaque_at(95, 5, 9500),),
+        ),
+        Id(85),
+        "the checkpoint",
+        id="an opaque record above the candidate does not hold it back",
+    ),
+    pytest.param(
+        inputs(options=RetentionOptions(margin_bytes=0), opaque=(opaque_at(90, 10, 9000),)),
+        Id(90),
+        "no opaque data below",
+        id="an opaque record at the point is kept with it",
+    ),
+    pytest.param(
+        inputs(
+            collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(15)),
+            options=RetentionOptions(margin_bytes=0),
+            opaque=(OpaqueSpan(None, Id(0), tick(100), 0),),
+        ),
+        None,
+        "unread history before the WAL opened (up to memory:0) below every position is not "
+        "past the retention bound (older than 604800 s)",
+        id="history before the open holds back until the retention period",
+    ),
+    pytest.param(
+        inputs(
+            collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(15)),
+            options=RetentionOptions(max_age_s=3600, margin_bytes=0),
+            opaque=(OpaqueSpan(None, Id(0), tick(100), 0),),
+        ),
+        Id(85),
+        "the checkpoint",
+        id="history before the open goes once past the retention age",
+    ),
+    pytest.param(
+        inputs(
+            collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(15)),
+            options=RetentionOptions(max_age_s=3600, margin_bytes=0),
+            opaque=(opaque_at(15, 85, 1500), opaque_at(55, 45, 5500)),
+        ),
+        Id(50),
+        "opaque record memory:55 holds back what follows",
+        id="two opaque records: the younger one holds back only what is above it",
+    ),
+    pytest.param(
+        inputs(
+            collections=("orders",),
+            checkpoint=Checkpointed(Id(85), tick(15)),
+            options=RetentionOptions(max_age_s=3600, margin_bytes=0),
+            opaque=(opaque_at(15, 85, 1500).merge(opaque_at(55, 45, 5500)),),
+        ),
+        Id(10),
+        "opaque records memory:15..memory:55 holds back what follows",
+        id="merged into one span: held back from its first record, as young as its last",
+    ),
+    pytest.param(
+        inputs(
+            collections=("orders",),
             checkpoint=Checkpointed(Id(85), tick(-0.01)),
             options=dataclasses.replace(OPTS, max_age_s=None, max_bytes=1, margin_s=0),
         ),
@@ -178,23 +331,27 @@ def test_decide(case: Inputs, below: Id | None, reason: str) -> None:
     assert reason in decision.reason
 
 
-records = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 500)), min_size=1, max_size=40)
+records = st.lists(
+    st.tuples(st.integers(0, 30), st.integers(1, 500), st.booleans()), min_size=1, max_size=40
+)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(
     steps=records,
     every=st.integers(1, 6),
+    spans=st.integers(2, 12),
     checkpoint_at=st.one_of(st.none(), st.integers(0, 39)),
     collections=st.booleans(),
     max_age=st.one_of(st.none(), st.integers(1, 600)),
     max_bytes=st.one_of(st.none(), st.integers(1, 5000)),
-    margin_s=st.integers(0, 300),
-    margin_bytes=st.integers(0, 3000),
+    margin_s=st.one_of(st.just(0), st.integers(0, 300)),
+    margin_bytes=st.one_of(st.just(0), st.integers(0, 3000)),
 )
 def test_the_point_breaks_no_rule(  # noqa: PLR0917 - one argument per strategy
-    steps: list[tuple[int, int]],
+    steps: list[tuple[int, int, bool]],
     every: int,
+    spans: int,
     checkpoint_at: int | None,
     collections: bool,
     max_age: int | None,
@@ -202,29 +359,45 @@ def test_the_point_breaks_no_rule(  # noqa: PLR0917 - one argument per strategy
     margin_s: int,
     margin_bytes: int,
 ) -> None:
-    """Whatever the log, its sampling and the checkpoint, the point is at or
-    below the checkpoint when a collection lives here, past the retention
-    bound and outside the margin, judged on the true age and following bytes
-    of the record at the point (every record below it is older and followed
-    by more)."""
+    """Whatever the log (some records opaque), its sampling, the merging of
+    its opaque spans (an :class:`OpaqueLog` of ``spans`` spans) and the
+    checkpoint, the point is at or below the checkpoint when a collection
+    lives here, outside the margin (judged on the record at the point), and
+    every opaque record it drops (below it) is past the retention bound,
+    judged on that record's true age and following bytes."""
     ms, total = NOW_MS - 20 * 60_000, 0
     log: list[Sample] = []  # every record: id i, its tick, the bytes up to it
-    for s_step, size in steps:
+    opaque = OpaqueLog(capacity=spans, coalesce_s=0)
+    opaque_ids: list[int] = []
+    for s_step, size, is_opaque in steps:
         ms, total = ms + s_step * 1000, total + size
-        log.append(Sample(Id(len(log)), tso.compose(min(ms, NOW_MS), 0), total))
+        record = Sample(Id(len(log)), tso.compose(min(ms, NOW_MS), 0), total)
+        log.append(record)
+        if is_opaque:
+            opaque_ids.append(record.id.seq)
+            opaque.note(OpaqueSpan(record.id, record.id, record.timetick, record.bytes))
     sampled = [*log[::every], log[-1]] if (len(log) - 1) % every else log[::every]
     checkpoint = None
     if checkpoint_at is not None and checkpoint_at < len(log):
         record = log[checkpoint_at]
         checkpoint = Checkpointed(record.id, record.timetick)
     if collections and checkpoint is None:
-        assert decide(Inputs(None, ("c",), sampled, total, NOW_MS, OPTS)).below is None
+        kept = decide(Inputs(None, ("c",), sampled, total, NOW_MS, OPTS, opaque.spans))
+        assert kept.below is None
         return
     options = RetentionOptions(
         max_age_s=max_age, max_bytes=max_bytes, margin_s=margin_s, margin_bytes=margin_bytes
     )
     decision = decide(
-        Inputs(checkpoint, ("c",) if collections else (), sampled, total, NOW_MS, options)
+        Inputs(
+            checkpoint,
+            ("c",) if collections else (),
+            sampled,
+            total,
+            NOW_MS,
+            options,
+            opaque.spans,
+        )
     )
     if decision.below is None:
         return
@@ -232,13 +405,17 @@ def test_the_point_breaks_no_rule(  # noqa: PLR0917 - one argument per strategy
         assert checkpoint is not None
         assert decision.below <= checkpoint.position
     at = log[decision.below.seq]
-    age_s = (NOW_MS - tso.physical_ms(at.timetick)) / 1000
-    after = total - at.bytes
-    assert age_s >= margin_s
-    assert after >= margin_bytes
-    assert (max_age is not None and age_s >= max_age) or (
-        max_bytes is not None and after >= max_bytes
-    )
+    assert (NOW_MS - tso.physical_ms(at.timetick)) / 1000 >= margin_s
+    assert total - at.bytes >= margin_bytes
+    for i in opaque_ids:
+        if i >= decision.below.seq:
+            break
+        lost = log[i]
+        age_s = (NOW_MS - tso.physical_ms(lost.timetick)) / 1000
+        after = total - lost.bytes
+        assert (max_age is not None and age_s >= max_age) or (
+            max_bytes is not None and after >= max_bytes
+        ), (lost, decision.reason)
 
 
 def test_position_log_thins_the_older_half() -> None:
@@ -253,6 +430,56 @@ def test_position_log_thins_the_older_half() -> None:
     assert ids[-1] == Id(29)  # the newest is always fine grained
     log.note(Sample(Id(29), 99, 999), force=True)  # not after the last: ignored
     assert log.samples[-1].bytes == 290
+
+
+def covered(span: OpaqueSpan, noted: OpaqueSpan) -> bool:
+    """``span`` stands for ``noted`` conservatively: it reaches at least as
+    low, is at least as young and counts at least as many bytes."""
+    assert noted.first is not None
+    low = span.first is None or span.first <= noted.first
+    return (
+        low
+        and span.last >= noted.last
+        and span.timetick >= noted.timetick
+        and (span.bytes >= noted.bytes)
+    )
+
+
+def test_opaque_log_coalesces_within_its_gap_and_merges_conservatively_when_full() -> None:
+    now = [0.0]
+    log = OpaqueLog(capacity=4, coalesce_s=1.0, clock=lambda: now[0])
+    noted = []
+    for i in range(1, 30):
+        now[0] += 0.6  # every other one is within the gap of the span before
+        span = OpaqueSpan(Id(i * 10), Id(i * 10 + 5), i, i * 100)
+        noted.append(span)
+        log.note(span)
+    spans = log.spans
+    assert len(spans) <= 4
+    assert spans[-1].last == Id(295) and spans[-1].timetick == 29
+    for span in noted:
+        assert any(covered(kept, span) for kept in spans), span
+    # acknowledged out of order: merged into the last span, never lost
+    now[0] += 10
+    log.note(OpaqueSpan(Id(1), Id(2), 30, 3000))
+    assert covered(log.spans[-1], OpaqueSpan(Id(1), Id(2), 30, 3000))
+    log.note_history([OpaqueSpan(None, Id(0), 0, 0)])
+    assert log.spans[0].first is None and len(log.spans) <= 4
+
+
+@pytest.mark.parametrize("capacity", [2, 3, 5])
+def test_opaque_log_never_exceeds_its_capacity(capacity: int) -> None:
+    log = OpaqueLog(capacity=capacity, coalesce_s=0)
+    for i in range(40):
+        log.note(OpaqueSpan(Id(i), Id(i), i, i))
+        assert len(log.spans) <= capacity
+    assert log.spans[-1] == OpaqueSpan(Id(39), Id(39), 39, 39)
+    assert log.spans[0].first == Id(0)  # merged, never dropped
+
+
+def test_a_merged_span_reaches_from_start_of_the_log_if_either_does() -> None:
+    merged = OpaqueSpan(Id(5), Id(6), 9, 60).merge(OpaqueSpan(None, Id(1), 2, 0))
+    assert merged == OpaqueSpan(None, Id(6), 9, 60)
 
 
 def test_unflushed_bytes_count_from_the_sample_at_or_after_the_checkpoint() -> None:

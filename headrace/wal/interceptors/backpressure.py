@@ -11,6 +11,9 @@ acknowledged is ever dropped). Other messages of the batch go on: seals and
 flush requests must pass or the flush could never catch up, and opaque
 vchannels are governed by retention instead.
 
+The WAL notes where the opaque records of each acknowledged batch lie
+(:func:`note_opaque`): retention holds back only them.
+
 The unflushed bytes and whether the pchannel carries collections come from
 the WAL's :class:`~headrace.wal.progress.Progress`, which the owner node's
 housekeeping pass updates from the metastore.
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from headrace import errors
 from headrace.message.types import Message, MessageType
 from headrace.table.messages import COLLECTION
+from headrace.wal.api import AppendResult
 from headrace.wal.interceptors.chain import AppendContext, Handler
+from headrace.wal.interceptors.planning import SYSTEM
 from headrace.wal.progress import Progress, RetentionOptions
 
 _DATA = frozenset((MessageType.INSERT, MessageType.DELETE))
@@ -51,6 +56,45 @@ def pressure(unflushed: int, options: RetentionOptions) -> Pressure:
 
 def is_collection_data(msg: Message) -> bool:
     return msg.type in _DATA and COLLECTION in msg.properties
+
+
+def is_opaque(msg: Message) -> bool:
+    """A record retention governs: not the WAL's own tick or fence, and of no
+    collection (a collection's data, DDL, seals and flushes name it)."""
+    return msg.type not in SYSTEM and COLLECTION not in msg.properties
+
+
+def note_opaque(progress: Progress, batch: Sequence[AppendContext], *, plain: bool) -> None:
+    """Note the acknowledged opaque records of ``batch`` in ``progress`` as one
+    span (``plain``: every message of the batch is opaque, no properties, and
+    the batch went to the log as one request in order: only its ends are
+    looked at).
+
+    Timeticks strictly increase with ids along a pchannel's log, so the
+    records of the smallest and the largest timetick are the first and the
+    last by id, found with integer comparisons only (a dedup hit answers with
+    an earlier record's result, anywhere in the batch)."""
+    if plain:
+        head = next((ctx.result for ctx in batch if ctx.result is not None), None)
+        tail = next((ctx.result for ctx in reversed(batch) if ctx.result is not None), None)
+        if head is not None and tail is not None:
+            progress.opaque_appended(head.id, tail.id, tail.timetick)
+        return
+    low: AppendResult | None = None
+    high: AppendResult | None = None
+    for ctx in batch:
+        result = ctx.result
+        if result is None:
+            continue
+        msg = ctx.message
+        if msg.type in SYSTEM or COLLECTION in msg.properties:
+            continue
+        if low is None or result.timetick < low.timetick:
+            low = result
+        if high is None or result.timetick > high.timetick:
+            high = result
+    if low is not None and high is not None:
+        progress.opaque_appended(low.id, high.id, high.timetick)
 
 
 class BackPressureInterceptor:
