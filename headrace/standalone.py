@@ -227,12 +227,16 @@ def runner_command(cfg: StandaloneConfig, *, parent: int | None = None) -> list[
 
 
 def node_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a node process (pure): ``environ`` with the root of
-    the running ``headrace`` package first on ``PYTHONPATH``, so the node runs
-    the same code as the standalone (also from a source tree, not installed)."""
+    """The environment of a child process (pure): ``environ`` with the root of
+    the running ``headrace`` package first on ``PYTHONPATH``, so the child runs
+    the same code as the standalone (also from a source tree, not installed),
+    and ``PYTHONSAFEPATH=1``: like the children's own ``-P``, it keeps the
+    working directory off ``sys.path`` for every Python process they start in
+    turn (the Spark workers of the flush runner), so a ``headrace`` folder there
+    cannot shadow the package."""
     root = str(Path(headrace.__file__).resolve().parent.parent)
     rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
-    return {**environ, "PYTHONPATH": os.pathsep.join([root, *rest])}
+    return {**environ, "PYTHONPATH": os.pathsep.join([root, *rest]), "PYTHONSAFEPATH": "1"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
