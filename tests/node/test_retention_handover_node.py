@@ -79,9 +79,12 @@ async def wait_record(cluster: Cluster, node_id: str, covers: MessageID) -> Rete
             await asyncio.sleep(0.05)
 
 
-async def test_the_new_owner_truncates_a_collection_only_pchannel_after_a_handoff(
-    cluster: Cluster, tmp_path: Path
+@pytest.mark.parametrize("change", ["handoff", "restart"])
+async def test_the_new_owner_truncates_a_collection_only_pchannel(
+    cluster: Cluster, tmp_path: Path, change: str
 ) -> None:
+    """``handoff``: a graceful move to node-b; ``restart``: node-a stops and
+    the pchannel is assigned to node-b."""
     root = tmp_path / "wal"
     await cluster.configure([P])
     collection = await orders(cluster)
@@ -99,7 +102,11 @@ async def test_the_new_owner_truncates_a_collection_only_pchannel_after_a_handof
     reader = LocalBackend(str(root), segment_bytes=2048)
     first = await reader.earliest(P)
 
-    await cluster.move(P, "node-b")
+    if change == "handoff":
+        await cluster.move(P, "node-b")
+    else:
+        await node_a.stop()
+        await cluster.assign(P, "node-b", 2)
     node_b = cluster.nodes["node-b"]
     assert node_b.housekeeper is not None
     housekeeper = node_b.housekeeper
