@@ -4,6 +4,9 @@
   under its name; a DROP_COLLECTION or CREATE_COLLECTION makes the WAL forget
   the entry).
 * The pchannel's flush checkpoint (where growing segments are rebuilt from).
+* The previous owner's summary of the opaque records, from its
+  :class:`~headrace.wal.retention.RetentionRecord` (retention seeds the
+  history the open does not read from it).
 * The owner's :class:`SealRecord`: written at ``seal_key`` only while the
   pchannel's Assignment names this node under the WAL's term in an active
   state, in one transaction comparing the Assignment's ``mod_revision`` (as
@@ -19,6 +22,8 @@ from headrace.message.ids import MessageID
 from headrace.metastore.contract import Compare, Get, Metastore, Put
 from headrace.table.collections import Collection, CollectionStore
 from headrace.table.records import CheckpointRecord, SealRecord, seal_key
+from headrace.wal.progress import OpaqueSummary
+from headrace.wal.retention import RetentionRecord, retention_key
 
 ATTEMPTS = 8
 """Tries of a seal record when another write races on its key."""
@@ -59,6 +64,18 @@ class NodeCollections:
                 f"the checkpoint record {key} is malformed ({exc.message}); the WAL of "
                 f"{pchannel} cannot rebuild its growing segments until it is repaired"
             ) from None
+
+    async def opaque_summary(self, pchannel: str) -> OpaqueSummary | None:
+        """The previous owner's summary of the opaque records, from its
+        retention record; None if there is none or it does not decode (the
+        open then keeps the history it does not read)."""
+        kv = await self.metastore.get(retention_key(self.keys, pchannel))
+        if kv is None:
+            return None
+        try:
+            return RetentionRecord.from_json(kv.value).opaque_summary()
+        except (errors.CorruptData, errors.InvalidArgument):
+            return None
 
     async def record_seal(
         self, pchannel: str, term: int, position: MessageID, timetick: int

@@ -19,7 +19,9 @@ One loop per node (a guarded task) runs a pass every
    since the last truncation under this term. A failing backend is logged and
    tried again next pass.
 4. **Record** what it saw (checkpoint, unflushed bytes, truncation point,
-   reason) at ``<root>/retention/<pchannel>`` for ``headrace status``, only
+   reason, and the :class:`~headrace.wal.progress.OpaqueSummary` the next
+   owner's open seeds its opaque history from, known up to the tail the
+   previous pass saw) at ``<root>/retention/<pchannel>``, only
    when it changed, compared against the Assignment's revision read in step 1
    (so a deposed owner never writes it).
 """
@@ -41,7 +43,13 @@ from headrace.table.collections import Collection, CollectionRecord, collections
 from headrace.table.records import CheckpointRecord, checkpoints_prefix
 from headrace.wal.api import WALState
 from headrace.wal.framework import WAL
-from headrace.wal.progress import FlushState, RetentionOptions, Sample
+from headrace.wal.progress import (
+    FlushState,
+    OpaqueSummary,
+    RetentionOptions,
+    Sample,
+    summarize,
+)
 from headrace.wal.retention import (
     Checkpointed,
     Inputs,
@@ -111,6 +119,8 @@ class Housekeeper:
         self.manager = manager
         self.options: RetentionOptions = manager.options.retention
         self._applied: dict[str, Applied] = {}
+        self._tails: dict[str, Applied] = {}
+        """The tail each pchannel's previous pass saw, under its term."""
         self.decisions: dict[str, Truncation] = {}
         """The last decision per pchannel (for tests and logs)."""
 
@@ -206,6 +216,7 @@ class Housekeeper:
         )
         self.decisions[pchannel] = decision
         applied = await self._truncate(pchannel, wal.term, decision)
+        summary = self._summary(pchannel, wal)
         record = RetentionRecord(
             pchannel=pchannel,
             node=self.node_id,
@@ -217,12 +228,27 @@ class Housekeeper:
             collections=list(collections),
             at_ms=tso.now_ms(),
         )
+        if summary is not None:
+            record = record.with_summary(summary)
         previous = snapshot.records.get(pchannel)
         if previous is not None and previous.model_copy(update={"at_ms": 0}) == record.model_copy(
             update={"at_ms": 0}
         ):
             return
         await self._record(pchannel, revision, record)
+
+    def _summary(self, pchannel: str, wal: WAL) -> OpaqueSummary | None:
+        """What the WAL knows of its opaque records up to the tail the previous
+        pass under this term saw (an append's opaque records are noted just
+        after its id becomes the tail: one pass later they surely are); None
+        on the first pass of a term."""
+        previous = self._tails.get(pchannel)
+        last_id = wal.last_id
+        if last_id is not None:
+            self._tails[pchannel] = Applied(wal.term, last_id)
+        if previous is None or previous.term != wal.term:
+            return None
+        return summarize(wal.progress.opaque.spans, previous.below)
 
     async def _truncate(self, pchannel: str, term: int, decision: Truncation) -> Applied | None:
         applied = self._applied.get(pchannel)

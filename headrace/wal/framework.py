@@ -332,7 +332,13 @@ class WAL:
                 unread = (
                     History.unread(last)
                     if history is None
-                    else history.spans(last, await backend.earliest(pchannel))
+                    else history.spans(
+                        last,
+                        await backend.earliest(pchannel),
+                        await collections.opaque_summary(pchannel)
+                        if collections is not None
+                        else None,
+                    )
                 )
             wal = cls(
                 backend=backend,

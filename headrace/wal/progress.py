@@ -20,7 +20,8 @@ that the WAL did not write itself: retention holds only them back), one
 merged, conservatively (a merged span covers both and keeps the younger
 timetick and the larger byte count). History from before the WAL opened that
 the open did not read is noted as a span from the start of the log, as young
-as the oldest record the open did read.
+as the oldest record the open did read, unless the previous owner's
+:class:`OpaqueSummary` covers it (:func:`inherited`).
 
 :class:`RetentionOptions` is the one options object of retention, truncation
 and back-pressure.
@@ -221,6 +222,50 @@ class OpaqueLog:
     @property
     def spans(self) -> Sequence[OpaqueSpan]:
         return tuple(self._spans)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OpaqueSummary:
+    """What an owner knows of a pchannel's opaque records, handed to the next
+    owner through its retention record: everything at or below
+    ``known_until`` is known to it (its appends, its open's scan, or what it
+    inherited); ``complete``: from the log's earliest record (no unread
+    history); ``youngest``: one span covering every opaque record it knows
+    of, as young as the youngest (None: there is none). One span is
+    conservative: on a pchannel of mixed data it holds back everything above
+    its first record until its youngest ages."""
+
+    known_until: MessageID
+    complete: bool
+    youngest: OpaqueSpan | None
+
+
+def summarize(spans: Sequence[OpaqueSpan], known_until: MessageID) -> OpaqueSummary:
+    """The summary of a WAL's opaque spans up to its tail ``known_until`` (pure)."""
+    complete = all(span.first is not None for span in spans)
+    youngest: OpaqueSpan | None = None
+    for span in spans:
+        youngest = span if youngest is None else youngest.merge(span)
+    if youngest is not None:
+        youngest = dataclasses.replace(youngest, bytes=0)
+    return OpaqueSummary(known_until, complete, youngest)
+
+
+def inherited(summary: OpaqueSummary | None, start: MessageID) -> list[OpaqueSpan] | None:
+    """The opaque history below ``start`` (where a new owner's scan began)
+    that ``summary`` accounts for, None if it does not cover it (pure): it
+    must be complete and known at least up to ``start`` (records appended
+    after the previous owner's last summary may lie below ``start``), of the
+    same backend. The span counts 0 bytes: those before the open are not counted, so
+    ``max_bytes`` errs on keeping more."""
+    if (
+        summary is None
+        or not summary.complete
+        or summary.known_until.backend != start.backend  # it tells nothing of this log
+        or summary.known_until < start
+    ):
+        return None
+    return [] if summary.youngest is None else [summary.youngest]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from headrace.wal.buffer import Position
 from headrace.wal.contract import Backend, Record, StartPosition
 from headrace.wal.interceptors.backpressure import is_opaque
 from headrace.wal.interceptors.dedup import DedupWindow, ProducerKey, logged_pair
-from headrace.wal.progress import OpaqueLog, OpaqueSpan
+from headrace.wal.progress import OpaqueLog, OpaqueSpan, OpaqueSummary, inherited
 
 DEDUP_FROM = "dedup_from"
 """Property of the WAL's own ticks and fences: where a dedup rebuild starts."""
@@ -71,7 +71,8 @@ class History:
     """The opaque records an open's tail scan read (it reads them anyway), for
     retention: runs of consecutive opaque records become spans, and what lies
     before the first record read is unknown, so it counts as opaque history as
-    young as that record (unless the scan read from the earliest record)."""
+    young as that record (unless the scan read from the earliest record, or
+    the previous owner's summary covers it: :func:`~headrace.wal.progress.inherited`)."""
 
     def __init__(self, start: MessageID | None, observe: Callable[[MessageID, Message], None]):
         self._start = start
@@ -95,18 +96,26 @@ class History:
             self._run = None
         self._observe(rid, msg)
 
-    def spans(self, last: Position, earliest: MessageID | None) -> list[OpaqueSpan]:
+    def spans(
+        self, last: Position, earliest: MessageID | None, summary: OpaqueSummary | None = None
+    ) -> list[OpaqueSpan]:
         """The spans of opaque history up to ``last``, the log's last record at
-        open (``earliest``: the log's first record then)."""
+        open (``earliest``: the log's first record then). What lies below the
+        scan's start is taken from ``summary`` (the previous owner's) when it
+        covers it, else counted as unread."""
         if self._run is not None:
             self._seen.note(self._run)
             self._run = None
         first = self._first
         if first is None or first.id is None:
             return History.unread(last)
-        read_all = self._start is None or (earliest is not None and first.id <= earliest)
-        unread = [] if read_all else History.unread(first)
-        return unread + list(self._seen.spans)
+        start = self._start
+        if start is None or (earliest is not None and first.id <= earliest):
+            below: list[OpaqueSpan] = []
+        else:
+            seeded = inherited(summary, start)
+            below = History.unread(first) if seeded is None else seeded
+        return below + list(self._seen.spans)
 
     @staticmethod
     def unread(last: Position) -> list[OpaqueSpan]:

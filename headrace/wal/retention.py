@@ -13,7 +13,9 @@ reason. The rules:
   once ``max_bytes`` newer bytes follow it (neither set: kept forever). A
   point is held back only by the youngest opaque record below it, as far as
   the WAL's :class:`~headrace.wal.progress.OpaqueSpan` list tells (history
-  from before the WAL opened that the open did not read counts as opaque);
+  from before the WAL opened that the open did not read counts as opaque,
+  unless the previous owner's summary in its :class:`RetentionRecord`
+  covers it);
   with no opaque record below a point, retention does not hold it back.
 * **Margin**: a truncation point is at least ``margin_s`` old and followed by
   at least ``margin_bytes``.
@@ -36,10 +38,11 @@ from collections.abc import Sequence
 
 import pydantic
 
-from headrace import tso
+from headrace import errors, tso
 from headrace.cluster import JsonRecord, Keys
+from headrace.message import ids
 from headrace.message.ids import MessageID
-from headrace.wal.progress import OpaqueSpan, RetentionOptions, Sample
+from headrace.wal.progress import OpaqueSpan, OpaqueSummary, RetentionOptions, Sample
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -231,7 +234,8 @@ class RetentionRecord(JsonRecord):
     ``headrace status``: the checkpoint, the unflushed bytes (as the WAL
     counts them, see :mod:`headrace.wal.progress`), the position the backend
     was last truncated below (empty: never by this owner) and why it keeps
-    what it keeps."""
+    what it keeps; and, for the next owner, what it knows of the opaque
+    records (:class:`~headrace.wal.progress.OpaqueSummary`)."""
 
     pchannel: str
     node: str
@@ -242,6 +246,50 @@ class RetentionRecord(JsonRecord):
     reason: str = ""
     collections: list[str] = pydantic.Field(default_factory=list)
     at_ms: int = 0
+    known_until: str = ""
+    """The owner's :class:`~headrace.wal.progress.OpaqueSummary` (empty: none):
+    everything at or below this position is known to it."""
+    complete: bool = False
+    """Its knowledge reaches back to the log's earliest record."""
+    opaque_first: str = ""
+    """The span of every opaque record it knows of (empty: there is none)."""
+    opaque_last: str = ""
+    opaque_timetick: int = 0
+    """The timetick of the youngest of them."""
+
+    def with_summary(self, summary: OpaqueSummary) -> RetentionRecord:
+        """This record carrying ``summary``."""
+        span = summary.youngest
+        return self.model_copy(
+            update={
+                "known_until": str(summary.known_until),
+                "complete": summary.complete,
+                "opaque_first": "" if span is None or span.first is None else str(span.first),
+                "opaque_last": "" if span is None else str(span.last),
+                "opaque_timetick": 0 if span is None else span.timetick,
+            }
+        )
+
+    def opaque_summary(self) -> OpaqueSummary | None:
+        """The summary it carries, None if it carries none or an unreadable one
+        (the next owner then keeps the history it does not read)."""
+        if not self.known_until:
+            return None
+        try:
+            known_until = ids.parse(self.known_until)
+            span = None
+            if self.opaque_last:
+                first = ids.parse(self.opaque_first) if self.opaque_first else None
+                span = OpaqueSpan(first, ids.parse(self.opaque_last), self.opaque_timetick, 0)
+        except errors.InvalidArgument:
+            return None
+        backends = {known_until.backend} | (
+            set() if span is None else {i.backend for i in (span.first, span.last) if i}
+        )
+        if len(backends) > 1:
+            return None
+        complete = self.complete and (span is None or span.first is not None)
+        return OpaqueSummary(known_until, complete, span)
 
 
 def retention_key(keys: Keys, pchannel: str) -> str:

@@ -35,6 +35,7 @@ from headrace.wal.interceptors.segments import (
     segment_of,
 )
 from headrace.wal.memory import MemoryBackend, MemoryMessageID, MemoryStore
+from headrace.wal.progress import OpaqueSummary
 from spark_apps.shard import fold
 from tests.node.harness import until
 from tests.wal.delegating import CountingBackend
@@ -79,6 +80,8 @@ class Hooks:
         default_factory=lambda: {"orders": ORDERS, "users": USERS}
     )
     checkpoint_at: MessageID | None = None
+    summary: OpaqueSummary | None = None
+    """The previous owner's summary of the opaque records."""
     seals: list[tuple[str, int, MessageID, int]] = dataclasses.field(default_factory=list)
     forgotten: list[str] = dataclasses.field(default_factory=list)
     refuse_records: errors.HeadraceError | None = None
@@ -99,6 +102,9 @@ class Hooks:
 
     async def checkpoint(self, pchannel: str) -> MessageID | None:
         return self.checkpoint_at
+
+    async def opaque_summary(self, pchannel: str) -> OpaqueSummary | None:
+        return self.summary
 
     async def record_seal(
         self, pchannel: str, term: int, position: MessageID, timetick: int

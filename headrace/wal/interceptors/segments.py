@@ -80,6 +80,7 @@ from headrace.table.payloads import check_keys, check_rows, decode
 from headrace.tso import TimestampAllocator, physical_ms
 from headrace.wal.api import AppendResult
 from headrace.wal.interceptors.chain import AppendContext, Handler
+from headrace.wal.progress import OpaqueSummary
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,11 @@ class CollectionHooks(Protocol):
 
     async def checkpoint(self, pchannel: str) -> MessageID | None:
         """The pchannel's flush checkpoint; None: no flush yet (the whole log)."""
+
+    async def opaque_summary(self, pchannel: str) -> OpaqueSummary | None:
+        """What the previous owner knew of the pchannel's opaque records
+        (None: nothing usable), to seed retention's view of the history the
+        open does not read."""
 
     async def record_seal(
         self, pchannel: str, term: int, position: MessageID, timetick: int
