@@ -194,6 +194,9 @@ async def request_drain(
                 f"node {errors.quoted(node)} is not registered (alive) in the cluster"
             )
         held = sorted(p for p, r in before.assignments.items() if r.node == node)
+        refusal = drain_refusal(node, held, before)
+        if refusal is not None:
+            raise refusal
         start = time.monotonic()
         await admin.drain_node(node)
 
@@ -212,6 +215,24 @@ async def request_drain(
             "frozen": True,
             "elapsed_ms": round((time.monotonic() - start) * 1000, 1),
         }
+
+
+def drain_refusal(
+    node: str, held: list[str], snapshot: ClusterSnapshot
+) -> errors.HeadraceError | None:
+    """Why draining ``node`` cannot succeed now (pure), or None: it holds
+    pchannels and no other live node may take them (all others frozen,
+    draining or gone). Refused at once instead of waiting out the timeout
+    (a single-node cluster's preStop drain, a whole cluster being deleted)."""
+    if not held:
+        return None
+    peers = [n for n, live in snapshot.live_nodes().items() if n != node and not live.frozen]
+    if peers:
+        return None
+    return errors.Unavailable(
+        f"node {errors.quoted(node)} holds {len(held)} pchannel(s) ({', '.join(held)}) and no "
+        "other live, unfrozen node can take them; nothing was moved"
+    )
 
 
 async def request_undrain(
