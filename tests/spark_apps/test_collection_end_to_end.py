@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pytest
 
 from headrace.client import HeadraceClient, ProducerOptions
+from headrace.client.status import status
 from headrace.table import CatalogConfig, TableCatalog
 from headrace.wal.local import files
 from tests.cli.standalone_proc import Standalone
@@ -171,6 +172,10 @@ async def test_a_million_rows_with_deletes_and_kills_read_back_exactly_by_duckdb
         gone = {p: set(before[p]) - set(after.get(p, [])) for p in before if before[p]}
         return bool(gone) and all(gone.values())
 
-    await until(truncated, 120.0)
+    try:
+        await until(truncated, 120.0)
+    except TimeoutError:
+        report = await status(standalone.url, "default")
+        pytest.fail(f"not truncated: {before} -> {segment_files(wal_dir)}; {report['pchannels']}")
     log = (standalone.data_dir / "logs" / "flush-runner.log").read_text()
     assert log.count("headrace flush runner ready") >= 2, log
