@@ -446,7 +446,11 @@ def parse_args(argv: Sequence[str]) -> RunnerOptions:
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     try:
-        retention = RetentionOptions(args.max_snapshot_age, args.min_snapshots, args.orphan_grace)
+        retention = RetentionOptions(
+            max_snapshot_age_s=args.max_snapshot_age,
+            min_snapshots=args.min_snapshots,
+            orphan_grace_s=args.orphan_grace,
+        )
     except errors.InvalidArgument as exc:
         parser.error(str(exc))
     return RunnerOptions(
