@@ -16,7 +16,10 @@ JVM), and loops:
 3. run the flush job (:func:`spark_apps.flush.run_in`) in the session, one
    pchannel at a time, under a job group and a deadline: past the deadline the
    group is cancelled (``cancelJobGroup``) and the flush retried later;
-4. sleep until a seal or an Assignment changes (metastore watch), a back-off
+4. every ``maintenance_interval_s``, between two flushes (never during one),
+   expire old snapshots and delete orphan files of every table
+   (:func:`headrace.table.maintenance.maintain_all`, plain pyarrow, no Spark);
+5. sleep until a seal or an Assignment changes (metastore watch), a back-off
    ends, or the poll interval passes.
 
 A flush that does not end within ``abandon_grace_s`` after its cancellation
@@ -45,8 +48,11 @@ from headrace.client import HeadraceClient
 from headrace.cluster import Assignment, Keys
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
-from headrace.table import CatalogConfig, FlushResult, ObjectStoreOptions
+from headrace.table import CatalogConfig, FlushResult, ObjectStoreOptions, TableCatalog
+from headrace.table.collections import CollectionStore
+from headrace.table.maintenance import MaintenanceFailure, MaintenanceReport, maintain_all
 from headrace.table.records import CheckpointRecord, SealRecord, seals_prefix
+from headrace.table.retention import RetentionOptions
 from spark_apps.flush import run_in, spark_session
 from spark_apps.schedule import (
     Attempts,
@@ -89,6 +95,13 @@ class RunnerOptions:
     read_idle_timeout_s: float = 60.0
     parent: int = 0
     """Stop once this process (the standalone) is gone; 0: never."""
+    maintenance_interval_s: float = 600.0
+    """How often every table's old snapshots are expired and orphan files deleted."""
+    retention: RetentionOptions = dataclasses.field(default_factory=RetentionOptions)
+
+    @property
+    def catalog(self) -> CatalogConfig:
+        return CatalogConfig(self.metastore_url, self.warehouse, self.cluster, self.object_store)
 
 
 class Stuck(errors.HeadraceError):
@@ -141,6 +154,9 @@ class FlushRunner:
         self.attempts: dict[str, Attempts] = {}
         self._reasons: dict[str, str] = {}
         self._wake = asyncio.Event()
+        self.maintenance_due = 0.0
+        """``time.monotonic()`` at which the next maintenance round is due."""
+        self.maintenance_rounds = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Flush until ``stop`` is set."""
@@ -159,6 +175,8 @@ class FlushRunner:
                     if stop.is_set():
                         break
                     await self._flush(launch, stop)
+                if not stop.is_set():
+                    await self._maintain()
                 if not launches:
                     await self._sleep(steps, stop)
         finally:
@@ -186,6 +204,7 @@ class FlushRunner:
 
     async def _sleep(self, steps: Sequence[Launch | Wait], stop: asyncio.Event) -> None:
         ends = [s.until for s in steps if isinstance(s, Wait) and s.until is not None]
+        ends.append(self.maintenance_due)
         timeout = self.options.poll_s
         if ends:
             timeout = max(0.0, min(timeout, min(ends) - time.monotonic()))
@@ -209,6 +228,37 @@ class FlushRunner:
                 log.warning("watch of %s failed (polling meanwhile): %s", prefix, exc)
             await asyncio.sleep(self.options.poll_s)
 
+    async def _maintain(self) -> None:
+        """Expire snapshots and collect orphan files of every table, if due.
+
+        Runs between flushes in this loop, so never during a flush; a table
+        that fails (an object store that does not answer) is logged and
+        retried at the next round.
+        """
+        if time.monotonic() < self.maintenance_due:
+            return
+        self.maintenance_due = time.monotonic() + self.options.maintenance_interval_s
+        try:
+            collections = await CollectionStore(self.metastore, self.keys).list()
+        except errors.HeadraceError as exc:
+            log.warning("maintenance: cannot list the collections (next round): %s", exc)
+            return
+        dropped = {c.name: c.dropped.at for c in collections if c.dropped is not None}
+        results = await asyncio.to_thread(_maintain_tables, self.options, dropped)
+        self.maintenance_rounds += 1
+        for result in results:
+            if isinstance(result, MaintenanceFailure):
+                log.warning(
+                    "%s: maintenance failed (next round): %s", result.collection, result.error
+                )
+            elif result.expired or result.deleted:
+                log.info(
+                    "%s: expired %d snapshots, deleted %d unreferenced files",
+                    result.collection,
+                    len(result.expired),
+                    len(result.deleted),
+                )
+
     def _job(self, launch: Launch) -> RangeJob:
         o = self.options
         return RangeJob(
@@ -218,7 +268,7 @@ class FlushRunner:
             term=launch.term,
             start=launch.start,
             end=launch.end,
-            catalog=CatalogConfig(o.metastore_url, o.warehouse, o.cluster, o.object_store),
+            catalog=o.catalog,
             attempt=uuid.uuid4().hex[:12],
             rows_per_file=o.rows_per_file,
             read_idle_timeout_s=o.read_idle_timeout_s,
@@ -311,6 +361,17 @@ class FlushRunner:
         return Result(launch, Outcome.TIMED_OUT)
 
 
+def _maintain_tables(
+    options: RunnerOptions, dropped: dict[str, float]
+) -> list[MaintenanceReport | MaintenanceFailure]:
+    try:
+        catalog = TableCatalog.open(options.catalog)
+    except errors.HeadraceError as exc:
+        return [MaintenanceFailure("(every table)", exc)]
+    with catalog:
+        return maintain_all(catalog, dropped, options.retention)
+
+
 def outcome_of(launch: Launch, job: asyncio.Future[FlushResult]) -> Result:
     """The Result of a finished flush; an error that is not Headrace's (Spark's
     own, e.g. a cancelled job or a dead worker) is retryable UNAVAILABLE."""
@@ -374,10 +435,24 @@ def parse_args(argv: Sequence[str]) -> RunnerOptions:
     parser.add_argument("--read-idle-timeout", type=float, default=60.0)
     parser.add_argument("--exit-with-parent", type=int, default=0, metavar="PID")
     parser.add_argument("--s3-endpoint", default=os.environ.get("HEADRACE_S3_ENDPOINT", ""))
+    parser.add_argument(
+        "--maintenance-interval", type=float, default=600.0, help="seconds between rounds"
+    )
+    parser.add_argument("--max-snapshot-age", type=float, default=86_400.0, help="seconds")
+    parser.add_argument("--min-snapshots", type=int, default=5)
+    parser.add_argument("--orphan-grace", type=float, default=3_600.0, help="seconds")
     args = parser.parse_args(argv)
-    for name in ("deadline", "poll", "rows_per_file", "read_idle_timeout"):
+    for name in ("deadline", "poll", "rows_per_file", "read_idle_timeout", "maintenance_interval"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    try:
+        retention = RetentionOptions(
+            max_snapshot_age_s=args.max_snapshot_age,
+            min_snapshots=args.min_snapshots,
+            orphan_grace_s=args.orphan_grace,
+        )
+    except errors.InvalidArgument as exc:
+        parser.error(str(exc))
     return RunnerOptions(
         metastore_url=args.metastore,
         warehouse=args.warehouse,
@@ -393,6 +468,8 @@ def parse_args(argv: Sequence[str]) -> RunnerOptions:
         rows_per_file=args.rows_per_file,
         read_idle_timeout_s=args.read_idle_timeout,
         parent=args.exit_with_parent,
+        maintenance_interval_s=args.maintenance_interval,
+        retention=retention,
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableA
 from pyiceberg.expressions import In
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
+from pyiceberg.table.update import TableRequirement, TableUpdate
 
 from headrace import errors
 from headrace.cluster import DEFAULT_CLUSTER, Assignment, Keys
@@ -47,6 +49,7 @@ from headrace.table.records import (
     FlushCommit,
     SegmentRecord,
     TableChanges,
+    TableRecord,
     segment_keys,
     table_key,
 )
@@ -55,6 +58,9 @@ from headrace.table.storage import ObjectStoreOptions, Warehouse
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+MetadataChange = tuple[tuple[TableRequirement, ...], tuple[TableUpdate, ...]]
+"""Requirements checked against the current metadata, and the updates to apply."""
 
 PRIMARY_KEY_TYPES = (pa.int64(), pa.string())
 
@@ -202,6 +208,13 @@ class TableCatalog:
     def collections(self) -> list[str]:
         return [name for _, name in self._iceberg.list_tables(self.keys.cluster)]
 
+    def table_record(self, collection: str) -> TableRecord:
+        """The collection's pointer record (NOT_FOUND if it was never created)."""
+        found = self._iceberg.read_record(collection)
+        if found is None:
+            raise errors.NotFound(f"no table for collection {collection}")
+        return found[0]
+
     def iceberg_table(self, collection: str) -> Table:
         """The collection's pyiceberg ``Table`` as of now (for readers and tools)."""
         return self._load(collection)
@@ -234,6 +247,37 @@ class TableCatalog:
 
         self._storage(f"writing {path}", write)
         return path
+
+    def change_table(
+        self, collection: str, plan: Callable[[Table], MetadataChange | None]
+    ) -> Table:
+        """Apply a metadata-only change (snapshot expiry) to the current table.
+
+        ``plan`` sees the table as loaded now and returns the change, or None
+        for nothing to do. The change is one swap of the table's pointer,
+        compared on its ``mod_revision`` like every commit, and touches no
+        checkpoint or segment; when another commit (a flush) moved the pointer
+        meanwhile, it is planned again on the new metadata (up to
+        ``commit_attempts`` tries, then CONFLICT, retryable). The table after.
+        """
+        with self._commit_lock:
+            for attempt in range(1, self.config.commit_attempts + 1):
+                table = self._load(collection)
+                change = plan(table)
+                if change is None:
+                    return table
+                commit = functools.partial(self._iceberg.commit_table, table, *change)
+                try:
+                    self._storage(f"committing a change of {collection}", commit)
+                except CommitFailedException:
+                    log.info("%s: change attempt %d raced; trying again", collection, attempt)
+                    continue
+                return self._load(collection)
+        raise errors.Conflict(
+            f"the change of table {collection} kept racing with other commits "
+            f"({self.config.commit_attempts} attempts); try again",
+            retryable=True,
+        )
 
     # -- flush commit -------------------------------------------------------
 

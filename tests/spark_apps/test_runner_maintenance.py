@@ -1,0 +1,96 @@
+"""The flush runner's maintenance rounds, without Spark (no seal, so no flush):
+a killed run's file is deleted, a dropped collection's files go, the
+committed rows stay."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from headrace.cluster import Assignment, AssignmentState
+from headrace.metastore.factory import open_metastore
+from headrace.table import CatalogConfig, TableCatalog
+from headrace.table.collections import CollectionSpec, CollectionStore, Dropped
+from headrace.table.retention import RetentionOptions
+from spark_apps.runner import FlushRunner, RunnerOptions, parse_args
+from tests.table.data import SCHEMA
+from tests.table.test_commit import P, flush
+
+
+def no_spark() -> None:
+    raise AssertionError("maintenance must not start Spark")
+
+
+def data_files(warehouse: Path, collection: str) -> set[str]:
+    return {p.name for p in warehouse.rglob(f"{collection}/data/*") if p.is_file()}
+
+
+async def test_the_runner_collects_orphans_between_flushes(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    warehouse = tmp_path / "warehouse"
+    config = CatalogConfig(url, str(warehouse))
+    metastore = await open_metastore(url)
+    try:
+        options = RunnerOptions(
+            metastore_url=url,
+            warehouse=str(warehouse),
+            poll_s=0.1,
+            maintenance_interval_s=0.2,
+            retention=RetentionOptions(orphan_grace_s=0.5),
+        )
+        runner = FlushRunner(options, no_spark, metastore)  # type: ignore[arg-type]
+        record = Assignment(pchannel=P, state=AssignmentState.ASSIGNED, term=3, node="n1")
+        await metastore.put(runner.keys.pchannel(P), record.to_json())
+        store = CollectionStore(metastore, runner.keys)
+        await store.create(CollectionSpec("orders", SCHEMA))
+        await store.create(CollectionSpec("gone", SCHEMA))
+        await store.drop("gone", Dropped(at=time.time()))
+
+        def prepare() -> None:
+            with TableCatalog.open(config) as catalog:
+                catalog.create_table("orders", SCHEMA, "pk")
+                catalog.create_table("gone", SCHEMA, "pk")
+                catalog.commit_flush(flush(catalog, 3, None, 10, [1, 2, 3]))
+                catalog.write_data_file("orders", SCHEMA.empty_table(), "flush-killed")
+                catalog.write_data_file("gone", SCHEMA.empty_table(), "flush-old")
+
+        await asyncio.to_thread(prepare)
+        committed = data_files(warehouse, "orders") - {"flush-killed.parquet"}
+        assert len(committed) == 1
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(runner.run(stop))
+        try:
+            async with asyncio.timeout(60):
+                while "flush-killed.parquet" in data_files(warehouse, "orders") or data_files(
+                    warehouse, "gone"
+                ):
+                    assert not task.done(), task
+                    await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+            await task
+        assert runner.maintenance_rounds >= 2  # the first round found them too young
+        assert data_files(warehouse, "orders") == committed
+
+        def rows() -> list[int]:
+            with TableCatalog.open(config) as catalog:
+                return sorted(catalog.scan("orders").column("pk").to_pylist())
+
+        assert await asyncio.to_thread(rows) == [1, 2, 3]
+    finally:
+        await metastore.close()
+
+
+def test_maintenance_flags() -> None:
+    base = ["--metastore", "sqlite:///m.db", "--warehouse", "/w"]
+    options = parse_args([*base, "--maintenance-interval", "30", "--orphan-grace", "7200"])
+    assert options.maintenance_interval_s == 30.0
+    assert options.retention == RetentionOptions(orphan_grace_s=7200.0)
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--min-snapshots", "0"])
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--maintenance-interval", "0"])
