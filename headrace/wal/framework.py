@@ -52,8 +52,8 @@ from headrace.wal.interceptors.txn import (
     TxnInterceptor,
     TxnTable,
 )
-from headrace.wal.progress import OpaqueSpan, Progress, RetentionOptions
-from headrace.wal.rebuild import DEDUP_FROM, History, TailScan, rebuild
+from headrace.wal.progress import OpaqueSpan, Progress, RetentionOptions, widened_start
+from headrace.wal.rebuild import DEDUP_FROM, History, TailScan, rebuild, replay_from
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
 
 __all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner"]
@@ -324,21 +324,18 @@ class WAL:
                 last_msg = codec.decode(last_record.data)
                 last = Position(last_record.id, last_msg.timetick)
                 scan = None
+                summary = None
                 if collections is not None and segments is not None:
+                    summary = await collections.opaque_summary(pchannel)
                     start = scan_start(await collections.checkpoint(pchannel), last_msg)
-                    history = History(start, segments.replay_record)
-                    scan = TailScan(start, history.observe)
+                    read_from = widened_start(start, summary)
+                    history = History(read_from, replay_from(start, segments.replay_record))
+                    scan = TailScan(read_from, history.observe)
                 await rebuild(backend, pchannel, last_record, last_msg, dedup, scan=scan)
                 unread = (
                     History.unread(last)
                     if history is None
-                    else history.spans(
-                        last,
-                        await backend.earliest(pchannel),
-                        await collections.opaque_summary(pchannel)
-                        if collections is not None
-                        else None,
-                    )
+                    else history.spans(last, await backend.earliest(pchannel), summary)
                 )
             wal = cls(
                 backend=backend,

@@ -251,6 +251,25 @@ def summarize(spans: Sequence[OpaqueSpan], known_until: MessageID) -> OpaqueSumm
     return OpaqueSummary(known_until, complete, youngest)
 
 
+def widened_start(start: MessageID | None, summary: OpaqueSummary | None) -> MessageID | None:
+    """Where a new owner's open reads from for retention (pure): its scan's
+    ``start``, or earlier, down to the previous owner's ``known_until`` when
+    that complete summary stops short of ``start``. The records between were
+    appended after the previous owner's last summary (one housekeeping pass,
+    e.g. just before it was killed); reading them makes the history below
+    ``start`` known instead of unread, which would hold truncation back for
+    the whole retention period."""
+    if (
+        start is None
+        or summary is None
+        or not summary.complete
+        or summary.known_until.backend != start.backend
+        or summary.known_until >= start
+    ):
+        return start
+    return summary.known_until
+
+
 def inherited(summary: OpaqueSummary | None, start: MessageID) -> list[OpaqueSpan] | None:
     """The opaque history below ``start`` (where a new owner's scan began)
     that ``summary`` accounts for, None if it does not cover it (pure): it

@@ -67,6 +67,22 @@ class TailScan:
     observe: Callable[[MessageID, Message], None]
 
 
+def replay_from(
+    start: MessageID | None, replay: Callable[[MessageID, Message], None]
+) -> Callable[[MessageID, Message], None]:
+    """``replay`` shown only the records at or after ``start``: the scan may
+    read from further back for retention (:func:`~headrace.wal.progress.widened_start`)
+    while the segments are rebuilt from their own start."""
+    if start is None:
+        return replay
+
+    def shown(rid: MessageID, msg: Message) -> None:
+        if rid >= start:
+            replay(rid, msg)
+
+    return shown
+
+
 class History:
     """The opaque records an open's tail scan read (it reads them anyway), for
     retention: runs of consecutive opaque records become spans, and what lies

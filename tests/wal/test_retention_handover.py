@@ -28,6 +28,7 @@ from headrace.wal.progress import (
     Sample,
     inherited,
     summarize,
+    widened_start,
 )
 from headrace.wal.rebuild import History
 from headrace.wal.retention import Checkpointed, Inputs, RetentionRecord, decide
@@ -186,3 +187,38 @@ async def test_a_reopened_wal_seeds_its_history_from_the_previous_owners_summary
         await wal.close()
     # the opaque record below the scan, as the previous owner knew it; no unread history
     assert [(s.first, s.last, s.timetick) for s in spans] == [(line.id, line.id, line.timetick)]
+
+
+def test_the_open_reads_back_to_a_summary_that_stops_short_of_its_scan() -> None:
+    summary = OpaqueSummary(Id(40), complete=True, youngest=None)
+    assert widened_start(START, summary) == Id(40)
+    # Nothing to widen: no scan start, no summary, an incomplete one, one that covers it.
+    assert widened_start(None, summary) is None
+    assert widened_start(START, None) == START
+    assert widened_start(START, dataclasses.replace(summary, complete=False)) == START
+    assert widened_start(START, OpaqueSummary(Id(70), complete=True, youngest=None)) == START
+
+
+async def test_records_appended_after_the_last_summary_are_read_not_held_as_unread() -> None:
+    """The previous owner was killed one housekeeping pass after its last
+    summary: what it appended since lies below the new scan's start. The new
+    owner reads it (exactly: one opaque record there is found) instead of
+    holding the whole history back as unread for the retention period."""
+    store = MemoryStore()
+    clock = LocalTSO()
+    hooks = Hooks()
+    wal = await WAL.open(MemoryBackend(store), P, 1, tso=clock, options=OPTIONS, collections=hooks)
+    await wal.append(insert(ORDERS, 0, [1]))
+    assert wal.last_id is not None
+    hooks.summary = summarize(wal.progress.opaque.spans, wal.last_id)  # the last pass
+    late = await wal.append(opaque())
+    await wal.append(insert(ORDERS, 0, [2]))
+    flushed = await wal.append(insert(ORDERS, 0, [3]))
+    await wal.close()
+    hooks.checkpoint_at = flushed.id  # the scan starts past the summary
+    wal = await WAL.open(MemoryBackend(store), P, 2, tso=clock, options=OPTIONS, collections=hooks)
+    try:
+        spans = wal.progress.opaque.spans
+    finally:
+        await wal.close()
+    assert [(s.first, s.last, s.timetick) for s in spans] == [(late.id, late.id, late.timetick)]
