@@ -10,7 +10,8 @@
    ``producer.insert``, paced by a token bucket at ``rate_bytes_s`` (Arrow
    bytes of the rows) for ``duration_s``. Seals come from the node's own
    :class:`~headrace.wal.interceptors.segments.SegmentPolicy` (at 10 MB/s
-   the 64 MiB size trigger), or also from ``client.flush(wait=False)`` every
+   the 64 MiB size trigger; ``segment_lifetime_s`` sets the node's
+   ``--segment-lifetime-s``), or also from ``client.flush(wait=False)`` every
    ``flush_every_s`` if set (a low rate never reaches the size trigger);
    the runner flushes each seal. The ingest goes on
    past the measured window, unmeasured, until every measured row is visible
@@ -64,11 +65,20 @@ class LagOptions:
     flush_every_s: float | None = None
     """Also ``client.flush(wait=False)`` this often (None: seals come from
     the node's segment policy alone)."""
+    segment_lifetime_s: float | None = None
+    """The node's ``--segment-lifetime-s`` (None: the policy's default)."""
 
     def __post_init__(self) -> None:
-        for name in ("duration_s", "rate_bytes_s", "poll_s", "drain_timeout_s", "flush_every_s"):
+        for name in (
+            "duration_s",
+            "rate_bytes_s",
+            "poll_s",
+            "drain_timeout_s",
+            "flush_every_s",
+            "segment_lifetime_s",
+        ):
             value = getattr(self, name)
-            if value is None and name == "flush_every_s":
+            if value is None and name in {"flush_every_s", "segment_lifetime_s"}:
                 continue
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise errors.InvalidArgument(f"{name} must be a positive number, got {value!r}")
@@ -191,6 +201,11 @@ async def bench_flush_lag(root: Path, options: LagOptions) -> dict[str, Any]:
         flush=True,
         lease_ttl_s=15.0,
         spark_master=options.master,
+        node_args=(
+            ()
+            if options.segment_lifetime_s is None
+            else ("--segment-lifetime-s", str(options.segment_lifetime_s))
+        ),
     )
     if not cfg.runs_flush:
         raise errors.InvalidArgument("bench flush-lag needs pyspark (the pipeline extra)")
@@ -286,6 +301,7 @@ def summarize(
         "rows_total": ingested.rows,
         "shards": options.shards,
         "flush_every_s": options.flush_every_s,
+        "segment_lifetime_s": options.segment_lifetime_s,
         "batch_rows": options.batch_rows,
         "warmup_s": round(run.warmup_s, 2),
         "checkpoint_advances": len(advances),

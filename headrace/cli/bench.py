@@ -124,6 +124,12 @@ def _add_flush_lag(sub: Any) -> None:
         help="also ask for a flush every this many seconds (default: seals from the node's "
         "segment policy alone)",
     )
+    b.add_argument(
+        "--segment-lifetime",
+        type=positive_float,
+        default=None,
+        help="the node's --segment-lifetime-s (default: the policy's 600 s)",
+    )
     b.add_argument("--master", default="local[2]")
     b.add_argument("--dir", default=None, help="parent of the run's directory (default: temp)")
     b.add_argument("--json", action="store_true")
@@ -246,6 +252,7 @@ async def flush_lag(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         master=args.master,
         flush_every_s=args.flush_every,
+        segment_lifetime_s=args.segment_lifetime,
     )
     with tempfile.TemporaryDirectory(prefix="headrace-flush-lag-", dir=args.dir) as tmp:
         result = await bench_lag.bench_flush_lag(Path(tmp), options)

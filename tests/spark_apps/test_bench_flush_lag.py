@@ -48,7 +48,14 @@ def test_the_runner_log_gives_each_committed_flush() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"duration_s": 0}, {"rate_bytes_s": -1.0}, {"flush_every_s": 0}, {"shards": 0}]
+    "bad",
+    [
+        {"duration_s": 0},
+        {"rate_bytes_s": -1.0},
+        {"flush_every_s": 0},
+        {"segment_lifetime_s": -1.0},
+        {"shards": 0},
+    ],
 )
 def test_bad_options_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(errors.InvalidArgument):
