@@ -137,7 +137,7 @@ async def bench_flush(
     task = asyncio.create_task(standalone.run_standalone(cfg, stop, announce=False))
     store = None
     try:
-        store = await _ready(cfg, task)
+        store = await ready(cfg, task)
         # CPU-heavy steps off the event loop: the standalone's coordinator runs on it.
         table = await asyncio.to_thread(make_rows, 0, rows)
         end, ingest_s = await _write_wal(
@@ -197,7 +197,7 @@ def ratio(measured: float, baseline: float) -> float:
     return float(f"{measured / baseline:.3g}") if baseline > 0 else 0.0
 
 
-async def _ready(cfg: standalone.StandaloneConfig, task: asyncio.Task[int]) -> Metastore:
+async def ready(cfg: standalone.StandaloneConfig, task: asyncio.Task[int]) -> Metastore:
     """The standalone's metastore once its pchannel is served."""
     deadline = time.monotonic() + cfg.ready_timeout_s
     while not (cfg.data_dir / "meta.db").exists():

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from headrace import errors
-from headrace.cli.argtypes import positive_int
+from headrace.cli.argtypes import positive_float, positive_int
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -97,6 +97,43 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--dir", default=None, help="parent of the run's directory (default: temp)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(handler=flush)
+
+    _add_flush_lag(sub)
+
+
+def _add_flush_lag(sub: Any) -> None:
+    b = sub.add_parser(
+        "flush-lag",
+        help="flush_lag_p99_s: acknowledged insert to visible in a committed snapshot, under a "
+        "steady ingest into a standalone with its flush runner (needs the pipeline extra)",
+    )
+    b.add_argument("--duration", type=positive_float, default=120.0, help="measured seconds")
+    b.add_argument("--rate-mb", type=positive_float, default=10.0, help="MB/s of rows (1e6 B)")
+    b.add_argument("--batch-rows", type=positive_int, default=2000, help="rows per INSERT")
+    b.add_argument("--shards", type=positive_int, default=1)
+    b.add_argument(
+        "--drain-timeout",
+        type=positive_float,
+        default=180.0,
+        help="seconds after the window for its rows to become visible (default 180)",
+    )
+    b.add_argument(
+        "--flush-every",
+        type=positive_float,
+        default=None,
+        help="also ask for a flush every this many seconds (default: seals from the node's "
+        "segment policy alone)",
+    )
+    b.add_argument(
+        "--segment-lifetime",
+        type=positive_float,
+        default=None,
+        help="the node's --segment-lifetime-s (default: the policy's 600 s)",
+    )
+    b.add_argument("--master", default="local[2]")
+    b.add_argument("--dir", default=None, help="parent of the run's directory (default: temp)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=flush_lag)
 
 
 def _emit(result: dict[str, Any], as_json: bool) -> None:
@@ -199,5 +236,25 @@ async def flush(args: argparse.Namespace) -> int:
         result = await bench_flush.bench_flush(
             args.rows, Path(tmp), shards=args.shards, batch_rows=args.batch_rows, master=args.master
         )
+    _emit(result, args.json)
+    return 0
+
+
+async def flush_lag(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("pyspark") is None:
+        raise errors.InvalidArgument("bench flush-lag needs pyspark (the pipeline extra)")
+    bench_lag = importlib.import_module("headrace.bench.flush_lag")
+    options = bench_lag.LagOptions(
+        duration_s=args.duration,
+        rate_bytes_s=args.rate_mb * 1e6,
+        batch_rows=args.batch_rows,
+        shards=args.shards,
+        drain_timeout_s=args.drain_timeout,
+        master=args.master,
+        flush_every_s=args.flush_every,
+        segment_lifetime_s=args.segment_lifetime,
+    )
+    with tempfile.TemporaryDirectory(prefix="headrace-flush-lag-", dir=args.dir) as tmp:
+        result = await bench_lag.bench_flush_lag(Path(tmp), options)
     _emit(result, args.json)
     return 0

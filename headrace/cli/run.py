@@ -30,6 +30,7 @@ from headrace.client import api as client_api
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.node import server as node_server
 from headrace.wal.framework import WALOptions
+from headrace.wal.interceptors.segments import SegmentPolicy
 
 WAL_BACKENDS = ("local", "kafka", "pulsar")
 PARENT_AT_START = 0
@@ -64,6 +65,7 @@ def add_standalone_args(p: argparse.ArgumentParser) -> None:
     )
     walflags.add_broker_args(p)
     add_retention_args(p)
+    add_segment_policy_args(p)
     p.add_argument(
         "--no-flush",
         dest="flush",
@@ -113,6 +115,31 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     )
     walflags.add_broker_args(p)
     add_retention_args(p)
+    add_segment_policy_args(p)
+
+
+def add_segment_policy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--segment-lifetime-s",
+        type=positive_float,
+        default=None,
+        help="collections: seal growing segments this long after they opened (default 15); "
+        "bounds how long an insert waits for its flush",
+    )
+
+
+def segment_policy(args: argparse.Namespace) -> SegmentPolicy:
+    """The segment policy the flags set (the defaults for a flag not given)."""
+    if args.segment_lifetime_s is None:
+        return SegmentPolicy()
+    return SegmentPolicy(lifetime_s=args.segment_lifetime_s)
+
+
+def forward_segment_policy_flags(args: argparse.Namespace) -> list[str]:
+    """The given segment policy flags, for a node command line."""
+    if args.segment_lifetime_s is None:
+        return []
+    return ["--segment-lifetime-s", str(args.segment_lifetime_s)]
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -198,7 +225,9 @@ async def node(args: argparse.Namespace) -> int:
         wal_backend=args.wal,
         backend_settings=wal_settings(args),
         wal_options=WALOptions(
-            timetick_interval_ms=args.timetick_interval_ms, retention=retention_options(args)
+            timetick_interval_ms=args.timetick_interval_ms,
+            retention=retention_options(args),
+            segments=segment_policy(args),
         ),
         session_ttl=args.lease_ttl,
     )
@@ -241,7 +270,7 @@ def standalone_config(
         timetick_interval_ms=args.timetick_interval_ms,
         wal=args.wal,
         wal_args=tuple(walflags.forward_flags(args)),
-        node_args=tuple(forward_retention_flags(args)),
+        node_args=(*forward_retention_flags(args), *forward_segment_policy_flags(args)),
         flush=args.flush,
         warehouse=warehouse_location(args.warehouse),
         spark_master=args.spark_master,
