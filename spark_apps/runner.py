@@ -50,9 +50,9 @@ from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.table import CatalogConfig, FlushResult, ObjectStoreOptions, TableCatalog
 from headrace.table.collections import CollectionStore
+from headrace.table.expiry import RetentionOptions
 from headrace.table.maintenance import MaintenanceFailure, MaintenanceReport, maintain_all
 from headrace.table.records import CheckpointRecord, SealRecord, seals_prefix
-from headrace.table.retention import RetentionOptions
 from spark_apps.flush import run_in, spark_session
 from spark_apps.schedule import (
     Attempts,

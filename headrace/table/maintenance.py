@@ -2,12 +2,12 @@
 
 :func:`maintain` does, for one table:
 
-1. **expire snapshots** (:func:`~headrace.table.retention.snapshots_to_expire`
+1. **expire snapshots** (:func:`~headrace.table.expiry.snapshots_to_expire`
    decides): a ``RemoveSnapshotsUpdate`` committed through the catalog like
    any commit, one pointer swap compared on ``mod_revision`` and re-planned
    if a flush moved the pointer meanwhile; it requires the main branch to be
    where the plan saw it, and moves no checkpoint;
-2. **collect orphans** (:func:`~headrace.table.retention.orphans` decides):
+2. **collect orphans** (:func:`~headrace.table.expiry.orphans` decides):
    list the files under ``<location>/data`` and ``<location>/metadata`` with
    the table's own pyarrow filesystem (local or S3) and delete those that no
    retained snapshot references (data files via the manifests, the manifests,
@@ -40,7 +40,7 @@ from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotsUpdate
 
 from headrace import errors
 from headrace.table.catalog import MetadataChange, TableCatalog
-from headrace.table.retention import (
+from headrace.table.expiry import (
     Listed,
     OrphanPlan,
     RetentionOptions,

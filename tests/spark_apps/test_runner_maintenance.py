@@ -14,7 +14,7 @@ from headrace.cluster import Assignment, AssignmentState
 from headrace.metastore.factory import open_metastore
 from headrace.table import CatalogConfig, TableCatalog
 from headrace.table.collections import CollectionSpec, CollectionStore, Dropped
-from headrace.table.retention import RetentionOptions
+from headrace.table.expiry import RetentionOptions
 from spark_apps.runner import FlushRunner, RunnerOptions, parse_args
 from tests.table.data import SCHEMA
 from tests.table.test_commit import P, flush

@@ -16,6 +16,7 @@ from pyiceberg.table import Table
 from headrace import errors
 from headrace.table import TableCatalog, maintenance
 from headrace.table.catalog import MetadataChange
+from headrace.table.expiry import Listed, RetentionOptions
 from headrace.table.maintenance import (
     MaintenanceFailure,
     MaintenanceReport,
@@ -25,7 +26,6 @@ from headrace.table.maintenance import (
     plan_expiry,
     table_location,
 )
-from headrace.table.retention import Listed, RetentionOptions
 
 from .conftest import SCHEMA, Bed, expected
 from .test_commit import P, flush

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from headrace import errors
-from headrace.table.retention import (
+from headrace.table.expiry import (
     Kept,
     Listed,
     RetentionOptions,
