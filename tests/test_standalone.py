@@ -22,7 +22,7 @@ import pytest
 from headrace import errors
 from headrace.client.client import HeadraceClient
 from headrace.message.types import Message, MessageType
-from tests.cli.standalone_proc import Standalone
+from tests.cli.standalone_proc import Standalone, child_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -224,13 +224,7 @@ def test_cli_bad_input_is_a_clear_error(standalone: Standalone) -> None:
 
 
 def node_pids(parent: int, node_id: str) -> list[str]:
-    found = subprocess.run(
-        ["pgrep", "-P", str(parent), "-f", "--", f"--node-id {node_id} "],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return found.stdout.split()
+    return [str(pid) for pid in child_pids(parent, f"--node-id {node_id} ")]
 
 
 async def served_layout(url: str) -> dict[str, list[str]]:

@@ -12,6 +12,17 @@ from pathlib import Path
 from headrace.cli.run import standalone_command
 
 
+def child_pids(parent: int, pattern: str) -> list[int]:
+    """Pids of ``parent``'s children whose command line contains ``pattern``."""
+    found = subprocess.run(
+        ["pgrep", "-P", str(parent), "-f", "--", pattern],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    return [int(pid) for pid in found.stdout.split()]
+
+
 class Standalone:
     def __init__(
         self,
@@ -57,6 +68,10 @@ class Standalone:
     def interrupt(self) -> int:
         self.proc.send_signal(signal.SIGINT)
         return self.proc.wait(60)
+
+    def children(self, pattern: str) -> list[int]:
+        """This standalone's child processes whose command line contains ``pattern``."""
+        return child_pids(self.proc.pid, pattern)
 
     def kill_all(self) -> None:
         if self.proc.poll() is None:

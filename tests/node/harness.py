@@ -41,9 +41,9 @@ def error_details(exc: grpc.aio.AioRpcError) -> dict[str, Any]:
     raise AssertionError(f"no headrace-error in the trailing metadata of {exc}")
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    """Wait (polling) until ``condition()`` holds; TimeoutError after HANG_GUARD."""
-    async with asyncio.timeout(HANG_GUARD):
+async def until(condition: Callable[[], bool], timeout: float = HANG_GUARD) -> None:
+    """Wait (polling) until ``condition()`` holds; TimeoutError after ``timeout``."""
+    async with asyncio.timeout(timeout):
         while True:
             if condition():
                 return

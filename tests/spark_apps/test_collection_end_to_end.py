@@ -11,11 +11,9 @@ are gone (truncated below the flush checkpoints).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,6 +25,7 @@ from headrace.client.status import status
 from headrace.table import CatalogConfig, TableCatalog
 from headrace.wal.local import files
 from tests.cli.standalone_proc import Standalone
+from tests.node.harness import until
 from tests.table import duck
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -70,31 +69,12 @@ def standalone(tmp_path: Path) -> Iterator[Standalone]:
     running.kill_all()
 
 
-def children(parent: int, pattern: str) -> list[int]:
-    found = subprocess.run(
-        ["pgrep", "-P", str(parent), "-f", "--", pattern],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    return [int(pid) for pid in found.stdout.split()]
-
-
 def segment_files(wal_dir: Path) -> dict[str, list[str]]:
     return {
         p.name: [str(name) for name in files.list_segments(str(p))]
         for p in sorted(wal_dir.iterdir())
         if p.is_dir()
     }
-
-
-async def until(condition: Callable[[], bool], timeout: float) -> None:
-    """Poll ``condition`` every 50 ms; TimeoutError after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while True:
-            if condition():
-                return
-            await asyncio.sleep(0.05)
 
 
 def table_keys(standalone: Standalone, cluster: str = "default") -> list[int]:
@@ -146,7 +126,7 @@ async def test_a_million_rows_with_deletes_and_kills_read_back_exactly_by_duckdb
         # A node killed right after its seals were acknowledged, before any
         # flush of them committed: the new owner keeps the range, nothing is lost.
         await client.flush("items", wait=False)
-        (node0,) = children(standalone.proc.pid, "--node-id node-0 ")
+        (node0,) = standalone.children("--node-id node-0 ")
         os.kill(node0, signal.SIGKILL)
 
         # The flush runner killed while it writes Parquet files: the standalone
@@ -154,7 +134,7 @@ async def test_a_million_rows_with_deletes_and_kills_read_back_exactly_by_duckdb
         table_dir = standalone.data_dir / "warehouse"
         known = set(table_dir.rglob("*.parquet"))
         await until(lambda: bool(set(table_dir.rglob("*.parquet")) - known), FLUSH_TIMEOUT)
-        (runner,) = children(standalone.proc.pid, "spark_apps.runner")
+        (runner,) = standalone.children("spark_apps.runner")
         os.kill(runner, signal.SIGKILL)
 
         last = await client.flush("items", wait=True, timeout=FLUSH_TIMEOUT)

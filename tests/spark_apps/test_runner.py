@@ -54,7 +54,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         yield c
 
 
-async def put_seal(cluster: Cluster, position: str, term: int = 1) -> None:
+async def sealed_at(cluster: Cluster, position: str, term: int = 1) -> None:
     """Wait for the owner node's SealRecord at ``position`` (the node writes it
     once the seals a flush request asked for are acknowledged)."""
     async with asyncio.timeout(60):
@@ -130,7 +130,7 @@ async def test_the_runner_flushes_each_new_seal_including_more_segments_than_one
     await cluster.metastore.put(seal_key(cluster.keys, "pch-garbage"), b"{not json")
     alien = SealRecord(pchannel="pch-alien", position="nosuchbackend:7", term=1)
     await cluster.metastore.put(seal_key(cluster.keys, "pch-alien"), alien.to_json())
-    await put_seal(cluster, end1)  # the whole range is sealed before the runner looks
+    await sealed_at(cluster, end1)  # the whole range is sealed before the runner looks
     runner = RunnerProcess(cluster, warehouse, tmp_path / "runner.log")
     await runner.start()
     try:
@@ -142,7 +142,7 @@ async def test_the_runner_flushes_each_new_seal_including_more_segments_than_one
         # A second seal: flushed from the checkpoint on, by the same session.
         second = await write(cluster, inserts(orders, [900, 3]), seals(orders))
         end2 = str(second[-1].id)
-        await put_seal(cluster, end2)
+        await sealed_at(cluster, end2)
         await until_checkpoint(cluster, runner, end2)
         assert table_rows(cluster, warehouse) == expected(kept | {900, 3})
     finally:
@@ -156,7 +156,7 @@ async def test_the_runner_flushes_each_new_seal_including_more_segments_than_one
     # A new runner starts with a checkpoint already there (it compares ids at once).
     third = await write(cluster, inserts(orders, [901]), seals(orders))
     end3 = str(third[-1].id)
-    await put_seal(cluster, end3)
+    await sealed_at(cluster, end3)
     again = RunnerProcess(cluster, warehouse, tmp_path / "runner2.log")
     await again.start()
     try:
@@ -175,7 +175,7 @@ async def test_a_runner_killed_mid_flush_is_resumed_by_the_next_without_duplicat
     steps = [inserts(orders, pks[i : i + 500]) for i in range(0, 6000, 500)]
     written = await write(cluster, *steps, deletes(orders, [7, 4001]), seals(orders))
     end = str(written[-1].id)
-    await put_seal(cluster, end)
+    await sealed_at(cluster, end)
     log = tmp_path / "runner.log"
     first = RunnerProcess(cluster, warehouse, log, "--rows-per-file", "50")
     await first.start()
@@ -215,7 +215,7 @@ async def test_fenced_then_the_new_term_and_a_hung_job_past_its_deadline(
     orders = await create(cluster, shards=1)
     written = await write(cluster, inserts(orders, [1, 2, 3]), seals(orders))
     end = str(written[-1].id)
-    await put_seal(cluster, end)
+    await sealed_at(cluster, end)
     await cluster.start_node("n2")
     assert (await cluster.move(P, "n2")).term == 2
     options = RunnerOptions(

@@ -34,18 +34,7 @@ def standalone(tmp_path: Path) -> Iterator[Standalone]:
 
 def runner_pids(standalone: Standalone) -> list[int]:
     """The standalone's flush runner processes (its children running spark_apps.runner)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == standalone.proc.pid and b"spark_apps.runner" in cmdline:
-            found.append(int(entry.name))
-    return found
+    return standalone.children("spark_apps.runner")
 
 
 async def flush_batch(url: str, collection: Collection, pks: list[int]) -> None:
