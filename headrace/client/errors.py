@@ -30,7 +30,17 @@ _RETRYABLE_STATUS = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.ABORTED,
         grpc.StatusCode.UNKNOWN,
+        # The address answers but serves no such method: the node that was
+        # there is gone and another server took its port (or the node is of a
+        # release without it). Found through discovery, the owner is looked up
+        # again; the messages' deadline bounds the retries.
+        grpc.StatusCode.UNIMPLEMENTED,
     }
+)
+
+_UNIMPLEMENTED_HINT = (
+    " (the server at this address does not serve this Headrace call: the node that was"
+    " there has gone, or it runs a release without it)"
 )
 
 
@@ -119,6 +129,8 @@ def from_rpc_error(exc: grpc.RpcError, where: str) -> errors.HeadraceError:
                 text = value.decode() if isinstance(value, bytes) else str(value)
                 return from_json(text)
     message = f"{where}: {code.name}: {details}"
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        message += _UNIMPLEMENTED_HINT
     if code in _RETRYABLE_STATUS:
         return errors.Unavailable(message)
     if code is grpc.StatusCode.INVALID_ARGUMENT:

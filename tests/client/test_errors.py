@@ -73,7 +73,10 @@ def test_rpc_errors_without_details_map_by_status() -> None:
         client_errors.from_rpc_error(rpc_error(grpc.StatusCode.INVALID_ARGUMENT), "n"),
         errors.InvalidArgument,
     )
-    internal = client_errors.from_rpc_error(rpc_error(grpc.StatusCode.UNIMPLEMENTED), "n")
+    gone = client_errors.from_rpc_error(rpc_error(grpc.StatusCode.UNIMPLEMENTED), "n")
+    assert isinstance(gone, errors.Unavailable) and gone.retryable
+    assert "does not serve this Headrace call" in str(gone)
+    internal = client_errors.from_rpc_error(rpc_error(grpc.StatusCode.DATA_LOSS), "n")
     assert internal.code is errors.ErrorCode.INTERNAL and not internal.retryable
     detailed = grpc.aio.AioRpcError(
         grpc.StatusCode.FAILED_PRECONDITION,

@@ -114,3 +114,23 @@ async def test_consumer_resumes_past_a_stuck_owner_without_duplicates(
         reading.cancel()
         await asyncio.gather(reading, return_exceptions=True)
         await consumer.close()
+
+
+async def test_producer_sent_to_a_port_another_server_took_goes_on_to_the_new_owner(
+    cluster: Cluster, stuck_address: str
+) -> None:
+    """The assignment still names an address whose node has gone and whose port
+    another gRPC server now holds (it answers UNIMPLEMENTED to Produce): the
+    producer looks the owner up again instead of failing the message."""
+    await cluster.start_pair(P)
+    async with HeadraceClient(cluster.url, "test") as client:
+        await assign_stuck(cluster, stuck_address, 2)
+        await until(lambda: (owner := client.view.owner(P)) is not None and owner.node == "stuck")
+        async with client.producer() as producer:
+            first = asyncio.create_task(producer.send("a", b"0"))
+            await asyncio.sleep(0.3)  # it meets the stuck address at least once
+            assert not first.done()
+            await cluster.assign(P, "node-b", 3)
+            result = await first
+            second = await producer.send("a", b"1")
+        assert (result.term, second.term) == (3, 3)
