@@ -60,6 +60,7 @@ import headrace
 from headrace import cluster, dirlock, errors, runtime
 from headrace.coordinator import coordinator as coord_mod
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, settle
+from headrace.logs import LogFormat
 from headrace.metastore import factory
 from headrace.metastore.contract import Metastore
 
@@ -93,6 +94,8 @@ class StandaloneConfig:
     """Where the runner writes tables: an absolute directory or ``s3://...``;
     empty: ``DIR/warehouse``."""
     spark_master: str = "local[2]"
+    log_format: LogFormat = LogFormat.TEXT
+    """How the node and runner processes write their logs."""
 
     @property
     def warehouse_location(self) -> str:
@@ -195,6 +198,8 @@ def node_command(cfg: StandaloneConfig, node_id: str, *, parent: int | None = No
     return [
         *argv,
         *cfg.node_args,
+        "--log-format",
+        cfg.log_format.value,
         "--exit-with-parent",
         str(os.getpid() if parent is None else parent),
     ]
@@ -221,6 +226,8 @@ def runner_command(cfg: StandaloneConfig, *, parent: int | None = None) -> list[
         cfg.warehouse_location,
         "--master",
         cfg.spark_master,
+        "--log-format",
+        cfg.log_format.value,
         "--exit-with-parent",
         str(os.getpid() if parent is None else parent),
     ]

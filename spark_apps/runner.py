@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 from headrace import errors
 from headrace.client import HeadraceClient
 from headrace.cluster import Assignment, Keys
+from headrace.logs import LogFormat, configure
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.table import CatalogConfig, FlushResult, ObjectStoreOptions, TableCatalog
@@ -98,6 +99,7 @@ class RunnerOptions:
     maintenance_interval_s: float = 600.0
     """How often every table's old snapshots are expired and orphan files deleted."""
     retention: RetentionOptions = dataclasses.field(default_factory=RetentionOptions)
+    log_format: LogFormat = LogFormat.TEXT
 
     @property
     def catalog(self) -> CatalogConfig:
@@ -441,6 +443,7 @@ def parse_args(argv: Sequence[str]) -> RunnerOptions:
     parser.add_argument("--max-snapshot-age", type=float, default=86_400.0, help="seconds")
     parser.add_argument("--min-snapshots", type=int, default=5)
     parser.add_argument("--orphan-grace", type=float, default=3_600.0, help="seconds")
+    parser.add_argument("--log-format", type=LogFormat, choices=list(LogFormat), default="text")
     args = parser.parse_args(argv)
     for name in ("deadline", "poll", "rows_per_file", "read_idle_timeout", "maintenance_interval"):
         if not getattr(args, name) > 0:
@@ -470,12 +473,13 @@ def parse_args(argv: Sequence[str]) -> RunnerOptions:
         parent=args.exit_with_parent,
         maintenance_interval_s=args.maintenance_interval,
         retention=retention,
+        log_format=args.log_format,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     options = parse_args(sys.argv[1:] if argv is None else argv)
+    configure(logging.INFO, options.log_format)
 
     async def go() -> None:
         stop = asyncio.Event()

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from headrace import errors
+from headrace import errors, logs
 from headrace.cli.argtypes import non_negative_int, positive_float, positive_int
 from headrace.cli.exits import (
     EXIT_BROKEN_PIPE,
@@ -19,6 +19,8 @@ from headrace.cli.exits import (
     EXIT_USAGE,
     exit_code,
 )
+
+LOG_FORMAT_ENV = "HEADRACE_LOG_FORMAT"
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -128,18 +130,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (print JSON)")
     bench.add_bench_args(p)
+    for command in sub.choices.values():
+        _add_log_format(command)
     return parser
+
+
+def _add_log_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-format",
+        type=logs.LogFormat,
+        choices=list(logs.LogFormat),
+        # A string default goes through ``type``: a bad value in the variable is a
+        # usage error naming the option, not a traceback.
+        default=os.environ.get(LOG_FORMAT_ENV, logs.LogFormat.TEXT.value),
+        help=f"text, or json: one event per line with node, pchannel and term where they "
+        f"apply (default: ${LOG_FORMAT_ENV} or text)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     base_level: int = getattr(args, "log_level", logging.WARNING)
-    logging.basicConfig(
-        level=max(logging.DEBUG, base_level - 10 * args.verbose),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(max(logging.DEBUG, base_level - 10 * args.verbose), args.log_format)
     handler: Handler = args.handler
     try:
         code = asyncio.run(handler(args))

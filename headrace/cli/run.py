@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import headrace
-from headrace import errors
+from headrace import errors, logs
 from headrace import standalone as standalone_mod
 from headrace.cli import walflags
 from headrace.cli.argtypes import positive_float, positive_int
@@ -232,7 +232,8 @@ async def node(args: argparse.Namespace) -> int:
         session_ttl=args.lease_ttl,
     )
     try:
-        await node_server.run_node(config, stop)
+        with logs.bound(node=args.node_id):
+            await node_server.run_node(config, stop)
     finally:
         await cancel_and_settle(watchers, what="stopping the watch of the parent", logger=log)
     return 0
@@ -274,6 +275,7 @@ def standalone_config(
         flush=args.flush,
         warehouse=warehouse_location(args.warehouse),
         spark_master=args.spark_master,
+        log_format=args.log_format,
     )
 
 

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from headrace import errors
+from headrace import errors, logs
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig
 from headrace.node.errors import NotOwnerAt
 from headrace.tso import TimestampAllocator
@@ -253,6 +253,12 @@ class WALManager:
         the held WAL (fenced by the backend anyway). A damaged log is held
         (and returned) as a :class:`DamagedWAL`; a held one is opened again.
         """
+        # The WAL's own tasks start in here: their log lines (JSON logs)
+        # carry the pchannel and the term they serve.
+        with logs.bound(pchannel=pchannel, term=term):
+            return await self._open(pchannel, term)
+
+    async def _open(self, pchannel: str, term: int) -> HostedWAL:
         if not self._accepting:
             raise errors.Unavailable(f"node {self.node_id} is shutting down")
         async with self._lock(pchannel):
@@ -353,6 +359,10 @@ class WALManager:
             return True
 
     async def _close_held(self, pchannel: str, held: HostedWAL, *, drain: bool) -> None:
+        with logs.bound(pchannel=pchannel, term=held.term):
+            await self._release(pchannel, held, drain=drain)
+
+    async def _release(self, pchannel: str, held: HostedWAL, *, drain: bool) -> None:
         try:
             if drain:
                 await held.drain()

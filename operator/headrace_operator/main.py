@@ -14,6 +14,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from headrace.logs import LogFormat, configure
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -36,6 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     parser.add_argument("-v", "--verbose", action="count", default=0)
+    parser.add_argument(
+        "--log-format",
+        type=LogFormat,
+        choices=list(LogFormat),
+        default=os.environ.get("HEADRACE_LOG_FORMAT", LogFormat.TEXT.value),
+        help="text, or json: one event per line (default: $HEADRACE_LOG_FORMAT or text)",
+    )
     return parser
 
 
@@ -58,11 +67,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> No
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose + 1, 2),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure(logging.WARNING - 10 * min(args.verbose + 1, 2), args.log_format)
     try:
         asyncio.run(run(args))
     except KeyboardInterrupt:

@@ -84,6 +84,7 @@ def test_defaults_render_a_non_root_deployment_and_namespaced_rbac(helm: Helm) -
     assert container["args"] == [
         "--liveness=http://0.0.0.0:8080/healthz",
         "--resync-seconds=10",
+        "--log-format=text",
         "--namespace=ops",
     ], "by default the operator watches only its own namespace"
     assert pod["serviceAccountName"] == "rel-headrace-operator"
@@ -186,12 +187,23 @@ def test_the_readme_lists_every_granted_verb(helm: Helm) -> None:
 
 
 def test_watched_namespaces_get_roles_instead(helm: Helm) -> None:
-    kinds = by_kind(render(helm, "--set", "watchNamespaces={a,b}", "--set", "logVerbosity=1"))
+    kinds = by_kind(
+        render(
+            helm,
+            "--set",
+            "watchNamespaces={a,b}",
+            "--set",
+            "logVerbosity=1",
+            "--set",
+            "logFormat=json",
+        )
+    )
     assert "ClusterRole" not in kinds
     assert sorted(r["metadata"]["namespace"] for r in kinds["Role"]) == ["a", "b"]
     assert sorted(r["metadata"]["namespace"] for r in kinds["RoleBinding"]) == ["a", "b"]
     args = kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=a" in args and "--namespace=b" in args and "-v" in args
+    assert "--log-format=json" in args
     assert "--namespace=ops" not in args
 
 
