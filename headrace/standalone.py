@@ -52,12 +52,16 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 import headrace
-from headrace import cluster, dirlock, errors, runtime
+from headrace import cluster, dirlock, errors, metrics, runtime
 from headrace.coordinator import coordinator as coord_mod
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, settle
 from headrace.logs import LogFormat
@@ -96,6 +100,9 @@ class StandaloneConfig:
     spark_master: str = "local[2]"
     log_format: LogFormat = LogFormat.TEXT
     """How the node and runner processes write their logs."""
+    metrics_listen: str = ""
+    """host:port of the standalone's Prometheus endpoint; node ``i`` serves its
+    own at port + 1 + i (all free ports with port 0). Empty: no metrics."""
 
     @property
     def warehouse_location(self) -> str:
@@ -175,7 +182,22 @@ def node_argv(
     ]
 
 
-def node_command(cfg: StandaloneConfig, node_id: str, *, parent: int | None = None) -> list[str]:
+def node_metrics_listen(listen: str, index: int) -> str:
+    """Where node ``index`` of a standalone serving metrics at ``listen`` serves
+    its own (pure): the next ports in order, or a free one for port 0."""
+    if not listen:
+        return ""
+    host, port = metrics.parse_listen(listen)
+    return f"{host}:{port + 1 + index if port else 0}"
+
+
+def node_command(
+    cfg: StandaloneConfig,
+    node_id: str,
+    *,
+    parent: int | None = None,
+    metrics_listen: str = "",
+) -> list[str]:
     """The command line of one of the standalone's node processes.
 
     The node stops once process ``parent`` (default: this one, the
@@ -198,6 +220,7 @@ def node_command(cfg: StandaloneConfig, node_id: str, *, parent: int | None = No
     return [
         *argv,
         *cfg.node_args,
+        *(["--metrics-listen", metrics_listen] if metrics_listen else []),
         "--log-format",
         cfg.log_format.value,
         "--exit-with-parent",
@@ -348,9 +371,10 @@ async def pump(stream: asyncio.StreamReader, sink: NodeLog) -> None:
 class NodeProcess:
     """One supervised node process."""
 
-    def __init__(self, cfg: StandaloneConfig, node_id: str) -> None:
+    def __init__(self, cfg: StandaloneConfig, node_id: str, metrics_listen: str = "") -> None:
         self.cfg = cfg
         self.node_id = node_id
+        self.metrics_listen = metrics_listen
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self.log = NodeLog(self.log_path, node_id, sys.stderr.buffer)
@@ -361,7 +385,7 @@ class NodeProcess:
         return self.cfg.log_dir / f"{self.node_id}.log"
 
     def command(self) -> list[str]:
-        return node_command(self.cfg, self.node_id)
+        return node_command(self.cfg, self.node_id, metrics_listen=self.metrics_listen)
 
     async def start(self) -> None:
         self.log.begin()
@@ -462,9 +486,47 @@ class RunnerProcess(NodeProcess):
         return runner_command(self.cfg)
 
 
+class ProcessCollector(Collector):
+    """The standalone's supervised processes, read at scrape time."""
+
+    def __init__(self, procs: Sequence[NodeProcess]) -> None:
+        self.procs = procs
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "headrace_standalone_process_up", "1 while the process runs", labels=["process"]
+        )
+        restarts = CounterMetricFamily(
+            "headrace_standalone_process_restarts",
+            "Times the standalone restarted the process after it exited",
+            labels=["process"],
+        )
+        for p in self.procs:
+            running = p.proc is not None and p.proc.returncode is None
+            up.add_metric([p.node_id], 1.0 if running else 0.0)
+            restarts.add_metric([p.node_id], p.restarts)
+        yield from (up, restarts)
+
+
+def serve_process_metrics(
+    listen: str, procs: Sequence[NodeProcess]
+) -> metrics.MetricsServer | None:
+    """The standalone's own endpoint (None without ``listen``)."""
+    if not listen:
+        return None
+    registry = CollectorRegistry()
+    registry.register(ProcessCollector(procs))
+    server = metrics.serve(registry, listen)
+    log.info("standalone metrics at http://%s/metrics", server.address)
+    return server
+
+
 def supervised_processes(cfg: StandaloneConfig) -> list[NodeProcess]:
     """The node processes, and the flush runner if it runs."""
-    procs = [NodeProcess(cfg, f"node-{i}") for i in range(cfg.nodes)]
+    procs = [
+        NodeProcess(cfg, f"node-{i}", node_metrics_listen(cfg.metrics_listen, i))
+        for i in range(cfg.nodes)
+    ]
     if cfg.runs_flush:
         procs.append(RunnerProcess(cfg))
     elif cfg.flush:
@@ -567,6 +629,7 @@ async def _run_locked(cfg: StandaloneConfig, stop: asyncio.Event, *, announce: b
         ),
     )
     procs = supervised_processes(cfg)
+    metrics_server = serve_process_metrics(cfg.metrics_listen, procs)
     loop = asyncio.get_running_loop()
     announced = asyncio.Event()
     failed: asyncio.Future[NodeExit] = loop.create_future()
@@ -637,7 +700,7 @@ async def _run_locked(cfg: StandaloneConfig, stop: asyncio.Event, *, announce: b
     finally:
         stop.set()
         await cancel_and_settle(waiters, what="stopping the standalone's waits", logger=log)
-        await _shut_down(procs, supervisors, coord_task)
+        await _shut_down(procs, supervisors, coord_task, metrics_server)
         await store.close()
 
 
@@ -645,9 +708,12 @@ async def _shut_down(
     procs: Sequence[NodeProcess],
     supervisors: Sequence[asyncio.Task[None]],
     coordinator: asyncio.Task[None] | None,
+    metrics_server: metrics.MetricsServer | None,
 ) -> None:
-    """Stop the node processes, their supervision and the coordinator (``stop``
-    is set); every error is logged, none stops the rest."""
+    """Stop the node processes, their supervision, the coordinator (``stop``
+    is set) and the metrics endpoint; every error is logged, none stops the rest."""
+    if metrics_server is not None:
+        metrics_server.close()
     await settle([p.stop() for p in procs], what="stopping the node processes", logger=log)
     await settle(supervisors, what="ending the node supervision", logger=log)
     if coordinator is not None:

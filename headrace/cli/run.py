@@ -78,6 +78,13 @@ def add_standalone_args(p: argparse.ArgumentParser) -> None:
         help="where flushed tables go: an absolute directory (default DATA_DIR/warehouse)",
     )
     p.add_argument("--spark-master", default="local[2]", help="the flush runner's Spark master")
+    p.add_argument(
+        "--metrics-listen",
+        default="",
+        metavar="HOST:PORT",
+        help="serve the standalone's Prometheus metrics at HOST:PORT, node i's at "
+        "PORT+1+i (port 0: free ports, logged); default: none",
+    )
 
 
 def add_node_args(p: argparse.ArgumentParser) -> None:
@@ -90,6 +97,12 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cluster", default="default")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port (port 0: any free port)")
+    p.add_argument(
+        "--metrics-listen",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none)",
+    )
     p.add_argument("--wal", choices=WAL_BACKENDS, default="local", help="WAL backend")
     p.add_argument("--wal-dir", default=None, help="local backend: root directory")
     p.add_argument("--fsync", choices=["batch", "interval"], default="batch")
@@ -230,6 +243,7 @@ async def node(args: argparse.Namespace) -> int:
             segments=segment_policy(args),
         ),
         session_ttl=args.lease_ttl,
+        metrics_listen=args.metrics_listen,
     )
     try:
         with logs.bound(node=args.node_id):
@@ -276,6 +290,7 @@ def standalone_config(
         warehouse=warehouse_location(args.warehouse),
         spark_master=args.spark_master,
         log_format=args.log_format,
+        metrics_listen=args.metrics_listen,
     )
 
 

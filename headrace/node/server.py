@@ -48,9 +48,12 @@ from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, wait_
 from headrace.metastore.contract import KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.metastore.session import Session, start_exclusive
+from headrace.metrics import MetricsServer
+from headrace.metrics import serve as serve_metrics
 from headrace.node.assignments import Reactor
 from headrace.node.collections import NodeCollections
 from headrace.node.housekeeping import Housekeeper
+from headrace.node.metrics import NodeMetrics
 from headrace.node.services import ConsumerService, Limits, ManagerService, ProducerService
 from headrace.node.walmanager import WALManager
 from headrace.proto import rpc
@@ -84,6 +87,9 @@ class NodeConfig:
     max_grpc_message_bytes: int = 64 * 1024 * 1024
     shutdown_grace: float = 2.0
     """Seconds open streams get to finish when the server stops."""
+    metrics_listen: str = ""
+    """host:port of the Prometheus endpoint (port 0: a free one); empty: no
+    metrics are recorded or served."""
 
     def __post_init__(self) -> None:
         if not self.node_id or "/" in self.node_id:
@@ -161,6 +167,8 @@ class StreamingNode:
         self.consumer_service: ConsumerService | None = None
         self.reactor: Reactor | None = None
         self.housekeeper: Housekeeper | None = None
+        self.metrics: NodeMetrics | None = None
+        self.metrics_server: MetricsServer | None = None
 
     @property
     def metastore(self) -> Metastore:
@@ -184,6 +192,11 @@ class StreamingNode:
                 cfg.wal_options,
                 collections=NodeCollections(self._metastore, self.keys, cfg.node_id),
             )
+            if cfg.metrics_listen:
+                self.metrics = NodeMetrics()
+                self.metrics.watch(self.manager)
+                self.manager.events = self.metrics
+                self.metrics_server = serve_metrics(self.metrics.registry, cfg.metrics_listen)
             await self._serve()
             self.reactor = Reactor(
                 self.metastore,
@@ -221,6 +234,10 @@ class StreamingNode:
             await self._release()
             raise
         log.info("node %s serving at %s", cfg.node_id, self.address)
+        if self.metrics_server is not None:
+            log.info(
+                "node %s metrics at http://%s/metrics", cfg.node_id, self.metrics_server.address
+            )
 
     async def _serve(self) -> None:
         assert self.manager is not None
@@ -233,8 +250,8 @@ class StreamingNode:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        self.producer_service = ProducerService(self.manager, cfg.limits)
-        self.consumer_service = ConsumerService(self.manager, cfg.limits)
+        self.producer_service = ProducerService(self.manager, cfg.limits, self.metrics)
+        self.consumer_service = ConsumerService(self.manager, cfg.limits, self.metrics)
         rpc.add_services(
             server,
             self.producer_service,
@@ -355,6 +372,9 @@ class StreamingNode:
         if self._server is not None:
             server, self._server = self._server, None
             await server.stop(self.config.shutdown_grace)
+        if self.metrics_server is not None:
+            metrics_server, self.metrics_server = self.metrics_server, None
+            metrics_server.close()
         if self._owns_backend and self._backend is not None:
             backend, self._backend = self._backend, None
             await backend.close()

@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -25,6 +26,7 @@ from headrace.metastore.contract import Metastore
 from headrace.node import convert
 from headrace.node.assignments import read_assignment, refuse_close, refuse_open
 from headrace.node.errors import abort, as_headrace, to_proto
+from headrace.node.metrics import NodeMetrics
 from headrace.node.walmanager import OpenFailure, WALManager
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
@@ -55,9 +57,12 @@ class Limits:
 
 
 class ProducerService(rpc.ProducerServicer):
-    def __init__(self, manager: WALManager, limits: Limits) -> None:
+    def __init__(
+        self, manager: WALManager, limits: Limits, metrics: NodeMetrics | None = None
+    ) -> None:
         self.manager = manager
         self.limits = limits
+        self.metrics = metrics
 
     async def Produce(
         self,
@@ -136,10 +141,19 @@ class ProducerService(rpc.ProducerServicer):
                 except errors.HeadraceError as exc:
                     rejected[position] = exc
                 position += 1
+        started = time.perf_counter()
         outcomes = await self._append_messages(pchannel, messages)
         if rejected:
             accepted = iter(outcomes)
             outcomes = [rejected.get(i) or next(accepted) for i in range(position)]
+        if self.metrics is not None:
+            self.metrics.appended(
+                pchannel,
+                messages=position,
+                size=sum(batch.ByteSize() for batch in batches),
+                failed=failed_codes(outcomes),
+                seconds=time.perf_counter() - started,
+            )
         responses = []
         offset = 0
         for batch in batches:
@@ -212,10 +226,23 @@ class ConsumeStats:
     """Most entries pulled but not yet handed to gRPC at any time."""
 
 
+def failed_codes(outcomes: Sequence[AppendResult | errors.HeadraceError]) -> dict[str, int]:
+    """How many outcomes failed, by error code (pure)."""
+    failed: dict[str, int] = {}
+    for outcome in outcomes:
+        if isinstance(outcome, errors.HeadraceError):
+            code = outcome.code.value
+            failed[code] = failed.get(code, 0) + 1
+    return failed
+
+
 class ConsumerService(rpc.ConsumerServicer):
-    def __init__(self, manager: WALManager, limits: Limits) -> None:
+    def __init__(
+        self, manager: WALManager, limits: Limits, metrics: NodeMetrics | None = None
+    ) -> None:
         self.manager = manager
         self.limits = limits
+        self.metrics = metrics
         self.streams: dict[int, ConsumeStats] = {}
         self._ids = itertools.count(1)
 
@@ -247,6 +274,14 @@ class ConsumerService(rpc.ConsumerServicer):
                 response = await self._fill(scanner, wal, stats, (max_messages, max_bytes), carry)
                 yield response
                 stats.sent += len(response.messages)
+                if self.metrics is not None and response.messages:
+                    self.metrics.consumed(
+                        request.pchannel,
+                        messages=len(response.messages),
+                        size=response.ByteSize(),
+                        newest=response.messages[-1].timetick,
+                        tail=wal.last_timetick,
+                    )
         except errors.HeadraceError as exc:
             failure = exc
         finally:

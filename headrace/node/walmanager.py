@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
+from typing import Protocol
 
 from headrace import errors, logs
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig
@@ -41,6 +42,25 @@ from headrace.wal.hosted import HostedWAL
 from headrace.wal.interceptors.segments import CollectionHooks
 
 log = logging.getLogger(__name__)
+
+
+class WALEvents(Protocol):
+    """What is told of the manager's opens and releases (metrics)."""
+
+    def opened(self, outcome: str, seconds: float) -> None: ...
+
+    def released(self, drained: bool, seconds: float) -> None: ...
+
+
+class _NoEvents:
+    def opened(self, outcome: str, seconds: float) -> None:
+        pass
+
+    def released(self, drained: bool, seconds: float) -> None:
+        pass
+
+
+NO_EVENTS: WALEvents = _NoEvents()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -156,6 +176,8 @@ class WALManager:
         self._held: dict[str, HostedWAL] = {}
         self._failures: dict[str, OpenFailure] = {}
         self._damaged: dict[str, OpenFailure] = {}
+        self.events: WALEvents = NO_EVENTS
+        """Told of every open and release (the node's metrics)."""
         """Failed opens of held damaged logs (for pacing their retries)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._accepting = True
@@ -255,8 +277,21 @@ class WALManager:
         """
         # The WAL's own tasks start in here: their log lines (JSON logs)
         # carry the pchannel and the term they serve.
+        started = time.monotonic()
+        before = self._held.get(pchannel)
         with logs.bound(pchannel=pchannel, term=term):
-            return await self._open(pchannel, term)
+            try:
+                wal = await self._open(pchannel, term)
+            except errors.Fenced:
+                self.events.opened("fenced", time.monotonic() - started)
+                raise
+            except errors.HeadraceError:
+                self.events.opened("failed", time.monotonic() - started)
+                raise
+        if wal is not before:  # not the WAL already held at this term
+            outcome = "served" if wal.state is WALState.SERVING else wal.state.value.lower()
+            self.events.opened(outcome, time.monotonic() - started)
+        return wal
 
     async def _open(self, pchannel: str, term: int) -> HostedWAL:
         if not self._accepting:
@@ -359,8 +394,10 @@ class WALManager:
             return True
 
     async def _close_held(self, pchannel: str, held: HostedWAL, *, drain: bool) -> None:
+        started = time.monotonic()
         with logs.bound(pchannel=pchannel, term=held.term):
             await self._release(pchannel, held, drain=drain)
+        self.events.released(drain, time.monotonic() - started)
 
     async def _release(self, pchannel: str, held: HostedWAL, *, drain: bool) -> None:
         try:

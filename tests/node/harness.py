@@ -72,6 +72,7 @@ class Cluster:
         wal_options: WALOptions | None = None,
         limits: Limits | None = None,
         session_ttl: float = 3.0,
+        metrics_listen: str = "",
     ) -> StreamingNode:
         config = NodeConfig(
             node_id=node_id,
@@ -82,6 +83,7 @@ class Cluster:
             limits=limits or Limits(),
             session_ttl=session_ttl,
             shutdown_grace=0.5,
+            metrics_listen=metrics_listen,
         )
         node = StreamingNode(config, backend=MemoryBackend(self.store))
         await node.start()
