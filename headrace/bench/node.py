@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
+import socket
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from headrace import cluster, errors, runtime
 from headrace.bench import report, tailprobe
@@ -81,8 +86,9 @@ async def baseline(root: Path, messages: int, payload: bytes, chunk: int, produc
 class _Cluster:
     """A one-node cluster: the node as a child process, the coordinator here."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, metrics_listen: str = "") -> None:
         self.root = root
+        self.metrics_listen = metrics_listen
         self.url = f"sqlite:///{(root / 'meta.db').resolve()}"
         self.stop = asyncio.Event()
         self.proc: asyncio.subprocess.Process | None = None
@@ -113,6 +119,7 @@ class _Cluster:
             str(self.root / "wal"),
             "--listen",
             "127.0.0.1:0",
+            *(["--metrics-listen", self.metrics_listen] if self.metrics_listen else []),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -257,3 +264,88 @@ async def bench_node(
         "tail_p99_ms": round(report.percentile(delays, 0.99), 3),
         "timetick_interval_ms": 10.0,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """What each side of a comparison sends: ``messages`` of ``payload`` in
+    chunks of ``chunk`` from ``producers`` tasks."""
+
+    messages: int
+    payload: bytes
+    chunk: int = 256
+    producers: int = 4
+
+
+async def _rate_through_node(root: Path, metrics_listen: str, load: Load) -> float:
+    """Messages/s through a fresh one-node cluster (metrics on with ``metrics_listen``)."""
+    node_cluster = _Cluster(root, metrics_listen)
+    await node_cluster.start()
+    try:
+        async with HeadraceClient(node_cluster.url) as client:
+            await client.wait_ready(PCHANNEL, timeout=60)
+            rate, _ = await _through_node(
+                client, load.messages, load.payload, load.chunk, load.producers
+            )
+            if metrics_listen:
+                appended = await asyncio.to_thread(scraped_appends, metrics_listen)
+                if appended != load.messages:
+                    raise errors.HeadraceError(
+                        f"the node's metrics count {appended} appended messages, "
+                        f"not {load.messages}"
+                    )
+    finally:
+        await node_cluster.close()
+    return rate
+
+
+def scraped_appends(address: str) -> float:
+    """``headrace_append_messages_total`` summed over pchannels, scraped from ``address``."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "headrace_append_messages_total"
+    )
+
+
+async def bench_metrics(
+    *,
+    messages: int = 50_000,
+    size: int = 1024,
+    root: Path,
+    rounds: int = 3,
+    chunk: int = 256,
+    producers: int = 4,
+) -> dict[str, Any]:
+    """Throughput of a node with metrics on over the same node with them off,
+    alternating in ``rounds`` (each round a fresh node per side); the ratio is
+    the median of the rounds' ratios, so load that drifts over the run cancels."""
+    if messages < chunk or size < 8 or rounds < 1:
+        raise errors.InvalidArgument(f"need messages >= {chunk}, size >= 8 and rounds >= 1")
+    runtime.tune_process()
+    load = Load(messages, bytes(size), chunk, producers)
+    off: list[float] = []
+    on: list[float] = []
+    for r in range(rounds):
+        off.append(await _rate_through_node(root / f"{r}-off", "", load))
+        listen = f"127.0.0.1:{free_port()}"
+        on.append(await _rate_through_node(root / f"{r}-on", listen, load))
+    ratios = sorted(b / a for a, b in zip(off, on, strict=True))
+    return {
+        "messages": messages,
+        "size": size,
+        "rounds": rounds,
+        "msgs_per_s_metrics_off": [round(x, 1) for x in off],
+        "msgs_per_s_metrics_on": [round(x, 1) for x in on],
+        "metrics_ratio": round(ratios[len(ratios) // 2], 3),
+        "metrics_ratio_per_round": [round(b / a, 3) for a, b in zip(off, on, strict=True)],
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -16,6 +16,21 @@ from headrace import errors
 from headrace.cli.argtypes import positive_float, positive_int
 
 
+def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    b = sub.add_parser("node", help="messages through a node over loopback vs in-process WAL")
+    b.add_argument("--messages", type=int, default=50_000)
+    b.add_argument("--size", type=int, default=1024)
+    b.add_argument("--dir", default=None)
+    b.add_argument(
+        "--metrics",
+        action="store_true",
+        help="instead: the node with Prometheus metrics on over off (metrics_ratio)",
+    )
+    b.add_argument("--rounds", type=int, default=3, help="with --metrics: off/on pairs")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=node)
+
+
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="bench", required=True)
 
@@ -42,12 +57,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--json", action="store_true")
     b.set_defaults(handler=wal)
 
-    b = sub.add_parser("node", help="messages through a node over loopback vs in-process WAL")
-    b.add_argument("--messages", type=int, default=50_000)
-    b.add_argument("--size", type=int, default=1024)
-    b.add_argument("--dir", default=None)
-    b.add_argument("--json", action="store_true")
-    b.set_defaults(handler=node)
+    _add_node(sub)
 
     b = sub.add_parser(
         "chaos",
@@ -167,7 +177,14 @@ async def wal(args: argparse.Namespace) -> int:
 async def node(args: argparse.Namespace) -> int:
     bench_node = importlib.import_module("headrace.bench.node")
     with tempfile.TemporaryDirectory(prefix="headrace-bench-", dir=args.dir) as tmp:
-        result = await bench_node.bench_node(messages=args.messages, size=args.size, root=Path(tmp))
+        if args.metrics:
+            result = await bench_node.bench_metrics(
+                messages=args.messages, size=args.size, root=Path(tmp), rounds=args.rounds
+            )
+        else:
+            result = await bench_node.bench_node(
+                messages=args.messages, size=args.size, root=Path(tmp)
+            )
     _emit(result, args.json)
     return 0
 

@@ -40,6 +40,8 @@ from headrace_operator.errors import InvalidSpec
 from headrace_operator.models import StreamingClusterSpec
 
 GRPC_PORT = 19530
+METRICS_PORT = 9400
+"""Prometheus endpoint of each node pod (``/metrics``), apart from gRPC."""
 WAL_MOUNT = "/var/lib/headrace/wal"
 KAFKA_TLS_MOUNT = "/etc/headrace/kafka-tls"
 TMP_MOUNT = "/tmp"
@@ -318,6 +320,8 @@ def node_args(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> list
         "$(HEADRACE_CLUSTER)",
         "--listen",
         f"$(POD_IP):{GRPC_PORT}",
+        "--metrics-listen",
+        f"$(POD_IP):{METRICS_PORT}",
         "--wal",
         spec.wal.backend,
         "--lease-ttl",
@@ -402,7 +406,10 @@ def _container(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dic
         "args": node_args(ref, spec, ordinal),
         "envFrom": [{"configMapRef": {"name": config_map_name(ref.name)}}],
         "env": _env(spec),
-        "ports": [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
         "readinessProbe": readiness,
         "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},
         "lifecycle": {"preStop": {"exec": {"command": pre_stop_drain(ref, spec, ordinal)}}},

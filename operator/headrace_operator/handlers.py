@@ -27,12 +27,15 @@ import datetime
 import logging
 import os
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import kopf
 
 from headrace import errors
+from headrace.metrics import MetricsServer
+from headrace.metrics import serve as serve_metrics
 from headrace_operator import builders, models
 from headrace_operator.builders import ClusterRef
 from headrace_operator.coordinator_runner import (
@@ -45,6 +48,7 @@ from headrace_operator.errors import InvalidSpec
 from headrace_operator.events import KubeEventSink
 from headrace_operator.interfaces import ClusterControl, KubeApi
 from headrace_operator.kube import KubernetesApi, load_configuration
+from headrace_operator.metrics import OperatorMetrics
 from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.probe import TcpProbe
 from headrace_operator.results import PassResult
@@ -150,9 +154,18 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         events=KubeEventSink(kube, identity()),
     )
 
+    memo["metrics"] = metrics = OperatorMetrics()
+    listen = memo.get("metrics_listen")
+    if listen:
+        memo["metrics_server"] = serve_metrics(metrics.registry, str(listen))
+        log.info("operator metrics at http://%s/metrics", memo["metrics_server"].address)
+
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    server: MetricsServer | None = memo.get("metrics_server")
+    if server is not None:
+        server.close()
     runtime: Runtime | None = memo.get("runtime")
     if runtime is not None:
         await runtime.runners.stop_all()
@@ -160,9 +173,34 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
             runtime.kube.close()
 
 
+async def measured(
+    memo: kopf.Memo, kind: str, work: Coroutine[Any, Any, PassResult | None]
+) -> PassResult | None:
+    """``work`` (a pass of ``kind``), counted and timed in the operator's metrics."""
+    metrics: OperatorMetrics | None = memo.get("metrics")
+    started = time.monotonic()
+    try:
+        result = await work
+    except kopf.TemporaryError:
+        if metrics is not None:
+            metrics.failed(kind, retryable=True, seconds=time.monotonic() - started)
+        raise
+    except kopf.PermanentError:
+        if metrics is not None:
+            metrics.failed(kind, retryable=False, seconds=time.monotonic() - started)
+        raise
+    if metrics is not None:
+        metrics.observed(kind, result, time.monotonic() - started)
+    return result
+
+
 async def reconcile(memo: kopf.Memo, namespace: str, name: str) -> PassResult | None:
     """One pass for the cluster ``namespace/name`` (re-read from the API);
     None when the cluster is gone or going."""
+    return await measured(memo, "StreamingCluster", _reconcile(memo, namespace, name))
+
+
+async def _reconcile(memo: kopf.Memo, namespace: str, name: str) -> PassResult | None:
     runtime: Runtime = memo["runtime"]
     async with runtime.lock(cluster_key(namespace, name)):
         try:
@@ -246,6 +284,14 @@ async def upgrade(memo: kopf.Memo, namespace: str, name: str) -> PassResult | No
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
     cluster = str(((body.get("spec") or {}).get("clusterRef") or {}).get("name", ""))
+    result = await measured(memo, "UpgradePlan", _upgrade_pass(runtime, body, cluster))
+    if cluster:
+        await reconcile(memo, namespace, cluster)
+    return result
+
+
+async def _upgrade_pass(runtime: Runtime, body: Mapping[str, Any], cluster: str) -> PassResult:
+    namespace = str(body["metadata"].get("namespace", ""))
     try:
         async with runtime.lock(cluster_key(namespace, cluster)):
             cluster_body = await runtime.kube.get(
@@ -260,14 +306,11 @@ async def upgrade(memo: kopf.Memo, namespace: str, name: str) -> PassResult | No
                 connect=runtime.connect,
                 now=datetime.datetime.now(datetime.UTC),
             )
-            result = await run_upgrade_pass(p)
+            return await run_upgrade_pass(p)
     except errors.HeadraceError as exc:
         if exc.retryable:
             raise kopf.TemporaryError(str(exc), delay=RETRY_S) from None
         raise kopf.PermanentError(str(exc)) from None
-    if cluster:
-        await reconcile(memo, namespace, cluster)
-    return result
 
 
 @kopf.on.resume(*PLANS)

@@ -39,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0)
     parser.add_argument(
+        "--metrics-listen",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none)",
+    )
+    parser.add_argument(
         "--log-format",
         type=LogFormat,
         choices=list(LogFormat),
@@ -61,7 +67,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event | None = None) -> No
         liveness_endpoint=args.liveness,
         standalone=True,
         stop_flag=stop,
-        memo=kopf.Memo(kubeconfig=args.kubeconfig),
+        memo=kopf.Memo(kubeconfig=args.kubeconfig, metrics_listen=args.metrics_listen),
     )
 
 

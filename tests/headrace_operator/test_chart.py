@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -85,6 +86,7 @@ def test_defaults_render_a_non_root_deployment_and_namespaced_rbac(helm: Helm) -
         "--liveness=http://0.0.0.0:8080/healthz",
         "--resync-seconds=10",
         "--log-format=text",
+        "--metrics-listen=0.0.0.0:9401",
         "--namespace=ops",
     ], "by default the operator watches only its own namespace"
     assert pod["serviceAccountName"] == "rel-headrace-operator"
@@ -357,3 +359,50 @@ async def test_a_pass_needs_no_more_than_the_chart_grants(
                 await admin.delete(doc["apiVersion"], doc["kind"], "", doc["metadata"]["name"])
         operator.close()
         admin.close()
+
+
+def test_monitoring_is_off_by_default_and_scrapes_operator_and_nodes_when_on(
+    helm: Helm,
+) -> None:
+    assert not {"ServiceMonitor", "PodMonitor"} & by_kind(render(helm)).keys()
+    kinds = by_kind(
+        render(
+            helm,
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.grafanaDashboard.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.labels.release=prom",
+        )
+    )
+    (monitor,) = kinds["ServiceMonitor"]
+    (service,) = [s for s in kinds["Service"] if s["metadata"]["name"].endswith("-metrics")]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["spec"]["selector"].items()
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    (pods,) = kinds["PodMonitor"]
+    assert pods["spec"]["namespaceSelector"] == {"matchNames": ["ops"]}
+    assert pods["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert pods["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == (
+        "streaming-node"
+    )
+    (dashboard,) = [c for c in kinds["ConfigMap"] if c["metadata"]["name"].endswith("dashboard")]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = (CHART / "dashboards" / "headrace.json").read_text()
+    assert json.loads(dashboard["data"]["headrace.json"]) == json.loads(shipped)
+
+
+def test_the_network_policy_admits_metrics_scrapers_only_on_the_metrics_port(helm: Helm) -> None:
+    scrapers = "networkPolicy.metricsScrapers[0].namespaceSelector.matchLabels.team=monitoring"
+    (policy,) = by_kind(render(helm, "--set", "networkPolicy.enabled=true", "--set", scrapers))[
+        "NetworkPolicy"
+    ]
+    rules = policy["spec"]["ingress"]
+    metrics_rules = [r for r in rules if r["ports"] == [{"port": 9400, "protocol": "TCP"}]]
+    assert len(metrics_rules) == 1
+    assert metrics_rules[0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}
+    ]
+    (policy,) = by_kind(render(helm, "--set", "networkPolicy.enabled=true"))["NetworkPolicy"]
+    assert all(r["ports"] != [{"port": 9400, "protocol": "TCP"}] for r in policy["spec"]["ingress"])

@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import headrace
 from headrace.cluster import AssignmentState, Keys
@@ -38,6 +41,22 @@ async def wait(check: Callable[[], Awaitable[bool]], what: str, limit: float = 1
         await asyncio.sleep(0.5)
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(address: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
 class Operators:
     """Starts ``python -m headrace_operator`` processes (each with its own
     ``POD_NAME``, the replica's identity) watching one namespace."""
@@ -46,6 +65,8 @@ class Operators:
         self.kubeconfig, self.namespace, self.logs = kubeconfig, namespace, logs
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.codes: dict[str, int] = {}
+        self.metrics: dict[str, str] = {}
+        """identity -> host:port of its metrics endpoint."""
 
     def log(self, identity: str) -> Path:
         return self.logs / f"{identity}.log"
@@ -55,6 +76,7 @@ class Operators:
         extra = [str(OPERATOR_DIR), env.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = os.pathsep.join(p for p in extra if p)
         env["POD_NAME"] = identity
+        self.metrics[identity] = f"127.0.0.1:{free_port()}"
         with self.log(identity).open("ab") as log:
             self.running[identity] = subprocess.Popen(
                 [
@@ -64,6 +86,8 @@ class Operators:
                     f"--kubeconfig={self.kubeconfig}",
                     f"--namespace={self.namespace}",
                     "--resync-seconds=2",
+                    f"--metrics-listen={self.metrics[identity]}",
+                    "--log-format=json",
                 ],
                 env=env,
                 stdout=log,
@@ -107,10 +131,11 @@ async def operators(
 @pytest.fixture
 async def operator(
     operators: tuple[KubernetesApi, Operators],
-) -> AsyncIterator[tuple[KubernetesApi, str]]:
+) -> AsyncIterator[tuple[KubernetesApi, str, str]]:
+    """The API, the namespace and the operator's metrics address."""
     api, launcher = operators
     launcher.start("operator-a")
-    yield api, launcher.namespace
+    yield api, launcher.namespace, launcher.metrics["operator-a"]
 
 
 def cluster_body(namespace: str, etcd_endpoint: str) -> dict[str, Any]:
@@ -130,9 +155,9 @@ def cluster_body(namespace: str, etcd_endpoint: str) -> dict[str, Any]:
 
 
 async def test_operator_runs_a_cluster_end_to_end(
-    operator: tuple[KubernetesApi, str], kube_cluster: KubeTestbed
+    operator: tuple[KubernetesApi, str, str], kube_cluster: KubeTestbed
 ) -> None:
-    api, namespace = operator
+    api, namespace, metrics_at = operator
     await api.create(cluster_body(namespace, kube_cluster.cluster.etcd.endpoint))
     current: dict[str, Any] = {}
 
@@ -149,6 +174,25 @@ async def test_operator_runs_a_cluster_end_to_end(
     await wait(ready, "the cluster Ready")
     assert current["status"]["pchannelSummary"] == "2/2"
     assert current["status"]["coordinator"].endswith(f"/{namespace}/demo")
+    operator_metrics = await asyncio.to_thread(scrape, metrics_at)
+    passes = {
+        dict(labels)["outcome"]: value
+        for (name, labels), value in operator_metrics.items()
+        if name == "headrace_operator_reconcile_total"
+        and dict(labels)["kind"] == "StreamingCluster"
+    }
+    assert passes.get("done", 0) >= 1, passes
+    durations = ("headrace_operator_reconcile_duration_seconds_count", "StreamingCluster")
+    assert operator_metrics[(durations[0], frozenset({("kind", durations[1])}))] >= 1
+    serving = 0.0
+    for pod in await api.list("v1", "Pod", namespace, {}):
+        node_metrics = await asyncio.to_thread(scrape, f"{pod['status']['podIP']}:9400")
+        serving += sum(
+            value
+            for (name, labels), value in node_metrics.items()
+            if name == "headrace_wal_state" and dict(labels)["state"] == "SERVING"
+        )
+    assert serving == 2, "each of the 2 pchannels SERVING on one node pod"
     pause = {models.PAUSED_ANNOTATION: "true"}
     await api.patch_merge(
         models.API_VERSION,
@@ -274,9 +318,9 @@ async def test_two_replicas_one_leads_and_the_other_takes_over(
 
 
 async def test_operator_carries_out_a_rolling_upgrade_plan(
-    operator: tuple[KubernetesApi, str], kube_cluster: KubeTestbed
+    operator: tuple[KubernetesApi, str, str], kube_cluster: KubeTestbed
 ) -> None:
-    api, namespace = operator
+    api, namespace, _metrics = operator
     await api.create(cluster_body(namespace, kube_cluster.cluster.etcd.endpoint))
 
     async def ready() -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from headrace import errors
-from headrace.bench.node import bench_node
+from headrace.bench.node import bench_metrics, bench_node
 from headrace.bench.tailprobe import main as probe_main
 
 
@@ -30,3 +30,14 @@ async def test_the_node_benchmark_refuses_a_run_smaller_than_a_chunk(tmp_path: P
 def test_the_tail_probe_needs_its_two_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert probe_main(["sqlite:///x.db"]) == 2
     assert "usage" in capsys.readouterr().err
+
+
+async def test_the_metrics_benchmark_compares_fresh_nodes_and_checks_the_scrape(
+    tmp_path: Path,
+) -> None:
+    result = await bench_metrics(messages=1024, root=tmp_path, rounds=2)
+    off, on = result["msgs_per_s_metrics_off"], result["msgs_per_s_metrics_on"]
+    assert len(off) == len(on) == 2 and all(x > 0 for x in off + on)
+    per_round = [round(b / a, 3) for a, b in zip(off, on, strict=True)]
+    assert result["metrics_ratio_per_round"] == per_round
+    assert result["metrics_ratio"] in per_round
