@@ -40,7 +40,8 @@ Reported (one JSON object on stdout; progress on stderr):
   ``moves_measured`` is their number, ``moves`` the new terms the metastore
   recorded in the window (``updated_at``), ``failovers`` the records that took
   a pchannel from a node still holding it (0 when every move was a graceful
-  handoff);
+  handoff); ``move_breakdown_p50_ms``/``_max_ms`` split the gaps by the
+  assignment records' stamps (:data:`PHASES`);
 * ``loadavg_start``/``loadavg_end`` (1-minute load average) and the options.
 
     python benchmarks/bench_upgrade.py [--nodes 3] [--pchannels 16] [--rate 400]
@@ -83,7 +84,7 @@ from e2e.harness import (  # noqa: E402
 from e2e.streams import AssignmentHistory, Traffic, consume, seal  # noqa: E402
 from headrace.bench.handoff import Probe, Sample, percentile, probe_vchannel  # noqa: E402
 from headrace.client import HeadraceClient, ProducerOptions  # noqa: E402
-from headrace.cluster import ClusterConfig, Keys  # noqa: E402
+from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys  # noqa: E402
 from headrace.message.types import Message, MessageType  # noqa: E402
 from headrace.metastore.factory import open_metastore  # noqa: E402
 from headrace.wal.api import AppendResult  # noqa: E402
@@ -172,13 +173,56 @@ class MoveGap:
     at: float
     """When the first acknowledgement under the new term came (epoch seconds)."""
     ms: float
+    old_term: int = 0
+    last_ack: float = 0.0
+    """The last acknowledgement under the old term (epoch seconds)."""
+
+
+PHASES = ("ack_to_unassigning", "release", "reassign", "open", "client")
+"""Where a move's gap goes, by the assignment records' ``updated_at`` stamps:
+the probe's last ack to the old owner's UNASSIGNING (the drain starting),
+UNASSIGNING to UNASSIGNED (the old owner finishes in-flight appends and closes),
+UNASSIGNED to ASSIGNING (the coordinator picks the next owner), ASSIGNING to
+ASSIGNED (the new owner opens and fences the WAL), ASSIGNED to the probe's
+first ack (the client learns the owner and reconnects)."""
+
+
+def breakdown_ms(gap: MoveGap, records: list[Assignment]) -> dict[str, float | None]:
+    """The gap split into :data:`PHASES` (None where a stamp is missing, e.g.
+    no UNASSIGNING/UNASSIGNED after a failover)."""
+
+    def stamp(state: AssignmentState, term: int) -> float | None:
+        for record in records:
+            if record.pchannel == gap.pchannel and record.state is state and record.term == term:
+                return record.updated_at
+        return None
+
+    points = [
+        gap.last_ack,
+        stamp(AssignmentState.UNASSIGNING, gap.old_term),
+        stamp(AssignmentState.UNASSIGNED, gap.old_term),
+        stamp(AssignmentState.ASSIGNING, gap.term),
+        stamp(AssignmentState.ASSIGNED, gap.term),
+        gap.at,
+    ]
+    return {
+        phase: None if a is None or b is None else round((b - a) * 1000, 1)
+        for phase, a, b in zip(PHASES, points, points[1:], strict=False)
+    }
 
 
 def move_gaps(pchannel: str, samples: list[Sample], start: float, end: float) -> list[MoveGap]:
     """The changes of term in a probe's samples whose new term was first acknowledged within
     ``[start, end]``."""
     return [
-        MoveGap(pchannel, after.term, after.acked, round((after.acked - before.acked) * 1000, 1))
+        MoveGap(
+            pchannel,
+            after.term,
+            after.acked,
+            round((after.acked - before.acked) * 1000, 1),
+            before.term,
+            before.acked,
+        )
         for before, after in itertools.pairwise(samples)
         if after.term != before.term and start <= after.acked <= end
     ]
@@ -390,6 +434,8 @@ def report(opts: UpgradeOptions, seen: Observed) -> dict[str, Any]:
     stall_probe = max(max_gap_ms([s.acked for s in p.samples], start, end) for p in probes.values())
     found = seen.gaps()
     gaps = [g.ms for g in found]
+    records = [r for _, r in seen.history.records]
+    parts = [breakdown_ms(g, records) for g in found]
     node_seconds = {
         node: round(clock.done[node] - clock.started[node], 1)
         for node in sorted(clock.done)
@@ -412,9 +458,23 @@ def report(opts: UpgradeOptions, seen: Observed) -> dict[str, Any]:
         "move_unavailable_p99_ms": percentile(gaps, 0.99),
         "move_unavailable_max_ms": max(gaps, default=0.0),
         "moves_measured": len(gaps),
+        "move_breakdown_p50_ms": {
+            phase: percentile([b[phase] for b in parts if b[phase] is not None], 0.5)
+            for phase in PHASES
+        },
+        "move_breakdown_max_ms": {
+            phase: max((b[phase] for b in parts if b[phase] is not None), default=0.0)
+            for phase in PHASES
+        },
         "move_gaps": [
-            {"pchannel": g.pchannel, "term": g.term, "at_s": round(g.at - start, 2), "ms": g.ms}
-            for g in found
+            {
+                "pchannel": g.pchannel,
+                "term": g.term,
+                "at_s": round(g.at - start, 2),
+                "ms": g.ms,
+                **part,
+            }
+            for g, part in zip(found, parts, strict=True)
         ],
         "moves": seen.moves(),
         "failovers": seen.failovers(),

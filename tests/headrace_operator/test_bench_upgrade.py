@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_upgrade import MoveGap, delivery, max_gap_ms, move_gaps
+from benchmarks.bench_upgrade import MoveGap, breakdown_ms, delivery, max_gap_ms, move_gaps
 from headrace.bench.handoff import Sample
 from headrace.cli.bench import UPGRADE_SCRIPT, upgrade_argv
+from headrace.cluster import Assignment, AssignmentState
 
 
 def test_delivery_counts_lost_duplicated_and_reordered_messages() -> None:
@@ -47,12 +48,35 @@ def test_stall_and_move_gaps_come_from_the_acknowledgement_times() -> None:
         Sample(0.0, 2.00, 6),
     ]
     assert move_gaps("p", samples, 0.0, 3.0) == [
-        MoveGap("p", 4, 1.30, pytest.approx(280.0)),
-        MoveGap("p", 6, 2.00, pytest.approx(680.0)),
+        MoveGap("p", 4, 1.30, pytest.approx(280.0), 3, 1.02),
+        MoveGap("p", 6, 2.00, pytest.approx(680.0), 4, 1.32),
     ]
-    assert move_gaps("p", samples, 1.5, 3.0) == [MoveGap("p", 6, 2.00, pytest.approx(680.0))], (
-        "a move before the window (the cluster settling) is not the upgrade's"
-    )
+    assert move_gaps("p", samples, 1.5, 3.0) == [
+        MoveGap("p", 6, 2.00, pytest.approx(680.0), 4, 1.32)
+    ], "a move before the window (the cluster settling) is not the upgrade's"
+
+
+def test_a_move_gap_splits_by_the_assignment_stamps() -> None:
+    def record(state: AssignmentState, term: int, at: float) -> Assignment:
+        return Assignment(pchannel="p", node="n", term=term, state=state, updated_at=at)
+
+    records = [
+        record(AssignmentState.ASSIGNED, 3, 0.5),
+        record(AssignmentState.UNASSIGNING, 3, 10.1),
+        record(AssignmentState.UNASSIGNED, 3, 10.3),
+        record(AssignmentState.ASSIGNING, 4, 10.35),
+        record(AssignmentState.ASSIGNED, 4, 10.5),
+    ]
+    gap = MoveGap("p", 4, 10.6, 600.0, old_term=3, last_ack=10.0)
+    assert breakdown_ms(gap, records) == {
+        "ack_to_unassigning": pytest.approx(100.0),
+        "release": pytest.approx(200.0),
+        "reassign": pytest.approx(50.0),
+        "open": pytest.approx(150.0),
+        "client": pytest.approx(100.0),
+    }
+    failover = breakdown_ms(gap, [r for r in records if r.term == 4])
+    assert failover["release"] is None and failover["open"] == pytest.approx(150.0)
 
 
 def test_the_cli_runs_the_benchmark_script_with_its_options() -> None:
