@@ -16,9 +16,13 @@ etcd for the metastore, the operator process), applies a StreamingCluster
   concurrently, until the end marker written after the run;
 * the metastore's assignment history is watched.
 
-Once every probe has ``--warmup`` acknowledgements the UpgradePlan (Rolling,
-``maxUnavailable: 1``) is applied; the run waits for Succeeded, keeps the load
-``--after`` seconds more, stops it, writes the end markers and reads them.
+Once the balancer has finished spreading the new cluster (every pchannel
+ASSIGNED, no assignment record written for 3 s) and every probe has
+``--warmup`` acknowledgements, the UpgradePlan (Rolling, ``maxUnavailable:
+1``) is applied; the run waits for Succeeded or Failed (a Blocked plan waits
+for its gate; each Blocked message is reported under ``blocked`` with the
+seconds after the apply it was first seen), keeps the load ``--after``
+seconds more, stops it, writes the end markers and reads them.
 
 Reported (one JSON object on stdout; progress on stderr):
 
@@ -76,6 +80,7 @@ from e2e.harness import (  # noqa: E402
     API_VERSION,
     CLUSTER_LABEL,
     cluster_manifest,
+    condition,
     is_ready,
     live_pods,
     pod_ready,
@@ -92,6 +97,7 @@ from headrace.wal.api import AppendResult  # noqa: E402
 NAME = "upgrade"
 PLAN = "upgrade-next"
 TARGET_IMAGE = "headrace-node:bench-next"
+QUIET_S = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +245,8 @@ class PlanClock:
     started: dict[str, float] = dataclasses.field(default_factory=dict)
     done: dict[str, float] = dataclasses.field(default_factory=dict)
     phase: str = ""
+    blocked: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Each distinct Blocked message, with when it was first seen."""
 
     def observe(self, status: dict[str, Any]) -> None:
         now = time.time()
@@ -298,15 +306,30 @@ class Run:
         }
 
     async def watch_plan(self, clock: PlanClock) -> None:
-        while True:
+        """Poll the plan until it ends (Succeeded or Failed) or ``limit_s`` passed.
+        Blocked is not an end: a gate that fails (e.g. a pchannel still moving)
+        blocks the plan until it passes; every Blocked message is recorded."""
+        while clock.phase not in ("Succeeded", "Failed"):
+            if time.time() - clock.applied > self.opts.limit_s:
+                log(f"the plan is still {clock.phase!r} after {self.opts.limit_s:g}s")
+                break
+            await asyncio.sleep(0.2)
             body = await self.kube.get(API_VERSION, "UpgradePlan", self.ns, PLAN)
             clock.observe(((body or {}).get("status")) or {})
-            if clock.phase in ("Succeeded", "Failed", "Blocked"):
-                clock.finished = time.time()
-                return
-            if time.time() - clock.applied > self.opts.limit_s:
-                raise TimeoutError(f"the plan is still {clock.phase!r} after {self.opts.limit_s}s")
-            await asyncio.sleep(0.2)
+            if clock.phase == "Blocked":
+                clock.blocked.setdefault(condition(body, "Blocked").get("message", ""), time.time())
+        clock.finished = time.time()
+
+    async def quiet(self, history: AssignmentHistory) -> bool:
+        """Every pchannel ASSIGNED and no assignment record written for ``QUIET_S``:
+        the balancer has finished spreading the new cluster."""
+        records = await history.current()
+        last = max((r.updated_at for r in records.values()), default=0.0)
+        return (
+            len(records) == self.opts.pchannels
+            and all(r.state is AssignmentState.ASSIGNED for r in records.values())
+            and time.time() - last >= QUIET_S
+        )
 
 
 async def _wait(check: Callable[[], Awaitable[bool]], what: str, limit: float) -> None:
@@ -330,6 +353,7 @@ async def measure(bed: OperatorBed, etcd: str, opts: UpgradeOptions) -> dict[str
     config = await run.config()
     load_vchannels = [f"load-{i}" for i in range(opts.pchannels)]
     history = await AssignmentHistory(run.url, run.cluster).start()
+    await _wait(lambda: run.quiet(history), "the assignments settled", 300)
     clock = PlanClock()
     stop = asyncio.Event()
     async with HeadraceClient(run.url, run.cluster) as client:
@@ -444,6 +468,7 @@ def report(opts: UpgradeOptions, seen: Observed) -> dict[str, Any]:
     plan_s = clock.finished - start
     return {
         "plan_phase": clock.phase,
+        "blocked": {message: round(at - start, 1) for message, at in clock.blocked.items()},
         "failed_writes": len(traffic.failed) + sum(p.failures for p in probes.values()),
         **delivery(traffic.acked, seen.read),
         "acked": traffic.acked_total,
