@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import signal
 import statistics
 import sys
@@ -49,12 +48,11 @@ for entry in (REPO / "operator", REPO / "scripts", REPO):
     if str(entry) not in sys.path:
         sys.path.insert(0, str(entry))
 
+from benchmarks.operator_bed import ControlPlane, control_plane, operator_in  # noqa: E402
 from e2e.harness import (  # noqa: E402
     API_VERSION,
     CLUSTER_LABEL,
     Kube,
-    OperatorProcess,
-    apply_crds,
     cluster_manifest,
     is_ready,
     placement,
@@ -62,10 +60,7 @@ from e2e.harness import (  # noqa: E402
 )
 from e2e.streams import AssignmentHistory  # noqa: E402
 from headrace.cluster import AssignmentState  # noqa: E402
-from headrace_testbed.etcd import start_etcd  # noqa: E402
-from headrace_testbed.kube import start_kube  # noqa: E402
 from headrace_testbed.kubelet import ProcessRunner  # noqa: E402
-from headrace_testbed.kubelet_node import KubeletConfig  # noqa: E402
 
 POLL_S = 0.05
 LIMIT_S = 180.0
@@ -220,25 +215,10 @@ async def _one_run(bed: Bed, index: int, cfg: argparse.Namespace) -> dict[str, f
         await history.stop()
 
 
-async def _measure(
-    kubeconfig: Path, etcd: str, runner: ProcessRunner, work: Path, cfg: argparse.Namespace
-) -> list[Any]:
-    kube = Kube.from_kubeconfig(kubeconfig)
-    namespace = f"bench-{os.getpid()}"
-    try:
-        await apply_crds(kube)
-        await kube.create(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-        )
-        operator = OperatorProcess(kubeconfig, namespace, work / "operator.log", cfg.resync_seconds)
-        bed = Bed(kube, namespace, etcd, runner)
-        try:
-            await asyncio.to_thread(operator.wait_healthy)
-            return [await _one_run(bed, i, cfg) for i in range(cfg.runs)]
-        finally:
-            operator.stop()
-    finally:
-        kube.close()
+async def _measure(plane: ControlPlane, cfg: argparse.Namespace) -> list[Any]:
+    async with operator_in(plane, cfg.resync_seconds) as op:
+        bed = Bed(op.kube, op.namespace, plane.etcd, plane.runner)
+        return [await _one_run(bed, i, cfg) for i in range(cfg.runs)]
 
 
 def bench_operator(
@@ -254,19 +234,11 @@ def bench_operator(
     cfg = argparse.Namespace(
         runs=runs, nodes=nodes, pchannels=pchannels, lease_ttl=lease_ttl_s, resync_seconds=resync_s
     )
-    with tempfile.TemporaryDirectory(prefix="headrace-bench-op-", dir=workdir) as tmp:
-        work = Path(tmp)
-        network = os.environ.get("HEADRACE_KUBE_POD_NETWORK", "127.0.0.0/24")
-        with start_kube(work / "control-plane") as cluster, start_etcd(work / "etcd") as etcd:
-            api = cluster.api_client()
-            try:
-                config = KubeletConfig(root=work / "kubelet", pod_network=network)
-                with ProcessRunner(api, config) as runner:
-                    samples = asyncio.run(
-                        _measure(cluster.kubeconfig, etcd.endpoint, runner, work, cfg)
-                    )
-            finally:
-                api.close()
+    with (
+        tempfile.TemporaryDirectory(prefix="headrace-bench-op-", dir=workdir) as tmp,
+        control_plane(Path(tmp)) as plane,
+    ):
+        samples = asyncio.run(_measure(plane, cfg))
     result: dict[str, Any] = {
         key: round(statistics.median(s[key] for s in samples), 3) for key in samples[0]
     }

@@ -78,9 +78,11 @@ class Sample:
 class Probe:
     """Sequential appends to one vchannel; every acknowledgement with its term."""
 
-    def __init__(self, client: HeadraceClient, vchannel: str) -> None:
+    def __init__(self, client: HeadraceClient, vchannel: str, interval_s: float = 0.002) -> None:
         self.client = client
         self.vchannel = vchannel
+        self.interval_s = interval_s
+        """Pause after each acknowledgement (the probe's resolution)."""
         self.samples: list[Sample] = []
         self.failures = 0
         self._changed = asyncio.Event()
@@ -107,7 +109,7 @@ class Probe:
                 self.samples.append(Sample(sent, time.time(), result.term))
                 self._changed.set()
                 self._changed = asyncio.Event()
-                await asyncio.sleep(0.002)
+                await asyncio.sleep(self.interval_s)
 
     async def first_above(self, term: int, timeout: float) -> tuple[Sample, Sample | None]:
         """The first sample with a term above ``term``, and the last one before it."""

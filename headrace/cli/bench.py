@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib
 import importlib.util
@@ -87,13 +88,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--json", action="store_true")
     b.set_defaults(handler=chaos)
 
-    b = sub.add_parser("handoff", help="unavailability of graceful moves and crash failovers")
-    b.add_argument("--moves", type=int, default=20)
-    b.add_argument("--failovers", type=int, default=5)
-    b.add_argument("--lease-ttl", type=float, default=3.0, help="node session TTL in seconds")
-    b.add_argument("--dir", default=None)
-    b.add_argument("--json", action="store_true")
-    b.set_defaults(handler=handoff)
+    _add_handoff(sub)
 
     b = sub.add_parser(
         "flush",
@@ -109,6 +104,40 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     b.set_defaults(handler=flush)
 
     _add_flush_lag(sub)
+    _add_upgrade(sub)
+
+
+def _add_handoff(sub: Any) -> None:
+    b = sub.add_parser("handoff", help="unavailability of graceful moves and crash failovers")
+    b.add_argument("--moves", type=int, default=20)
+    b.add_argument("--failovers", type=int, default=5)
+    b.add_argument("--lease-ttl", type=float, default=3.0, help="node session TTL in seconds")
+    b.add_argument("--dir", default=None)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=handoff)
+
+
+def _add_upgrade(sub: Any) -> None:
+    b = sub.add_parser(
+        "upgrade",
+        help="a Rolling UpgradePlan under load on the real API server: starts the project's "
+        "test bed (etcd, kube-apiserver, controller-manager, the process-runner kubelet, the "
+        "operator); needs the source tree and the operator extra",
+    )
+    b.add_argument("--nodes", type=positive_int, default=3)
+    b.add_argument("--pchannels", type=positive_int, default=16)
+    b.add_argument("--rate", type=positive_float, default=400.0, help="load messages/s")
+    b.add_argument("--batch", type=positive_int, default=16, help="load messages per send")
+    b.add_argument(
+        "--probe-interval",
+        type=positive_float,
+        default=0.02,
+        help="seconds each pchannel's probe waits after an acknowledgement",
+    )
+    b.add_argument("--soak", type=positive_int, default=5, help="the plan's soakSeconds")
+    b.add_argument("--dir", default=None, help="parent of the test bed's directory (default: temp)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=upgrade)
 
 
 def _add_flush_lag(sub: Any) -> None:
@@ -275,3 +304,47 @@ async def flush_lag(args: argparse.Namespace) -> int:
         result = await bench_lag.bench_flush_lag(Path(tmp), options)
     _emit(result, args.json)
     return 0
+
+
+UPGRADE_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_upgrade.py"
+"""The upgrade benchmark: it drives the Kubernetes test bed and the operator,
+which the core package never imports, so it runs as its own process."""
+
+
+def upgrade_argv(args: argparse.Namespace, script: Path = UPGRADE_SCRIPT) -> list[str]:
+    """The benchmark process's command line for ``headrace bench upgrade``."""
+    argv = [
+        sys.executable,
+        str(script),
+        f"--nodes={args.nodes}",
+        f"--pchannels={args.pchannels}",
+        f"--rate={args.rate:g}",
+        f"--batch={args.batch}",
+        f"--probe-interval={args.probe_interval:g}",
+        f"--soak={args.soak}",
+    ]
+    return argv + ([f"--workdir={args.dir}"] if args.dir else [])
+
+
+async def upgrade(args: argparse.Namespace) -> int:
+    if not UPGRADE_SCRIPT.is_file():
+        raise errors.InvalidArgument(
+            f"bench upgrade needs the source tree (benchmarks/, e2e/, scripts/, operator/): "
+            f"{UPGRADE_SCRIPT} not found"
+        )
+    if importlib.util.find_spec("kubernetes") is None:
+        raise errors.InvalidArgument("bench upgrade needs the kubernetes package (operator extra)")
+    process = await asyncio.create_subprocess_exec(
+        *upgrade_argv(args), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+    )
+    out, _ = await process.communicate()
+    lines = out.decode(errors="replace").strip().splitlines()
+    if not lines:
+        print(
+            f"bench upgrade: the benchmark exited {process.returncode} without a result "
+            "(its messages are above)",
+            file=sys.stderr,
+        )
+        return 1
+    _emit(json.loads(lines[-1]), args.json)
+    return 0 if process.returncode == 0 else 1

@@ -26,6 +26,7 @@ from headrace_testbed.kubelet_spec import (
     container_env,
     mounts,
     pod_phase,
+    pull_failure,
     readiness_gates_pass,
     rewrite_paths,
     volume_dirs,
@@ -76,6 +77,7 @@ class ContainerRun:
     terminated: Obj | None = None
     waiting: tuple[str, str] = ("ContainerCreating", "")
     next_start: float = 0.0
+    pull_attempts: int = 0
     kill_at: float | None = None
     probes: dict[str, ProbeState] = dataclasses.field(default_factory=dict)
     target: ProbeTarget | None = None
@@ -243,8 +245,21 @@ class PodWorker:
             if probe:
                 run.probes[kind] = ProbeState(probe, result, now)
 
+    def _pulled(self, run: ContainerRun, now: float) -> bool:
+        """Whether the container's image counts as present; if not, its waiting
+        state says why and the next attempt is backed off (1 s doubling to the
+        runtime's maximum)."""
+        refused = pull_failure(str(run.spec.get("image", "")), run.pull_attempts + 1)
+        if refused is None:
+            return True
+        run.pull_attempts += 1
+        run.waiting = refused
+        delay = self.rt.backoff_initial_s * 2 ** (run.pull_attempts - 1)
+        run.next_start = now + min(delay, self.rt.backoff_max_s)
+        return False
+
     def _try_start(self, run: ContainerRun, now: float) -> None:
-        if now < run.next_start:
+        if now < run.next_start or not self._pulled(run, now):
             return
         try:
             self._start(run, now)

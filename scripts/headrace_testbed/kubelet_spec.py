@@ -193,6 +193,38 @@ def container_argv(
     return argv
 
 
+UNRESOLVABLE_TLD = ".invalid"
+"""Registry hosts in this top-level domain never resolve (RFC 6761 reserves it)."""
+
+
+def registry_host(image: str) -> str:
+    """The registry host of an image reference ("" for Docker Hub's short names):
+    the first path component when it has a ``.`` or ``:`` or is ``localhost``,
+    as container runtimes parse references."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first.rsplit(":", 1)[0] if ":" in first else first
+    return ""
+
+
+def pull_failure(image: str, attempts: int) -> tuple[str, str] | None:
+    """The waiting ``(reason, message)`` a kubelet reports after ``attempts``
+    failed pulls of ``image``, or None when the stand-in takes the image as
+    present. A registry host in ``.invalid`` cannot resolve, so every pull
+    fails: ``ErrImagePull`` after the first attempt, ``ImagePullBackOff`` while
+    backing off before the next ones (as a kubelet alternates them)."""
+    host = registry_host(image)
+    if not (host == UNRESOLVABLE_TLD[1:] or host.endswith(UNRESOLVABLE_TLD)):
+        return None
+    if attempts <= 1:
+        return (
+            "ErrImagePull",
+            f'failed to pull and unpack image "{image}": failed to resolve reference '
+            f'"{image}": dial tcp: lookup {host}: no such host',
+        )
+    return "ImagePullBackOff", f'Back-off pulling image "{image}"'
+
+
 def schedule_failure(pod: Obj, node_labels: Mapping[str, str]) -> str | None:
     """Why the single node cannot take the pod (nodeSelector only), or None."""
     selector: Mapping[str, str] = pod.get("spec", {}).get("nodeSelector") or {}

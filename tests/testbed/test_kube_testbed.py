@@ -55,7 +55,7 @@ def core(kube_cluster: KubeTestbed) -> Iterator[client.CoreV1Api]:
 def server_container() -> dict[str, Any]:
     return {
         "name": "server",
-        "image": "example.invalid/not-pulled:1",
+        "image": "registry.example/not-pulled:1",
         "command": ["python", "-c", TCP_SERVER],
         "env": [
             {"name": "MY_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -416,3 +416,38 @@ def test_pod_with_an_unmatched_node_selector_stays_pending(
     )
     assert pod.spec.node_name is None
     assert pod.status.phase == "Pending"
+
+
+def test_an_image_from_an_unresolvable_registry_never_starts(
+    kube_cluster: KubeTestbed, core: client.CoreV1Api, kube_namespace: str
+) -> None:
+    """A registry host in ``.invalid`` cannot resolve: the container waits in
+    ErrImagePull, then ImagePullBackOff, as a kubelet reports it; the command
+    never runs and the pod stays Pending and not Ready."""
+    image = "unpullable.invalid/headrace-node:9"
+    container = {**server_container(), "image": image}
+    core.create_namespaced_pod(
+        kube_namespace, {"metadata": {"name": "sour"}, "spec": {"containers": [container]}}
+    )
+    reasons: list[str] = []
+
+    def backing_off() -> client.V1Pod | None:
+        pod = read_pod(core, kube_namespace, "sour")
+        statuses = (pod.status.container_statuses or []) if pod else []
+        waiting = statuses[0].state.waiting if statuses else None
+        if waiting is not None and waiting.reason not in reasons:
+            reasons.append(waiting.reason)
+        return pod if waiting is not None and waiting.reason == "ImagePullBackOff" else None
+
+    pod = wait_for("ImagePullBackOff", backing_off)
+    assert reasons[-2:] == ["ErrImagePull", "ImagePullBackOff"] or reasons == ["ImagePullBackOff"]
+    (status,) = pod.status.container_statuses
+    assert status.state.waiting.message == f'Back-off pulling image "{image}"'
+    assert status.image == image and not status.ready and status.restart_count == 0
+    assert status.container_id is None
+    assert pod.status.phase == "Pending"
+    assert condition(pod, "Ready") == "False"
+    worker = kube_cluster.kubelet.worker(kube_namespace, "sour")
+    assert worker is not None
+    assert [run.started_once for run in worker.main] == [False], "its command never ran"
+    assert worker.main[0].pull_attempts >= 2

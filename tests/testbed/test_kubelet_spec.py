@@ -23,6 +23,8 @@ from headrace_testbed.kubelet_spec import (
     expand_vars,
     mounts,
     pod_phase,
+    pull_failure,
+    registry_host,
     rewrite_paths,
     schedule_failure,
     volume_dirs,
@@ -195,3 +197,31 @@ def test_go_mod_replaces_each_staging_module_with_its_release() -> None:
         "k8s.io/client-go": "k8s.io/client-go v0.34.4",
     }
     assert render_replacements(UPSTREAM, "v1.34.4") == parse_replacements(rendered)
+
+
+@pytest.mark.parametrize(
+    ("image", "host"),
+    [
+        ("headrace-node:e2e", ""),
+        ("library/python:3", ""),
+        ("ghcr.io/example/headrace-node:0.2.0", "ghcr.io"),
+        ("localhost/node:1", "localhost"),
+        ("registry.local:5000/node@sha256:ab", "registry.local"),
+        ("unpullable.invalid/headrace-node:9", "unpullable.invalid"),
+    ],
+)
+def test_registry_host_is_the_first_component_only_when_it_names_a_host(
+    image: str, host: str
+) -> None:
+    assert registry_host(image) == host
+
+
+def test_only_an_unresolvable_registry_fails_to_pull_and_backs_off() -> None:
+    for present in ("headrace-node:e2e", "ghcr.io/x/node:1", "invalid-name/node:1", "x.invalidx/a"):
+        assert pull_failure(present, 1) is None, present
+    image = "unpullable.invalid/headrace-node:9"
+    first = pull_failure(image, 1)
+    assert first is not None and first[0] == "ErrImagePull"
+    assert "lookup unpullable.invalid: no such host" in first[1]
+    assert pull_failure(image, 2) == ("ImagePullBackOff", f'Back-off pulling image "{image}"')
+    assert pull_failure("invalid:5000/node:1", 1) is not None
