@@ -71,6 +71,15 @@ class JsonRecord(pydantic.BaseModel):
             raise errors.CorruptData(f"malformed {cls.__name__} record: {exc}") from None
 
 
+class TLSMode(enum.StrEnum):
+    """How a node's gRPC server is reached."""
+
+    OFF = "off"
+    TLS = "tls"
+    MUTUAL = "mutual"
+    """TLS with a client certificate required."""
+
+
 class NodeInfo(JsonRecord):
     node_id: str
     address: str
@@ -79,6 +88,8 @@ class NodeInfo(JsonRecord):
     frozen: bool = False
     """A frozen node receives no new pchannels (e.g. before an upgrade)."""
     version: str = ""
+    tls: TLSMode = TLSMode.OFF
+    """Whether the node's gRPC server needs TLS, and client certificates."""
 
 
 class Assignment(JsonRecord):

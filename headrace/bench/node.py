@@ -17,8 +17,10 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import socket
+import statistics
 import sys
 import time
 import urllib.request
@@ -29,10 +31,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from headrace import cluster, errors, runtime
 from headrace.bench import report, tailprobe
-from headrace.client.client import HeadraceClient
+from headrace.bench.certs import make_certs
+from headrace.client.client import ClientOptions, HeadraceClient
 from headrace.coordinator import coordinator as coord_mod
 from headrace.message.types import Message, MessageType
 from headrace.metastore import factory
+from headrace.tls import ENV_CA, ENV_CERT, ENV_KEY, ClientTLS, ServerTLS
 from headrace.tso import LocalTSO
 from headrace.wal import registry
 from headrace.wal.framework import WAL
@@ -86,9 +90,9 @@ async def baseline(root: Path, messages: int, payload: bytes, chunk: int, produc
 class _Cluster:
     """A one-node cluster: the node as a child process, the coordinator here."""
 
-    def __init__(self, root: Path, metrics_listen: str = "") -> None:
+    def __init__(self, root: Path, setup: NodeSetup | None = None) -> None:
         self.root = root
-        self.metrics_listen = metrics_listen
+        self.setup = setup or NodeSetup()
         self.url = f"sqlite:///{(root / 'meta.db').resolve()}"
         self.stop = asyncio.Event()
         self.proc: asyncio.subprocess.Process | None = None
@@ -119,7 +123,7 @@ class _Cluster:
             str(self.root / "wal"),
             "--listen",
             "127.0.0.1:0",
-            *(["--metrics-listen", self.metrics_listen] if self.metrics_listen else []),
+            *self.setup.node_flags(),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -160,7 +164,13 @@ async def _through_node(
 
 
 async def _tail_latency(
-    client: HeadraceClient, url: str, rate: float, duration: float, size: int
+    client: HeadraceClient,
+    url: str,
+    rate: float,
+    duration: float,
+    size: int,
+    *,
+    env: dict[str, str] | None = None,
 ) -> tuple[list[float], int]:
     """Append at ``rate`` msgs/s while a tailing consumer process measures delivery delay.
 
@@ -174,6 +184,7 @@ async def _tail_latency(
         VCHANNEL,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
+        env=env,
     )
     assert probe.stdin is not None and probe.stdout is not None
     try:
@@ -277,12 +288,43 @@ class Load:
     producers: int = 4
 
 
-async def _rate_through_node(root: Path, metrics_listen: str, load: Load) -> float:
-    """Messages/s through a fresh one-node cluster (metrics on with ``metrics_listen``)."""
-    node_cluster = _Cluster(root, metrics_listen)
+@dataclasses.dataclass(frozen=True)
+class NodeSetup:
+    """How a benchmark's node runs: metrics endpoint, TLS; and its client's TLS."""
+
+    metrics_listen: str = ""
+    tls: ServerTLS | None = None
+    client_tls: ClientTLS | None = None
+
+    def node_flags(self) -> list[str]:
+        flags = ["--metrics-listen", self.metrics_listen] if self.metrics_listen else []
+        if self.tls is not None:
+            flags += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
+            if self.tls.client_ca is not None:
+                flags += ["--tls-client-ca", str(self.tls.client_ca)]
+        return flags
+
+    def client_options(self) -> ClientOptions:
+        return ClientOptions(tls=self.client_tls)
+
+    def client_env(self) -> dict[str, str]:
+        """The environment of a client process (the tail probe) with this TLS."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HEADRACE_TLS_")}
+        tls = self.client_tls
+        if tls is not None:
+            env[ENV_CA] = str(tls.ca)
+            if tls.cert is not None and tls.key is not None:
+                env[ENV_CERT], env[ENV_KEY] = str(tls.cert), str(tls.key)
+        return env
+
+
+async def _rate_through_node(root: Path, setup: NodeSetup, load: Load) -> float:
+    """Messages/s through a fresh one-node cluster run as ``setup`` says."""
+    metrics_listen = setup.metrics_listen
+    node_cluster = _Cluster(root, setup)
     await node_cluster.start()
     try:
-        async with HeadraceClient(node_cluster.url) as client:
+        async with HeadraceClient(node_cluster.url, options=setup.client_options()) as client:
             await client.wait_ready(PCHANNEL, timeout=60)
             rate, _ = await _through_node(
                 client, load.messages, load.payload, load.chunk, load.producers
@@ -330,8 +372,8 @@ async def bench_metrics(
     off: list[float] = []
     on: list[float] = []
     for r in range(rounds):
-        off.append(await _rate_through_node(root / f"{r}-off", "", load))
-        listen = f"127.0.0.1:{free_port()}"
+        off.append(await _rate_through_node(root / f"{r}-off", NodeSetup(), load))
+        listen = NodeSetup(metrics_listen=f"127.0.0.1:{free_port()}")
         on.append(await _rate_through_node(root / f"{r}-on", listen, load))
     ratios = sorted(b / a for a, b in zip(off, on, strict=True))
     return {
@@ -349,3 +391,57 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+async def bench_tls(
+    *,
+    messages: int = 50_000,
+    size: int = 1024,
+    root: Path,
+    rounds: int = 3,
+    tail_seconds: float = 5.0,
+) -> dict[str, Any]:
+    """Throughput of a node with mutual TLS over the same node in plaintext,
+    alternating in ``rounds`` (fresh nodes; the median ratio), then the tail
+    latency over mutual TLS at half the TLS rate."""
+    if messages < 256 or size < 8 or rounds < 1:
+        raise errors.InvalidArgument("need messages >= 256, size >= 8 and rounds >= 1")
+    runtime.tune_process()
+    certs = make_certs(root / "certs")
+    mutual = NodeSetup(
+        tls=ServerTLS(certs.path("server.crt"), certs.path("server.key"), certs.path("ca.crt")),
+        client_tls=ClientTLS(
+            certs.path("ca.crt"), certs.path("client.crt"), certs.path("client.key")
+        ),
+    )
+    load = Load(messages, bytes(size))
+    plain: list[float] = []
+    tls: list[float] = []
+    for r in range(rounds):
+        plain.append(await _rate_through_node(root / f"{r}-plain", NodeSetup(), load))
+        tls.append(await _rate_through_node(root / f"{r}-tls", mutual, load))
+    node_cluster = _Cluster(root / "tail", mutual)
+    await node_cluster.start()
+    try:
+        async with HeadraceClient(node_cluster.url, options=mutual.client_options()) as client:
+            await client.wait_ready(PCHANNEL, timeout=60)
+            rate = statistics.median(tls) / 2
+            delays, sent = await _tail_latency(
+                client, node_cluster.url, rate, tail_seconds, size, env=mutual.client_env()
+            )
+    finally:
+        await node_cluster.close()
+    ratios = [b / a for a, b in zip(plain, tls, strict=True)]
+    return {
+        "messages": messages,
+        "size": size,
+        "rounds": rounds,
+        "msgs_per_s_plaintext": [round(x, 1) for x in plain],
+        "msgs_per_s_tls": [round(x, 1) for x in tls],
+        "tls_ratio": round(statistics.median(ratios), 3),
+        "tls_ratio_per_round": [round(x, 3) for x in ratios],
+        "tls_tail_rate_msgs_per_s": round(rate, 1),
+        "tls_tail_sent": sent,
+        "tls_tail_samples": len(delays),
+        "tls_tail_p99_ms": round(report.percentile(delays, 0.99), 3),
+    }

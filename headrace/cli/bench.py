@@ -27,7 +27,12 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="instead: the node with Prometheus metrics on over off (metrics_ratio)",
     )
-    b.add_argument("--rounds", type=int, default=3, help="with --metrics: off/on pairs")
+    b.add_argument(
+        "--tls",
+        action="store_true",
+        help="instead: the node with mutual TLS over plaintext (tls_ratio, tls_tail_p99_ms)",
+    )
+    b.add_argument("--rounds", type=int, default=3, help="with --metrics or --tls: pairs")
     b.add_argument("--json", action="store_true")
     b.set_defaults(handler=node)
 
@@ -206,7 +211,11 @@ async def wal(args: argparse.Namespace) -> int:
 async def node(args: argparse.Namespace) -> int:
     bench_node = importlib.import_module("headrace.bench.node")
     with tempfile.TemporaryDirectory(prefix="headrace-bench-", dir=args.dir) as tmp:
-        if args.metrics:
+        if args.tls:
+            result = await bench_node.bench_tls(
+                messages=args.messages, size=args.size, root=Path(tmp), rounds=args.rounds
+            )
+        elif args.metrics:
             result = await bench_node.bench_metrics(
                 messages=args.messages, size=args.size, root=Path(tmp), rounds=args.rounds
             )

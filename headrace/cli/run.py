@@ -29,6 +29,7 @@ from headrace.cli.retentionflags import (
 from headrace.client import api as client_api
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.node import server as node_server
+from headrace.tls import ServerTLS
 from headrace.wal.framework import WALOptions
 from headrace.wal.interceptors.segments import SegmentPolicy
 
@@ -85,6 +86,46 @@ def add_standalone_args(p: argparse.ArgumentParser) -> None:
         help="serve the standalone's Prometheus metrics at HOST:PORT, node i's at "
         "PORT+1+i (port 0: free ports, logged); default: none",
     )
+    add_tls_args(p)
+
+
+def add_tls_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-cert", default=None, metavar="FILE", help="serve gRPC over TLS: PEM")
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="its private key (PEM)")
+    p.add_argument(
+        "--tls-client-ca",
+        default=None,
+        metavar="FILE",
+        help="require client certificates signed by this CA (mutual TLS)",
+    )
+    p.add_argument(
+        "--auth-file",
+        default=None,
+        metavar="FILE",
+        help="identities and roles (JSON, see docs/security.md); needs TLS",
+    )
+
+
+def server_tls(args: argparse.Namespace) -> ServerTLS | None:
+    """The node's TLS settings from its flags (InvalidArgument if half given)."""
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            raise errors.InvalidArgument("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise errors.InvalidArgument("--tls-cert and --tls-key go together")
+    ca = Path(args.tls_client_ca) if args.tls_client_ca is not None else None
+    return ServerTLS(Path(args.tls_cert), Path(args.tls_key), ca)
+
+
+def forward_tls_flags(args: argparse.Namespace) -> list[str]:
+    """The TLS flags of a standalone, for its nodes (absolute paths)."""
+    flags: list[str] = []
+    for name in ("tls_cert", "tls_key", "tls_client_ca", "auth_file"):
+        value = getattr(args, name)
+        if value is not None:
+            flags += [f"--{name.replace('_', '-')}", str(Path(value).resolve())]
+    return flags
 
 
 def add_node_args(p: argparse.ArgumentParser) -> None:
@@ -103,6 +144,7 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none)",
     )
+    add_tls_args(p)
     p.add_argument("--wal", choices=WAL_BACKENDS, default="local", help="WAL backend")
     p.add_argument("--wal-dir", default=None, help="local backend: root directory")
     p.add_argument("--fsync", choices=["batch", "interval"], default="batch")
@@ -244,6 +286,8 @@ async def node(args: argparse.Namespace) -> int:
         ),
         session_ttl=args.lease_ttl,
         metrics_listen=args.metrics_listen,
+        tls=server_tls(args),
+        auth_file=Path(args.auth_file) if args.auth_file is not None else None,
     )
     try:
         with logs.bound(node=args.node_id):
@@ -285,7 +329,11 @@ def standalone_config(
         timetick_interval_ms=args.timetick_interval_ms,
         wal=args.wal,
         wal_args=tuple(walflags.forward_flags(args)),
-        node_args=(*forward_retention_flags(args), *forward_segment_policy_flags(args)),
+        node_args=(
+            *forward_retention_flags(args),
+            *forward_segment_policy_flags(args),
+            *forward_tls_flags(args),
+        ),
         flush=args.flush,
         warehouse=warehouse_location(args.warehouse),
         spark_master=args.spark_master,

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from headrace import errors, tso
 from headrace.client.client import HeadraceClient
+from headrace.client.discovery import ChannelPool
 from headrace.client.manager import ManagerClient, NodeWALs, WALStatus
 from headrace.client.status import status
-from headrace.cluster import DEFAULT_CLUSTER, Assignment, AssignmentState, Keys
+from headrace.cluster import DEFAULT_CLUSTER, Assignment, AssignmentState, Keys, TLSMode
 from headrace.coordinator.control import (
     ClusterAdmin,
     ControlKeys,
@@ -30,6 +32,9 @@ from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot, wait_f
 from headrace.metastore.contract import Get, KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.table.collections import CollectionSpec
+from headrace.tls import ClientTLS
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "HeadraceClient",
@@ -51,13 +56,16 @@ async def _node_wals(node: dict[str, Any], timeout: float) -> NodeWALs | None:
     """What a running node reports of its WALs; None if it is not running or answers not."""
     if not node["alive"]:
         return None
-    manager = ManagerClient(node["address"], timeout=timeout)
+    pool = ChannelPool(tls=ClientTLS.from_env())
+    pool.tls_mode = lambda address: TLSMode(node.get("tls") or TLSMode.OFF)
     try:
+        manager = ManagerClient(node["address"], pool.get(node["address"]), timeout=timeout)
         return await manager.list_wals(timeout=timeout)
-    except errors.HeadraceError:
+    except errors.HeadraceError as exc:
+        log.info("node %s did not list its WALs: %s", node["node_id"], exc)
         return None
     finally:
-        await manager.close()
+        await pool.close()
 
 
 async def cluster_status(

@@ -27,6 +27,7 @@ from headrace.metastore.factory import open_metastore
 from headrace.table import messages as table_messages
 from headrace.table.collections import Collection, CollectionSpec, CollectionStore, Dropped
 from headrace.table.records import TableRecord, table_key
+from headrace.tls import ClientTLS
 from headrace.wal import registry
 from headrace.wal.api import AppendResult
 
@@ -39,6 +40,9 @@ class ClientOptions:
     """Seconds a node gets to answer the readiness probe of :meth:`HeadraceClient.wait_ready`."""
     max_message_bytes: int = 64 * 1024 * 1024
     """Largest gRPC message sent or received."""
+    tls: ClientTLS | None = dataclasses.field(default_factory=ClientTLS.from_env)
+    """CA (and client certificate, bearer token file) for nodes that serve TLS;
+    by default from ``HEADRACE_TLS_CA``, ``_CERT``, ``_KEY`` and ``HEADRACE_TOKEN_FILE``."""
 
 
 class HeadraceClient:
@@ -62,7 +66,7 @@ class HeadraceClient:
         self._metastore = metastore
         self._owns_metastore = metastore is None
         self._session: Session | None = None
-        self.channels = ChannelPool(self.options.max_message_bytes)
+        self.channels = ChannelPool(self.options.max_message_bytes, self.options.tls)
         registry.load_id_classes()
 
     async def __aenter__(self) -> HeadraceClient:
@@ -90,6 +94,7 @@ class HeadraceClient:
         except errors.HeadraceError:
             await self._close_metastore()
             raise
+        self.channels.tls_mode = view.tls_mode
         self._session = Session(view, self.channels)
         return self
 

@@ -20,9 +20,17 @@ from typing import TypeVar
 import grpc
 
 from headrace import errors
-from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo
+from headrace.cluster import (
+    Assignment,
+    AssignmentState,
+    ClusterConfig,
+    Keys,
+    NodeInfo,
+    TLSMode,
+)
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.metastore.contract import EventType, Get, KeyValue, Metastore, Watch, WatchEvent
+from headrace.tls import ENV_CA, ENV_CERT, ENV_KEY, ClientTLS
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +199,11 @@ class ClusterView:
     def owner(self, pchannel: str) -> Owner | None:
         return owner_of(self.assignments.get(pchannel), self.nodes)
 
+    def tls_mode(self, address: str) -> TLSMode:
+        """How the node registered at ``address`` is reached (OFF if unknown)."""
+        modes = {node.tls for node in self.nodes.values() if node.address == address}
+        return max(modes, key=_STRICTNESS.index, default=TLSMode.OFF)
+
     def successor(self, owner: Owner) -> Owner | None:
         """The ASSIGNED owner of ``owner``'s pchannel under a higher term, if recorded."""
         current = self.owner(owner.pchannel)
@@ -250,22 +263,50 @@ class ClusterView:
         )
 
 
-class ChannelPool:
-    """One gRPC channel per node address, created on first use."""
+_STRICTNESS = (TLSMode.OFF, TLSMode.TLS, TLSMode.MUTUAL)
 
-    def __init__(self, max_message_bytes: int = 64 * 1024 * 1024) -> None:
+
+class ChannelPool:
+    """One gRPC channel per node address, created on first use: over TLS when
+    the node advertises it (``NodeInfo.tls``), with the client's ``tls``."""
+
+    def __init__(
+        self, max_message_bytes: int = 64 * 1024 * 1024, tls: ClientTLS | None = None
+    ) -> None:
         self._options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
+        self.tls = tls
+        self._credentials: grpc.ChannelCredentials | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.tls_mode: Callable[[str], TLSMode] = lambda address: TLSMode.OFF
+        """How the node at an address is reached (the client's view sets it)."""
 
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
+            channel = self._open(address)
             self._channels[address] = channel
         return channel
+
+    def _open(self, address: str) -> grpc.aio.Channel:
+        mode = self.tls_mode(address)
+        if mode is TLSMode.OFF:
+            return grpc.aio.insecure_channel(address, options=self._options)
+        if self.tls is None:
+            raise errors.InvalidArgument(
+                f"the node at {address} requires TLS: give the client a CA to trust "
+                f"(ClientOptions.tls, or {ENV_CA} for the CLI)"
+            )
+        if mode is TLSMode.MUTUAL and self.tls.cert is None:
+            raise errors.InvalidArgument(
+                f"the node at {address} requires a client certificate (mutual TLS): give the "
+                f"client one (ClientTLS.cert and .key, or {ENV_CERT} and {ENV_KEY})"
+            )
+        if self._credentials is None:
+            self._credentials = self.tls.credentials()
+        return grpc.aio.secure_channel(address, self._credentials, options=self._options)
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}

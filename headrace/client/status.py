@@ -96,6 +96,7 @@ async def status(
                 "draining": layout[n.node_id].draining,
                 "version": n.version,
                 "started_at": n.started_at,
+                "tls": n.tls.value,
             }
             for n in nodes
         ]

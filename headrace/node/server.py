@@ -35,6 +35,7 @@ import logging
 import signal
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -43,7 +44,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import headrace
 from headrace import errors, runtime
-from headrace.cluster import DEFAULT_CLUSTER, Keys, NodeInfo
+from headrace.cluster import DEFAULT_CLUSTER, Keys, NodeInfo, TLSMode
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, wait_any
 from headrace.metastore.contract import KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
@@ -51,6 +52,7 @@ from headrace.metastore.session import Session, start_exclusive
 from headrace.metrics import MetricsServer
 from headrace.metrics import serve as serve_metrics
 from headrace.node.assignments import Reactor
+from headrace.node.auth import AuthInterceptor, IdentitiesFile
 from headrace.node.collections import NodeCollections
 from headrace.node.housekeeping import Housekeeper
 from headrace.node.metrics import NodeMetrics
@@ -58,6 +60,7 @@ from headrace.node.services import ConsumerService, Limits, ManagerService, Prod
 from headrace.node.walmanager import WALManager
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
+from headrace.tls import ReloadingServerCredentials, ServerTLS
 from headrace.tso import MetastoreTSO, TimestampAllocator
 from headrace.wal import registry
 from headrace.wal.contract import Backend
@@ -90,6 +93,11 @@ class NodeConfig:
     metrics_listen: str = ""
     """host:port of the Prometheus endpoint (port 0: a free one); empty: no
     metrics are recorded or served."""
+    tls: ServerTLS | None = None
+    """Serve gRPC over TLS (mutual TLS with a client CA); None: plaintext."""
+    auth_file: Path | None = None
+    """Identities and roles (:mod:`headrace.node.auth`); None: no authorization.
+    Needs ``tls``: tokens never go in plaintext."""
 
     def __post_init__(self) -> None:
         if not self.node_id or "/" in self.node_id:
@@ -99,6 +107,11 @@ class NodeConfig:
             raise errors.InvalidArgument(f"listen address {self.listen!r} is not host:port")
         if self.session_ttl <= 0:
             raise errors.InvalidArgument(f"session ttl must be positive, got {self.session_ttl}")
+        if self.auth_file is not None and self.tls is None:
+            raise errors.InvalidArgument(
+                "an identities file needs TLS (--tls-cert/--tls-key): bearer tokens and "
+                "roles mean nothing over plaintext"
+            )
 
 
 REGISTRATION_MARGIN_S = 2.0
@@ -169,6 +182,8 @@ class StreamingNode:
         self.housekeeper: Housekeeper | None = None
         self.metrics: NodeMetrics | None = None
         self.metrics_server: MetricsServer | None = None
+        self.tls_credentials: ReloadingServerCredentials | None = None
+        self.auth: AuthInterceptor | None = None
 
     @property
     def metastore(self) -> Metastore:
@@ -243,12 +258,17 @@ class StreamingNode:
         assert self.manager is not None
         cfg = self.config
         limit = cfg.max_grpc_message_bytes
+        self.tls_credentials = ReloadingServerCredentials(cfg.tls) if cfg.tls is not None else None
+        self.auth = (
+            AuthInterceptor(IdentitiesFile(cfg.auth_file)) if cfg.auth_file is not None else None
+        )
         server = grpc.aio.server(
+            interceptors=[self.auth] if self.auth is not None else None,
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         self.producer_service = ProducerService(self.manager, cfg.limits, self.metrics)
         self.consumer_service = ConsumerService(self.manager, cfg.limits, self.metrics)
@@ -260,7 +280,10 @@ class StreamingNode:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
-            port = server.add_insecure_port(cfg.listen)
+            if self.tls_credentials is not None:
+                port = server.add_secure_port(cfg.listen, self.tls_credentials.credentials)
+            else:
+                port = server.add_insecure_port(cfg.listen)
         except RuntimeError as exc:
             raise errors.Unavailable(f"cannot listen on {cfg.listen}: {exc}") from None
         if not port:
@@ -294,6 +317,7 @@ class StreamingNode:
             address=self.address,
             started_at=time.time(),
             version=headrace.__version__,
+            tls=self.config.tls.mode if self.config.tls is not None else TLSMode.OFF,
         )
 
     def _session_lease(self) -> int:

@@ -244,6 +244,8 @@ ETCD_CLIENT_CN = "headrace"
 ETCD_EXPIRED_CLIENT = "expired-client"
 ETCD_STRANGER = "stranger"
 """A client identity signed by the other CA."""
+SERVER_NEXT = "server-next"
+"""A second serving identity from the same CA: what a rotation installs."""
 ETCD_NOBODY = "nobody"
 """A valid client identity whose common name is no etcd user."""
 
@@ -263,6 +265,13 @@ def write_etcd_pki(directory: Path) -> EtcdPki:
             "server": _issue(
                 ca,
                 _name("etcd"),
+                server=True,
+                dns_names=("localhost",),
+                ip_addresses=("127.0.0.1",),
+            ),
+            SERVER_NEXT: _issue(
+                ca,
+                _name("etcd-next"),
                 server=True,
                 dns_names=("localhost",),
                 ip_addresses=("127.0.0.1",),

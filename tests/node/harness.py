@@ -23,6 +23,7 @@ from headrace.metastore.contract import Compare, Metastore, Put
 from headrace.metastore.factory import open_metastore
 from headrace.node.server import NodeConfig, StreamingNode
 from headrace.node.services import Limits
+from headrace.tls import ServerTLS
 from headrace.wal.framework import WALOptions
 from headrace.wal.memory import MemoryBackend, MemoryStore
 
@@ -73,6 +74,8 @@ class Cluster:
         limits: Limits | None = None,
         session_ttl: float = 3.0,
         metrics_listen: str = "",
+        tls: ServerTLS | None = None,
+        auth_file: Path | None = None,
     ) -> StreamingNode:
         config = NodeConfig(
             node_id=node_id,
@@ -84,6 +87,8 @@ class Cluster:
             session_ttl=session_ttl,
             shutdown_grace=0.5,
             metrics_listen=metrics_listen,
+            tls=tls,
+            auth_file=auth_file,
         )
         node = StreamingNode(config, backend=MemoryBackend(self.store))
         await node.start()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from headrace import errors
-from headrace.bench.node import bench_metrics, bench_node
+from headrace.bench.node import bench_metrics, bench_node, bench_tls
 from headrace.bench.tailprobe import main as probe_main
 
 
@@ -41,3 +41,13 @@ async def test_the_metrics_benchmark_compares_fresh_nodes_and_checks_the_scrape(
     per_round = [round(b / a, 3) for a, b in zip(off, on, strict=True)]
     assert result["metrics_ratio_per_round"] == per_round
     assert result["metrics_ratio"] in per_round
+
+
+async def test_the_tls_benchmark_runs_plaintext_and_mutual_tls_nodes(tmp_path: Path) -> None:
+    result = await bench_tls(messages=1024, root=tmp_path, rounds=1, tail_seconds=1.0)
+    plain, tls = result["msgs_per_s_plaintext"], result["msgs_per_s_tls"]
+    assert len(plain) == len(tls) == 1 and plain[0] > 0 and tls[0] > 0
+    assert result["tls_ratio"] == round(tls[0] / plain[0], 3)
+    # The tail probe, a client process of its own, read over mutual TLS too.
+    assert result["tls_tail_samples"] == result["tls_tail_sent"] > 0
+    assert result["tls_tail_p99_ms"] > 0
