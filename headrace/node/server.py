@@ -45,11 +45,13 @@ import headrace
 from headrace import errors, runtime
 from headrace.cluster import DEFAULT_CLUSTER, Keys, NodeInfo
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, wait_any
+from headrace.message.formats import RELEASE_FORMATS, FormatSupport
 from headrace.metastore.contract import KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.metastore.session import Session, start_exclusive
 from headrace.node.assignments import Reactor
 from headrace.node.collections import NodeCollections
+from headrace.node.formats import WriteFormats
 from headrace.node.housekeeping import Housekeeper
 from headrace.node.services import ConsumerService, Limits, ManagerService, ProducerService
 from headrace.node.walmanager import WALManager
@@ -84,6 +86,9 @@ class NodeConfig:
     max_grpc_message_bytes: int = 64 * 1024 * 1024
     shutdown_grace: float = 2.0
     """Seconds open streams get to finish when the server stops."""
+    formats: FormatSupport = RELEASE_FORMATS
+    """The message formats this node reads and can write: its release's
+    (advertised in its NodeInfo; tests inject others)."""
 
     def __post_init__(self) -> None:
         if not self.node_id or "/" in self.node_id:
@@ -183,6 +188,7 @@ class StreamingNode:
                 self._tso,
                 cfg.wal_options,
                 collections=NodeCollections(self._metastore, self.keys, cfg.node_id),
+                formats=WriteFormats(self._metastore, self.keys, cfg.formats),
             )
             await self._serve()
             self.reactor = Reactor(
@@ -277,6 +283,8 @@ class StreamingNode:
             address=self.address,
             started_at=time.time(),
             version=headrace.__version__,
+            reads=tuple(sorted(self.config.formats.reads)),
+            writes=tuple(sorted(self.config.formats.writes)),
         )
 
     def _session_lease(self) -> int:
