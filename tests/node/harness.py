@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from headrace.cluster import NEW_CLUSTER_ROUTING, Assignment, AssignmentState, ClusterConfig, Keys
+from headrace.message.formats import RELEASE_FORMATS, FormatSupport
 from headrace.metastore.contract import Compare, Metastore, Put
 from headrace.metastore.factory import open_metastore
 from headrace.node.server import NodeConfig, StreamingNode
@@ -72,6 +73,7 @@ class Cluster:
         wal_options: WALOptions | None = None,
         limits: Limits | None = None,
         session_ttl: float = 3.0,
+        formats: FormatSupport = RELEASE_FORMATS,
     ) -> StreamingNode:
         config = NodeConfig(
             node_id=node_id,
@@ -82,6 +84,7 @@ class Cluster:
             limits=limits or Limits(),
             session_ttl=session_ttl,
             shutdown_grace=0.5,
+            formats=formats,
         )
         node = StreamingNode(config, backend=MemoryBackend(self.store))
         await node.start()
