@@ -6,8 +6,9 @@ cannot read a format already written in the log, and adds the format to the
 pchannel's :class:`~headrace.cluster.LogFormats` record when the log does not
 hold it yet. The record is written before any entry of that format, so it
 always covers the log (it may name a format a failed open never wrote: that
-errs on the safe side). It changes only when a log gets a new format: one
-read per open, one write per format per pchannel.
+errs on the safe side). It changes only when a log gets a new format: two
+reads per open (the cluster's format, the log's formats), one write per new
+format per pchannel.
 """
 
 from __future__ import annotations
