@@ -10,6 +10,8 @@ Everything a coordinator, a node and a client share goes through these keys
     <root>/coordinator/term          election term (monotonic)
     <root>/tso                       TSO window upper bound
     <root>/checkpoints/<pchannel>    recovery checkpoint of a pchannel, under its term
+    <root>/format                    ClusterFormat JSON: the message format nodes write
+    <root>/formats/<pchannel>        LogFormats JSON: message formats written in its log
 
 Assignment protocol (declarative: the coordinator writes, nodes react):
 
@@ -37,6 +39,7 @@ from typing import Self
 import pydantic
 
 from headrace import errors
+from headrace.message.formats import DEFAULT_FORMAT, FormatSupport, describe
 
 DEFAULT_CLUSTER = "default"
 
@@ -90,6 +93,54 @@ class NodeInfo(JsonRecord):
     version: str = ""
     tls: TLSMode = TLSMode.OFF
     """Whether the node's gRPC server needs TLS, and client certificates."""
+    reads: tuple[int, ...] = (DEFAULT_FORMAT,)
+    """Message formats the node's release reads (absent in records of releases
+    before formats were advertised: those read and wrote format 1 only)."""
+    writes: tuple[int, ...] = (DEFAULT_FORMAT,)
+    """Message formats the node's release can write."""
+
+    @pydantic.model_validator(mode="after")
+    def _consistent_formats(self) -> Self:
+        try:
+            FormatSupport.of(self.reads, self.writes)
+        except errors.InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        return self
+
+    @property
+    def formats(self) -> FormatSupport:
+        """What the node reads and writes."""
+        return FormatSupport.of(self.reads, self.writes)
+
+
+class ClusterFormat(JsonRecord):
+    """The message format version the cluster's nodes write (absent: 1)."""
+
+    version: int = pydantic.Field(default=DEFAULT_FORMAT, ge=1)
+    previous: int = 0
+    """The version before the last switch (0: never switched)."""
+    changed_at: float = 0.0
+    reason: str = ""
+    """Who switched it and why (``headrace format set``, an UpgradePlan)."""
+
+
+class LogFormats(JsonRecord):
+    """The message formats written in one pchannel's log (absent: format 1).
+
+    A node adds the format it is about to write before it writes anything in
+    it, so the record always covers the log; formats are only added."""
+
+    written: tuple[int, ...] = (DEFAULT_FORMAT,)
+
+    @property
+    def highest(self) -> int:
+        return max(self.written, default=DEFAULT_FORMAT)
+
+    def with_format(self, version: int) -> LogFormats:
+        return LogFormats(written=tuple(sorted({*self.written, version})))
+
+    def __str__(self) -> str:
+        return describe(self.written)
 
 
 class Assignment(JsonRecord):
@@ -105,6 +156,8 @@ class Assignment(JsonRecord):
     it. A node key carrying another lease is a restarted process that does not
     serve the pchannel, even if it re-registered before the old key expired."""
     updated_at: float = 0.0
+    reason: str = ""
+    """For UNAVAILABLE: why no node may take it (e.g. none reads its log's format)."""
 
 
 class Routing(enum.StrEnum):
@@ -181,6 +234,17 @@ class Keys:
 
     def checkpoint(self, pchannel: str) -> str:
         return f"{self.root}/checkpoints/{pchannel}"
+
+    @property
+    def format(self) -> str:
+        return f"{self.root}/format"
+
+    @property
+    def log_formats(self) -> str:
+        return f"{self.root}/formats/"
+
+    def log_format(self, pchannel: str) -> str:
+        return f"{self.log_formats}{pchannel}"
 
 
 def default_pchannels(count: int, prefix: str = "pchannel") -> list[str]:

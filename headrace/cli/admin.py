@@ -1,5 +1,5 @@
-"""``headrace status``, ``move``, ``drain``, ``undrain``, ``balancer``, ``wal dump``
-and ``wal repair``."""
+"""``headrace status``, ``move``, ``drain``, ``undrain``, ``balancer``, ``format``,
+``wal dump`` and ``wal repair``."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ async def status(args: argparse.Namespace) -> int:
         return 0
     print(
         f"cluster {args.cluster}: {len(report['nodes'])} node(s), "
-        f"{len(report['pchannels'])} pchannel(s), balancer {report['balancer']}"
+        f"{len(report['pchannels'])} pchannel(s), balancer {report['balancer']}, "
+        f"message format {report['message_format']}"
     )
     for node in report["nodes"]:
         node["state"] = _node_state(node)
@@ -48,6 +49,8 @@ async def status(args: argparse.Namespace) -> int:
     for row in report["pchannels"]:
         if row.get("wal_error"):
             print(f"{row['pchannel']}: {row['wal_error']}")
+        if row.get("reason"):
+            print(f"{row['pchannel']} waits: {row['reason']}")
     return 0
 
 
@@ -88,6 +91,19 @@ async def undrain(args: argparse.Namespace) -> int:
 async def balancer(args: argparse.Namespace) -> int:
     outcome = await client_api.set_balancer(
         args.metastore, suspended=args.action == "suspend", cluster=args.cluster
+    )
+    _report(args, outcome)
+    return 0
+
+
+async def format_show(args: argparse.Namespace) -> int:
+    _report(args, await client_api.message_formats(args.metastore, cluster=args.cluster))
+    return 0
+
+
+async def format_set(args: argparse.Namespace) -> int:
+    outcome = await client_api.set_message_format(
+        args.metastore, args.version, cluster=args.cluster
     )
     _report(args, outcome)
     return 0

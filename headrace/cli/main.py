@@ -72,6 +72,18 @@ def _add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     p.set_defaults(handler=admin.balancer)
 
+    p = sub.add_parser("format", help="the cluster's message format version")
+    format_sub = p.add_subparsers(dest="format_command", required=True)
+    f = format_sub.add_parser("show", help="the cluster's format and what each node reads/writes")
+    _add_metastore(f)
+    f.set_defaults(handler=admin.format_show)
+    f = format_sub.add_parser(
+        "set", help="switch the format nodes write (every node must read and write it)"
+    )
+    _add_metastore(f)
+    f.add_argument("version", type=int)
+    f.set_defaults(handler=admin.format_set)
+
 
 def build_parser() -> argparse.ArgumentParser:
     from headrace.cli import admin, bench, collection, data, run  # noqa: PLC0415 - light start

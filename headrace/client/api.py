@@ -28,7 +28,13 @@ from headrace.coordinator.control import (
     MoveSubmitted,
     move_progress,
 )
+from headrace.coordinator.formats import (
+    read_cluster_format,
+    registered_formats,
+    set_cluster_format,
+)
 from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot, wait_for
+from headrace.message.formats import common_writable
 from headrace.metastore.contract import Get, KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.table.collections import CollectionSpec
@@ -272,6 +278,42 @@ async def set_balancer(
     async with _cluster_store(metastore_url, cluster) as store:
         await ClusterAdmin(store, cluster).suspend_balance(suspended)
     return {"balancer": "suspended" if suspended else "active"}
+
+
+async def set_message_format(
+    metastore_url: str, version: int, *, cluster: str = DEFAULT_CLUSTER
+) -> dict[str, Any]:
+    """Switch the cluster's message format (``headrace format set``); refused
+    (InvalidArgument, saying why) unless every registered node reads and
+    writes ``version`` and it is not below the current one."""
+    async with _cluster_store(metastore_url, cluster) as store:
+        switch = await set_cluster_format(
+            store, Keys(cluster), version, reason="headrace format set"
+        )
+    return {
+        "message_format": switch.version,
+        "previous": switch.previous,
+        "changed": switch.changed,
+    }
+
+
+async def message_formats(metastore_url: str, cluster: str = DEFAULT_CLUSTER) -> dict[str, Any]:
+    """The cluster's message format and what each registered node reads and writes."""
+    async with _cluster_store(metastore_url, cluster) as store:
+        keys = Keys(cluster)
+        current = await read_cluster_format(store, keys)
+        nodes = await registered_formats(store, keys)
+    return {
+        "message_format": current.version,
+        "previous": current.previous,
+        "changed_at": current.changed_at,
+        "reason": current.reason,
+        "nodes": {
+            node: {"reads": sorted(s.reads), "writes": sorted(s.writes)}
+            for node, s in sorted(nodes.items())
+        },
+        "common_writable": common_writable(nodes),
+    }
 
 
 async def list_collections(

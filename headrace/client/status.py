@@ -7,7 +7,15 @@ from typing import TypeVar
 
 from headrace import errors
 from headrace.client.discovery import parse_record
-from headrace.cluster import DEFAULT_CLUSTER, Assignment, ClusterConfig, Keys, NodeInfo
+from headrace.cluster import (
+    DEFAULT_CLUSTER,
+    Assignment,
+    ClusterConfig,
+    ClusterFormat,
+    Keys,
+    LogFormats,
+    NodeInfo,
+)
 from headrace.coordinator import control as control_mod
 from headrace.coordinator.control import BalanceControl, ControlKeys, NodeControl
 from headrace.coordinator.status import layout_summary
@@ -47,6 +55,8 @@ async def status(
                         Get(control.requests, prefix=True),
                         Get(checkpoints_prefix(keys), prefix=True),
                         Get(retention_prefix(keys), prefix=True),
+                        Get(keys.format),
+                        Get(keys.log_formats, prefix=True),
                     ],
                 )
             finally:
@@ -55,7 +65,12 @@ async def status(
         raise errors.Unavailable(
             f"metastore {metastore_url} did not answer within {timeout:g}s"
         ) from None
-    config_kvs, node_kvs, pchannel_kvs, leader_kvs, request_kvs, cp_kvs, kept_kvs = result.gets
+    config_kvs, node_kvs, pchannel_kvs, leader_kvs, request_kvs, cp_kvs, kept_kvs = result.gets[:7]
+    format_kvs, log_format_kvs = result.gets[7:]
+    cluster_format = ClusterFormat.from_json(format_kvs[0].value) if format_kvs else ClusterFormat()
+    log_formats = {
+        kv.key[len(keys.log_formats) :]: LogFormats.from_json(kv.value) for kv in log_format_kvs
+    }
     config = parse_record(ClusterConfig, config_kvs[0].value) if config_kvs else None
     nodes = [parse_record(NodeInfo, kv.value) for kv in node_kvs]
     records = {a.pchannel: a for a in (parse_record(Assignment, kv.value) for kv in pchannel_kvs)}
@@ -77,6 +92,8 @@ async def status(
                 "address": record.address if record else "",
                 "term": record.term if record else 0,
                 "target": record.target if record else "",
+                "reason": record.reason if record else "",
+                "formats": list(log_formats.get(name, LogFormats()).written),
                 **_retention(checkpoints.get(name), kept.get(name)),
             }
         )
@@ -87,6 +104,12 @@ async def status(
         "wal_backend": config.wal_backend if config is not None else "",
         "coordinator": leader_kvs[0].value.decode(errors="replace") if leader_kvs else "",
         "balancer": "suspended" if balance is not None and balance.suspended else "active",
+        "message_format": cluster_format.version,
+        "message_format_changed": {
+            "previous": cluster_format.previous,
+            "at": cluster_format.changed_at,
+            "reason": cluster_format.reason,
+        },
         "nodes": [
             {
                 "node_id": n.node_id,
@@ -95,6 +118,8 @@ async def status(
                 "frozen": layout[n.node_id].frozen,
                 "draining": layout[n.node_id].draining,
                 "version": n.version,
+                "reads": list(n.reads),
+                "writes": list(n.writes),
                 "started_at": n.started_at,
                 "tls": n.tls.value,
             }
@@ -108,6 +133,8 @@ async def status(
                 "frozen": c.frozen or c.draining,
                 "draining": c.draining,
                 "version": "",
+                "reads": [],
+                "writes": [],
                 "started_at": 0.0,
             }
             for node_id, c in sorted(controls.items())

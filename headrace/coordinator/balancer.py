@@ -18,6 +18,7 @@ priority:
 Each move strictly lowers the tuple (pchannels on draining nodes, sum of
 squared counts on eligible nodes, collection concentration), so repeated
 rounds converge. Frozen nodes neither receive nor give (except by drain);
+a pchannel never goes to a node in its ``barred`` set;
 lagging or mid-transition pchannels never move but still count as load;
 pinned ones (placed by an operator's move request) move only when no other
 pchannel can restore fairness;
@@ -41,6 +42,8 @@ class Placement:
     ``lagging``: the owner is behind on it (never moved).
     ``pinned``: an operator placed it there; fairness moves pick other
     pchannels first and collection spreading leaves it alone (a drain moves it).
+    ``barred``: nodes that must never receive it (they cannot read its log or
+    write the cluster's message format, see :func:`headrace.coordinator.reconcile.ineligibility`).
     """
 
     owner: str
@@ -48,6 +51,7 @@ class Placement:
     lagging: bool = False
     collections: frozenset[str] = frozenset()
     pinned: bool = False
+    barred: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,6 +100,9 @@ class _Layout:
             if placement.owner == node and not placement.in_transition and not placement.lagging
         )
 
+    def may_take(self, pchannel: str, node: str) -> bool:
+        return node not in self.placements[pchannel].barred
+
     def collection_delta(self, pchannel: str, source: str, target: str) -> int:
         """Change of the collection concentration if ``pchannel`` moved."""
         collections = self.placements[pchannel].collections
@@ -137,8 +144,9 @@ def _drain_move(work: _Layout) -> Move | None:
         if not work.nodes[node].draining:
             continue
         for pchannel in work.movable_on(node):
+            takers = [n for n in work.eligible if work.may_take(pchannel, n)]
             target = choose_target(
-                work.counts, work.eligible, work.placements[pchannel].collections, work.spread
+                work.counts, takers, work.placements[pchannel].collections, work.spread
             )
             if target is not None:
                 return Move(pchannel, node, target)
@@ -153,7 +161,7 @@ def _count_move(work: _Layout) -> Move | None:
     for source in donors:
         if work.counts[source] - work.counts[low] < 2:
             break
-        candidates = work.movable_on(source)
+        candidates = [p for p in work.movable_on(source) if work.may_take(p, low)]
         if candidates:
             best = min(
                 candidates,
@@ -170,7 +178,7 @@ def _spread_move(work: _Layout) -> Move | None:
             if work.counts[source] - work.counts[target] != 1:
                 continue
             for pchannel in work.movable_on(source):
-                if work.placements[pchannel].pinned:
+                if work.placements[pchannel].pinned or not work.may_take(pchannel, target):
                     continue
                 delta = work.collection_delta(pchannel, source, target)
                 candidate = (delta, Move(pchannel, source, target))

@@ -182,7 +182,7 @@ class Coordinator:
         await self._ensure_config(leadership, stop)
         dirty = asyncio.Event()
         dirty.set()
-        prefixes = (self.keys.nodes, self.keys.pchannels, self.control.requests)
+        prefixes = (self.keys.nodes, self.keys.pchannels, self.control.requests, self.keys.format)
         failures: list[TaskFailure] = []
         broken = asyncio.Event()
 
@@ -299,7 +299,7 @@ class Coordinator:
             observed.next_balance = loop_now + self.config.balance_interval_s
         corrupt = set(snapshot.corrupt)
         view = View(
-            pchannels=tuple(p for p in self._pchannels if self.keys.pchannel(p) not in corrupt),
+            pchannels=self._decidable(corrupt),
             assignments=snapshot.assignments,
             nodes=snapshot.live_nodes(observed.session_revisions(snapshot)),
             ages=ages,
@@ -313,11 +313,26 @@ class Coordinator:
             pinned=frozenset(observed.pinned),
             collections={name: frozenset(s.collections) for name, s in snapshot.statuses.items()},
             suspended=snapshot.balance.suspended,
+            cluster_format=snapshot.cluster_format.version,
+            log_formats={name: frozenset(f.written) for name, f in snapshot.log_formats.items()},
         )
         plan = reconcile(view, time.time(), self.policy, rebalance=rebalance)
         await self._apply(plan, snapshot, leadership)
         self.passes += 1
         return plan
+
+    def _decidable(self, corrupt: set[str]) -> tuple[str, ...]:
+        """pchannels whose records parse: none while the cluster's format
+        record is malformed (nobody knows which nodes may write), else those
+        whose assignment and log formats records are not malformed."""
+        if self.keys.format in corrupt:
+            return ()
+        keys = self.keys
+        return tuple(
+            p
+            for p in self._pchannels
+            if keys.pchannel(p) not in corrupt and keys.log_format(p) not in corrupt
+        )
 
     async def _apply(self, plan: Plan, snapshot: ClusterSnapshot, leadership: Leadership) -> None:
         for decision in plan.decisions:

@@ -17,6 +17,12 @@ race simply shows up in the next pass. Per pchannel, in order:
   ASSIGNING(term + 1) on another node when there is one.
 * ASSIGNED with a pending move request: UNASSIGNING(target).
 
+A node may receive a pchannel only when :func:`ineligibility` finds no reason
+against it: not frozen, not draining, able to read every message format
+written in the pchannel's log and to write the cluster's format. Assignment,
+failover, retries, requested moves and the balancer's targets all go through
+it; with no node left, the record says UNAVAILABLE with the reasons.
+
 Then balancer moves (see :mod:`headrace.coordinator.balancer`) start further
 UNASSIGNING transitions: the full plan when ``rebalance`` is set and balancing
 is not suspended, drain moves only otherwise.
@@ -30,6 +36,10 @@ from collections.abc import Mapping
 
 from headrace.cluster import ACTIVE_STATES, Assignment, AssignmentState, NodeInfo
 from headrace.coordinator import balancer, state
+from headrace.message.formats import DEFAULT_FORMAT, placement_refusal
+
+LEGACY_LOG = frozenset({DEFAULT_FORMAT})
+"""The formats of a log without a formats record: written before they were recorded."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +78,35 @@ class View:
     """pchannels an operator's move request placed (the balancer prefers others)."""
     collections: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
     suspended: bool = False
+    cluster_format: int = DEFAULT_FORMAT
+    """The message format nodes write (the cluster's format record)."""
+    log_formats: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)
+    """pchannel -> formats written in its log (absent: :data:`LEGACY_LOG`)."""
+
+    def written(self, pchannel: str) -> frozenset[int]:
+        return self.log_formats.get(pchannel, LEGACY_LOG)
+
+
+def ineligibility(node: LiveNode, written: frozenset[int], cluster_format: int) -> str:
+    """Why ``node`` must not receive a pchannel whose log holds the message
+    formats ``written`` in a cluster writing ``cluster_format``; empty when it may."""
+    if node.draining:
+        return "draining"
+    if node.frozen:
+        return "frozen"
+    return placement_refusal(node.info.formats, written, cluster_format)
+
+
+def why_unplaceable(view: View, pchannel: str) -> str:
+    """Why no live node may receive ``pchannel`` (for the UNAVAILABLE record)."""
+    if not view.nodes:
+        return "no eligible node: no node is alive"
+    written = view.written(pchannel)
+    reasons = [
+        f"{name}: {ineligibility(view.nodes[name], written, view.cluster_format)}"
+        for name in sorted(view.nodes)
+    ]
+    return "no eligible node: " + "; ".join(reasons)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,6 +141,14 @@ class _Planner:
         for name in view.pchannels:
             self._count(name, state.destination(self.records.get(name)), 1)
         self.eligible = sorted(n for n, live in view.nodes.items() if live.eligible)
+        self.barred: dict[str, frozenset[str]] = {
+            name: frozenset(
+                node
+                for node, live in view.nodes.items()
+                if live.eligible and ineligibility(live, view.written(name), view.cluster_format)
+            )
+            for name in view.pchannels
+        }
         self.decisions: list[Decision] = []
         self.dropped: list[str] = []
 
@@ -111,12 +158,17 @@ class _Planner:
             for name in self.view.collections.get(pchannel, frozenset()):
                 self.spread[node][name] += sign
 
+    def may_take(self, pchannel: str, node: str) -> bool:
+        """``node`` may receive ``pchannel`` (:func:`ineligibility` says nothing)."""
+        return node in self.eligible and node not in self.barred.get(pchannel, frozenset())
+
     def pick(self, pchannel: str, prefer: str, exclude: str) -> NodeInfo | None:
-        if prefer and prefer != exclude and prefer in self.eligible:
+        if prefer and prefer != exclude and self.may_take(pchannel, prefer):
             return self.view.nodes[prefer].info
         wanted = self.view.collections.get(pchannel, frozenset())
-        others = [node for node in self.eligible if node != exclude]
-        chosen = balancer.choose_target(self.loads, others or self.eligible, wanted, self.spread)
+        takers = [node for node in self.eligible if self.may_take(pchannel, node)]
+        others = [node for node in takers if node != exclude]
+        chosen = balancer.choose_target(self.loads, others or takers, wanted, self.spread)
         return None if chosen is None else self.view.nodes[chosen].info
 
     def decide(self, record: Assignment, reason: str, request: str = "") -> None:
@@ -133,10 +185,12 @@ class _Planner:
         if node is not None:
             assigning = state.assign(move.pchannel, record, node, now)
             self.decide(assigning, move.reason, move.request)
-        elif move.may_give_up and (
-            record is None or record.state is not AssignmentState.UNAVAILABLE
-        ):
-            self.decide(state.unavailable(move.pchannel, record, now), "no eligible node")
+        elif move.may_give_up:
+            why = why_unplaceable(self.view, move.pchannel)
+            if record is None or record.state is not AssignmentState.UNAVAILABLE:
+                self.decide(state.unavailable(move.pchannel, record, now, why), why)
+            elif record.reason != why:
+                self.decide(state.unavailable(move.pchannel, record, record.updated_at, why), why)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,7 +207,7 @@ class _Placing:
 
 def _request_for(planner: _Planner, name: str) -> str:
     target = planner.view.move_requests.get(name, "")
-    if target and target not in planner.eligible:
+    if target and not planner.may_take(name, target):
         planner.dropped.append(name)
         return ""
     return target
@@ -220,6 +274,7 @@ def _placements(planner: _Planner) -> dict[str, balancer.Placement]:
             lagging=name in view.lagging,
             pinned=name in view.pinned,
             collections=view.collections.get(name, frozenset()),
+            barred=planner.barred.get(name, frozenset()),
         )
     return layout
 

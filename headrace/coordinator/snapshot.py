@@ -17,7 +17,15 @@ from typing import TypeVar
 import pydantic
 
 from headrace import errors
-from headrace.cluster import DEFAULT_CLUSTER, Assignment, ClusterConfig, Keys, NodeInfo
+from headrace.cluster import (
+    DEFAULT_CLUSTER,
+    Assignment,
+    ClusterConfig,
+    ClusterFormat,
+    Keys,
+    LogFormats,
+    NodeInfo,
+)
 from headrace.coordinator.control import (
     BalanceControl,
     ControlKeys,
@@ -49,6 +57,9 @@ class ClusterSnapshot:
     node_controls: dict[str, NodeControl] = dataclasses.field(default_factory=dict)
     balance: BalanceControl = dataclasses.field(default_factory=BalanceControl)
     statuses: dict[str, PChannelStatus] = dataclasses.field(default_factory=dict)
+    cluster_format: ClusterFormat = dataclasses.field(default_factory=ClusterFormat)
+    log_formats: dict[str, LogFormats] = dataclasses.field(default_factory=dict)
+    """pchannel -> the formats written in its log (absent: format 1 only)."""
     corrupt: tuple[str, ...] = ()
 
     @property
@@ -130,6 +141,8 @@ async def read_snapshot(metastore: Metastore, keys: Keys) -> ClusterSnapshot:
     requests = await metastore.get_prefix(control.requests)
     balance_kv = next((kv for kv in requests if kv.key == control.balance), None)
     statuses = await metastore.get_prefix(control.statuses)
+    cluster_format = reader.one(await metastore.get(keys.format), ClusterFormat)
+    log_formats = await metastore.get_prefix(keys.log_formats)
     return ClusterSnapshot(
         config=config,
         nodes=nodes,
@@ -138,6 +151,8 @@ async def read_snapshot(metastore: Metastore, keys: Keys) -> ClusterSnapshot:
         node_controls=reader.under(requests, control.node_controls, NodeControl),
         balance=reader.one(balance_kv, BalanceControl) or BalanceControl(),
         statuses=reader.under(statuses, control.statuses, PChannelStatus),
+        cluster_format=cluster_format or ClusterFormat(),
+        log_formats=reader.under(log_formats, keys.log_formats, LogFormats),
         revisions=reader.revisions,
         sessions={node: sessions[node] for node in nodes},
         corrupt=tuple(reader.corrupt),

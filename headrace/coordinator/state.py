@@ -64,14 +64,17 @@ def assign(pchannel: str, record: Assignment | None, node: NodeInfo, now: float)
     )
 
 
-def unavailable(pchannel: str, record: Assignment | None, now: float) -> Assignment:
-    """Nobody can take the pchannel now; the term is kept (the next assignment
-    takes ``term + 1``)."""
+def unavailable(
+    pchannel: str, record: Assignment | None, now: float, reason: str = ""
+) -> Assignment:
+    """Nobody can take the pchannel now (``reason`` says why); the term is kept
+    (the next assignment takes ``term + 1``)."""
     return Assignment(
         pchannel=pchannel,
         state=AssignmentState.UNAVAILABLE,
         term=current_term(record),
         updated_at=now,
+        reason=reason,
     )
 
 

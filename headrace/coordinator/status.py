@@ -29,6 +29,8 @@ class PChannelSummary:
     term: int
     target: str
     node_alive: bool
+    reason: str = ""
+    """Why it waits (an UNAVAILABLE record's reason: no eligible node, and why)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,6 +65,8 @@ class LayoutSummary:
                 f"{item.pchannel} {item.state} node={item.node or '-'} term={item.term}"
                 f"{extra}{gone}"
             )
+            if item.reason:
+                out.append(f"  {item.pchannel} waits: {item.reason}")
         return out
 
 
@@ -100,6 +104,7 @@ def layout_summary(
             term=record.term,
             target=record.target if record.state is AssignmentState.UNASSIGNING else "",
             node_alive=record.node in live,
+            reason=record.reason if record.state is AssignmentState.UNAVAILABLE else "",
         )
         for record in records
     )

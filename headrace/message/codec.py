@@ -1,5 +1,9 @@
 """Binary message envelope, format version 1.
 
+The formats this release reads and writes are declared in
+:mod:`headrace.message.formats` (:data:`~headrace.message.formats.RELEASE_FORMATS`);
+which one a WAL writes is the cluster's choice, passed to :func:`encode`.
+
 Layout (little endian)::
 
     0   2  magic  b"HM"
@@ -31,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from headrace import errors
+from headrace.message.formats import RELEASE_FORMATS, describe
 from headrace.message.ids import MessageID
 from headrace.message.types import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -43,6 +48,9 @@ from headrace.message.types import (
 
 MAGIC = b"HM"
 FORMAT_VERSION = 1
+"""The layout this module encodes (the only one it knows today)."""
+_READS = RELEASE_FORMATS.reads
+_WRITES = RELEASE_FORMATS.writes
 _HEADER = struct.Struct("<2sBBBBHQQII")
 HEADER_SIZE = _HEADER.size  # 32
 _CRC = struct.Struct("<I")
@@ -119,12 +127,18 @@ def _encode_properties(props: Mapping[str, str]) -> bytes:
     return b"".join(parts)
 
 
-def encode(msg: Message, max_size: int = DEFAULT_MAX_MESSAGE_BYTES) -> bytes:
-    """Encode ``msg``; raise MessageTooLarge before building anything oversized.
+def encode(
+    msg: Message, max_size: int = DEFAULT_MAX_MESSAGE_BYTES, format_version: int = FORMAT_VERSION
+) -> bytes:
+    """Encode ``msg`` in ``format_version``; raise MessageTooLarge before
+    building anything oversized.
 
     Values that do not fit the format (text that is not UTF-8 encodable,
-    numbers outside 0..2**64-1) raise InvalidArgument.
+    numbers outside 0..2**64-1) raise InvalidArgument, and so does a format
+    this release cannot write.
     """
+    if format_version not in _WRITES:
+        raise errors.InvalidArgument(_unwritable(format_version))
     try:
         return _encode(msg, max_size)
     except UnicodeError as exc:
@@ -173,6 +187,13 @@ def _encode(msg: Message, max_size: int) -> bytes:
     return b"".join((prefix, payload, _CRC.pack(crc)))
 
 
+def _unwritable(format_version: int) -> str:
+    return (
+        f"cannot encode message format version {format_version} "
+        f"(this release writes {describe(_WRITES)})"
+    )
+
+
 def _too_large(size: int, payload: int, max_size: int) -> errors.MessageTooLarge:
     return errors.MessageTooLarge(
         f"message of {size} bytes (payload {payload}) exceeds the "
@@ -186,9 +207,10 @@ def _check_header(data: bytes | memoryview) -> tuple[int, int, int, int, int, in
     magic, version, tcode, flags, _res, vlen, tt, term, plen, rlen = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise errors.CorruptData(f"bad message magic {bytes(magic)!r}; not a Headrace message")
-    if version != FORMAT_VERSION:
+    if version not in _READS:
         raise errors.CorruptData(
-            f"unsupported message format version {version} (this build reads {FORMAT_VERSION})"
+            f"unsupported message format version {version} "
+            f"(this release reads {describe(_READS)}): written by a newer release?"
         )
     if tcode not in _KNOWN_TYPES:
         raise errors.CorruptData(f"unknown message type code {tcode}")

@@ -46,6 +46,7 @@ import headrace
 from headrace import errors, runtime
 from headrace.cluster import DEFAULT_CLUSTER, Keys, NodeInfo, TLSMode
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, wait_any
+from headrace.message.formats import RELEASE_FORMATS, FormatSupport
 from headrace.metastore.contract import KeyValue, Metastore
 from headrace.metastore.factory import open_metastore
 from headrace.metastore.session import Session, start_exclusive
@@ -54,6 +55,7 @@ from headrace.metrics import serve as serve_metrics
 from headrace.node.assignments import Reactor
 from headrace.node.auth import AuthInterceptor, IdentitiesFile
 from headrace.node.collections import NodeCollections
+from headrace.node.formats import WriteFormats
 from headrace.node.housekeeping import Housekeeper
 from headrace.node.metrics import NodeMetrics
 from headrace.node.services import ConsumerService, Limits, ManagerService, ProducerService
@@ -98,6 +100,9 @@ class NodeConfig:
     auth_file: Path | None = None
     """Identities and roles (:mod:`headrace.node.auth`); None: no authorization.
     Needs ``tls``: tokens never go in plaintext."""
+    formats: FormatSupport = RELEASE_FORMATS
+    """The message formats this node reads and can write: its release's
+    (advertised in its NodeInfo; tests inject others)."""
 
     def __post_init__(self) -> None:
         if not self.node_id or "/" in self.node_id:
@@ -206,6 +211,7 @@ class StreamingNode:
                 self._tso,
                 cfg.wal_options,
                 collections=NodeCollections(self._metastore, self.keys, cfg.node_id),
+                formats=WriteFormats(self._metastore, self.keys, cfg.formats),
             )
             if cfg.metrics_listen:
                 self.metrics = NodeMetrics()
@@ -318,6 +324,8 @@ class StreamingNode:
             started_at=time.time(),
             version=headrace.__version__,
             tls=self.config.tls.mode if self.config.tls is not None else TLSMode.OFF,
+            reads=tuple(sorted(self.config.formats.reads)),
+            writes=tuple(sorted(self.config.formats.writes)),
         )
 
     def _session_lease(self) -> int:

@@ -33,6 +33,7 @@ from typing import Protocol
 from headrace import errors, logs
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig
 from headrace.node.errors import NotOwnerAt
+from headrace.node.formats import WriteFormats
 from headrace.tso import TimestampAllocator
 from headrace.wal.api import WALState
 from headrace.wal.contract import Backend, where
@@ -160,8 +161,12 @@ class WALManager:
         open_timeout_s: float | None = None,
         damage_retry: DamageRetry = DamageRetry(),
         collections: CollectionHooks | None = None,
+        formats: WriteFormats | None = None,
     ) -> None:
         self.node_id = node_id
+        self.formats = formats
+        """Checks and records the message format of each WAL before it opens
+        (None: the options' format, unchecked; for WALs without a metastore)."""
         self.collections = collections
         """Given to every WAL it opens (collection lookups, checkpoints, seal records)."""
         self.backend = backend
@@ -312,7 +317,7 @@ class WALManager:
                 if known is not None:
                     return self._hold_damaged(pchannel, term, known)
             try:
-                wal = await self._open_bounded(pchannel, term)
+                wal = await self._open_bounded(pchannel, term, await self._write_format(pchannel))
             except errors.Fenced:
                 self._failures.pop(pchannel, None)
                 raise
@@ -356,15 +361,24 @@ class WALManager:
         )
         return wal
 
-    async def _open_bounded(self, pchannel: str, term: int) -> WAL:
-        """WAL.open (bounded by the options' open timeout); every failure a Headrace error."""
+    async def _write_format(self, pchannel: str) -> int:
+        if self.formats is None:
+            return self.options.message_format
+        return await self.formats.prepare(self.node_id, pchannel)
+
+    async def _open_bounded(self, pchannel: str, term: int, message_format: int) -> WAL:
+        """WAL.open (bounded by the options' open timeout) writing ``message_format``;
+        every failure a Headrace error."""
+        options = self.options
+        if options.message_format != message_format:
+            options = dataclasses.replace(options, message_format=message_format)
         try:
             return await WAL.open(
                 self.backend,
                 pchannel,
                 term,
                 tso=self.tso,
-                options=self.options,
+                options=options,
                 collections=self.collections,
             )
         except errors.HeadraceError:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from headrace import errors
 from headrace.message import codec
+from headrace.message.formats import RELEASE_FORMATS, write_refusal
 from headrace.message.ids import MessageID
 from headrace.message.types import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -90,6 +91,10 @@ class WALOptions:
     None: see :func:`open_timeout`."""
     segments: SegmentPolicy = dataclasses.field(default_factory=SegmentPolicy)
     """When growing segments of collections are sealed."""
+    message_format: int = codec.FORMAT_VERSION
+    """The message format the WAL writes: the cluster's format version, which
+    a node checks it can write before it opens the WAL
+    (:mod:`headrace.message.formats`)."""
 
     def __post_init__(self) -> None:
         minimums: dict[str, float] = {
@@ -101,6 +106,10 @@ class WALOptions:
             "max_open_txns": 1,
             "read_batch": 1,
         }
+        if self.message_format not in RELEASE_FORMATS.writes:
+            raise errors.InvalidArgument(
+                f"WAL option message_format: {write_refusal(RELEASE_FORMATS, self.message_format)}"
+            )
         for name, least in minimums.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -223,6 +232,7 @@ class WAL:
                 options.max_message_bytes,
                 self._tick_properties,
                 self._last_record,
+                options.message_format,
             ),
             writer,
             tso,

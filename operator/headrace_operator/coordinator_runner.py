@@ -25,6 +25,7 @@ from headrace import errors
 from headrace.cluster import Keys
 from headrace.coordinator import ClusterAdmin, Coordinator, CoordinatorConfig, read_snapshot
 from headrace.coordinator.election import current_leader
+from headrace.coordinator.formats import FormatSwitch, set_cluster_format
 from headrace.coordinator.snapshot import ClusterSnapshot
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
@@ -99,6 +100,9 @@ class MetastoreControl:
 
     async def move(self, pchannel: str, node: str) -> None:
         await self.admin.request_move(pchannel, node)
+
+    async def set_format(self, version: int, reason: str) -> FormatSwitch:
+        return await set_cluster_format(self.metastore, self.keys, version, reason=reason)
 
     def coordinator_error(self) -> str:
         return "" if self.runner is None else self.runner.error

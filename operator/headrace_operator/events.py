@@ -47,6 +47,7 @@ class Reason(enum.StrEnum):
     UPGRADE_BLOCKED = "UpgradeBlocked"
     UPGRADE_SUCCEEDED = "UpgradeSucceeded"
     UPGRADE_ROLLED_BACK = "UpgradeRolledBack"
+    UPGRADE_FORMAT_SWITCHED = "UpgradeFormatSwitched"
 
 
 def involved_ref(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from headrace.coordinator.formats import FormatSwitch
 from headrace.coordinator.snapshot import ClusterSnapshot
 from headrace_operator.models import StreamingClusterSpec
 
@@ -69,6 +70,10 @@ class ClusterControl(Protocol):
     async def undrain(self, node: str) -> None: ...
 
     async def move(self, pchannel: str, node: str) -> None: ...
+
+    async def set_format(self, version: int, reason: str) -> FormatSwitch:
+        """Switch the cluster's message format (refused, InvalidArgument, unless
+        every registered node reads and writes it)."""
 
     def coordinator_error(self) -> str:
         """Why the in-process coordinator cannot run ("" when it can)."""

@@ -559,6 +559,24 @@ class NodeProgress(_Model):
     error: str = ""
 
 
+class UpgradeFormats(_Model):
+    """The message formats around an upgrade (see docs/upgrade.md)."""
+
+    cluster: int = pydantic.Field(
+        default=0, ge=0, description="The cluster's message format version, as last observed."
+    )
+    source_reads: list[int] = pydantic.Field(
+        default_factory=list,
+        description="Formats the release the plan started from reads (a rollback needs them).",
+        json_schema_extra={"maxItems": 64},
+    )
+    switched_from: int = pydantic.Field(default=0, ge=0)
+    switched_to: int = pydantic.Field(
+        default=0, ge=0, description="The format the plan's last step switched to (0: none)."
+    )
+    switched_at: str = pydantic.Field(default="", description="When it switched (RFC 3339).")
+
+
 class UpgradePlanStatus(_Model):
     phase: Literal[
         "",
@@ -580,6 +598,7 @@ class UpgradePlanStatus(_Model):
     )
     current_node: str = ""
     observed_generation: int = 0
+    formats: UpgradeFormats | None = None
     conditions: list[Condition] = pydantic.Field(
         default_factory=list, json_schema_extra=_CONDITIONS_EXTRA
     )

@@ -20,10 +20,19 @@ never restarted again.
 
 Order: spec, finished gate, cluster, one active plan per cluster, observation
 (pods and metastore), plan (a dry run stops here), pause gate, mode gate,
-target (the plan's image, or with ``rollback`` the cluster's), progress (finish,
-wait, or start the next nodes after the safety gates; a node not on the target
-that is not Ready and holds nothing goes first, which is how a rollback gets
-past an image that never becomes Ready).
+target (the plan's image, or with ``rollback`` the cluster's), message formats
+(what the release the plan started from reads; a rollback to it is Blocked once
+the cluster writes a format it cannot read), progress (finish, wait, or start
+the next nodes after the safety gates; a node not on the target that is not
+Ready and holds nothing goes first, which is how a rollback gets past an image
+that never becomes Ready).
+
+Finishing takes two passes when the target release writes a newer message
+format than the cluster's: once every node runs the target, the plan switches
+the cluster's format version in the metastore (the last step, recorded in
+``status.formats``), then writes the target into the cluster's spec. Until
+that switch no node writes the new format, so a rollback is always possible
+before it.
 """
 
 from __future__ import annotations
@@ -41,13 +50,14 @@ from headrace_operator import builders, models
 from headrace_operator.builders import ClusterRef, NodeTarget
 from headrace_operator.errors import InvalidSpec
 from headrace_operator.events import Reason
-from headrace_operator.interfaces import EventSink, KubeApi
+from headrace_operator.interfaces import ClusterControl, EventSink, KubeApi
 from headrace_operator.models import (
     Condition,
     NodeProgress,
     PlannedStep,
     StreamingClusterSpec,
     UpgradeConditionType,
+    UpgradeFormats,
     UpgradeMode,
     UpgradePhase,
     UpgradePlanSpec,
@@ -73,14 +83,17 @@ from headrace_operator.upgradeplan import (
     cluster_missing,
     competing_plan,
     drain_overdue,
+    format_to_switch,
     node_step,
     nothing_to_upgrade,
     offline_plan,
     other_nodes_draining,
     pchannels_not_serving,
     plan_paused,
+    rollback_refusal,
     rolling_plan,
     settling,
+    source_reads,
     stuck_nodes,
     version_mismatch,
 )
@@ -195,6 +208,9 @@ class UpgradePass:
     plan: list[PlannedStep] = dataclasses.field(default_factory=list)
     progress: dict[str, NodeProgress] = dataclasses.field(default_factory=dict)
     succeeded: bool = False
+    control: ClusterControl | None = None
+    formats: UpgradeFormats | None = None
+    """The message formats around this upgrade (observed, and the switch)."""
 
     @property
     def name(self) -> str:
@@ -324,6 +340,7 @@ async def observe(p: UpgradePass) -> StepResult:
     control = await p.connect(ref, cluster_spec)
     if control is None:
         return waiting_on("connecting to the cluster's metastore")
+    p.control = control
     try:
         p.snapshot = await control.snapshot()
         leader = await control.leader()
@@ -332,6 +349,31 @@ async def observe(p: UpgradePass) -> StepResult:
     pods = await p.kube.list("v1", "Pod", p.namespace, builders.selector_labels(ref.name))
     p.view = cluster_view(ref.name, cluster_spec.nodes, pods, p.snapshot, leader)
     return DONE
+
+
+def _previous_formats(p: UpgradePass) -> UpgradeFormats:
+    recorded = p.previous.get("formats")
+    return UpgradeFormats.model_validate(recorded) if recorded else UpgradeFormats()
+
+
+async def check_formats(p: UpgradePass) -> StepResult:
+    """Record the cluster's format and what the release the plan started from
+    reads; refuse a rollback to it once the cluster writes a format it cannot
+    read (after the plan's last step switched it)."""
+    snapshot, view, cluster_spec = p.snapshot, p.view, p.cluster_spec
+    if snapshot is None or view is None or cluster_spec is None:
+        return DONE
+    before = _previous_formats(p)
+    supports = {name: info.formats for name, info in snapshot.nodes.items()}
+    images = {node.name: node.image for node in view.nodes}
+    reads = source_reads(supports, images, cluster_spec.image, before.source_reads)
+    cluster = snapshot.cluster_format.version
+    p.formats = before.model_copy(update={"cluster": cluster, "source_reads": sorted(reads)})
+    if not p.rolling_back:
+        return DONE
+    written = {cluster}.union(*(f.written for f in snapshot.log_formats.values()))
+    refusal = rollback_refusal(written, reads, cluster_spec.image)
+    return halted(Halt.BLOCKED, refusal) if refusal else DONE
 
 
 async def make_plan(p: UpgradePass) -> StepResult:
@@ -523,10 +565,47 @@ async def _start(p: UpgradePass, nodes: Sequence[str]) -> StepResult:
     return waiting_on(*(f"node {node}: {NodeStep.DRAINING.value}" for node in nodes))
 
 
+async def _switch_format(p: UpgradePass) -> StepResult | None:
+    """The plan's last step: when every node runs the target and its release
+    writes a newer message format than the cluster's, switch the cluster's
+    format (recorded in ``status.formats``); None when there is nothing to switch."""
+    snapshot, control = p.snapshot, p.control
+    if p.rolling_back or snapshot is None or control is None:
+        return None
+    supports = {name: info.formats for name, info in snapshot.nodes.items()}
+    current = snapshot.cluster_format.version
+    version = format_to_switch(supports, current)
+    if not version:
+        return None
+    try:
+        switch = await control.set_format(version, reason=f"UpgradePlan {p.namespace}/{p.name}")
+    except errors.InvalidArgument as exc:
+        return halted(Halt.BLOCKED, exc.message)
+    formats = p.formats or UpgradeFormats()
+    p.formats = formats.model_copy(
+        update={
+            "cluster": switch.version,
+            "switched_from": switch.previous,
+            "switched_to": switch.version,
+            "switched_at": timestamp(p.now),
+        }
+    )
+    await p.event(
+        Reason.UPGRADE_FORMAT_SWITCHED,
+        f"every node of {p.cluster_ref().name} runs {p.need_target().image}: the cluster "
+        f"writes message format {switch.version} (was {switch.previous})",
+    )
+    return waiting_on(f"switched the message format from {switch.previous} to {switch.version}")
+
+
 async def _finish(p: UpgradePass) -> StepResult:
-    """Every node runs the target: write it into the cluster's spec (the nodes
-    keep their template hash, see :func:`.builders.node_spec`) and drop the
-    per-node targets."""
+    """Every node runs the target: switch the message format if the target
+    writes a newer one (:func:`_switch_format`, a pass of its own), then write
+    the target into the cluster's spec (the nodes keep their template hash,
+    see :func:`.builders.node_spec`) and drop the per-node targets."""
+    switched = await _switch_format(p)
+    if switched is not None:
+        return switched
     target = p.need_target()
     ref = p.cluster_ref()
     cluster_spec = p.cluster_spec
@@ -557,6 +636,7 @@ UPGRADE_STEPS: Sequence[tuple[str, UpgradeStep]] = (
     ("one-plan-per-cluster", check_competing),
     ("target", choose_target),
     ("observe", observe),
+    ("formats", check_formats),
     ("plan", make_plan),
     ("pause", check_paused),
     ("mode", check_mode),
@@ -630,6 +710,7 @@ def upgrade_status(p: UpgradePass, result: PassResult) -> dict[str, Any]:
         nodes=nodes,
         current_node=current[0] if current else "",
         observed_generation=p.generation,
+        formats=p.formats or (_previous_formats(p) if p.previous.get("formats") else None),
         conditions=_conditions(phase, message, p),
     )
     return status.to_api()

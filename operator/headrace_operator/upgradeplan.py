@@ -16,6 +16,12 @@ plan may go ahead): :func:`cluster_missing`, :func:`competing_plan`,
 :func:`other_nodes_draining`, :func:`drain_overdue`, :func:`version_mismatch`;
 :func:`settling` says when a failing gate is only the cluster settling after a
 node came back. :func:`node_step` says where one node is in its upgrade.
+
+Message formats (:mod:`headrace.message.formats`): :func:`format_to_switch` is
+the format the plan's last step switches the cluster to once every node runs
+the target (0: none newer); :func:`source_reads` what the release the plan
+started from reads; :func:`rollback_refusal` why a rollback to it is refused
+once the cluster writes a format it cannot read.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import datetime
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 
+from headrace.message.formats import DEFAULT_FORMAT, FormatSupport, common_writable, describe
 from headrace_operator.models import PlannedMove, PlannedStep
 
 
@@ -258,3 +265,41 @@ def node_step(
     if not told:
         return NodeStep.PENDING
     return NodeStep.DRAINING if holding > 0 else NodeStep.RESTARTING
+
+
+def format_to_switch(nodes: Mapping[str, FormatSupport], current: int) -> int:
+    """The format every registered node reads and writes, when newer than the
+    cluster's ``current``: what the plan's last step switches to; 0 when the
+    target release writes nothing newer (or no node is registered)."""
+    best = common_writable(nodes)
+    return best if best > current else 0
+
+
+def source_reads(
+    nodes: Mapping[str, FormatSupport],
+    images: Mapping[str, str],
+    source_image: str,
+    recorded: Iterable[int] = (),
+) -> frozenset[int]:
+    """The formats the release the plan started from (``source_image``) reads:
+    common to the registered nodes running it; else what the status recorded
+    while some did; else format 1 (every release before formats were
+    advertised read only that)."""
+    sources = [support.reads for node, support in nodes.items() if images.get(node) == source_image]
+    if sources:
+        return frozenset.intersection(*sources)
+    return frozenset(recorded) or frozenset({DEFAULT_FORMAT})
+
+
+def rollback_refusal(written: Iterable[int], reads: Iterable[int], image: str) -> str:
+    """Why rolling back to ``image``, whose release reads ``reads``, is refused
+    while the cluster's logs may hold the formats ``written`` ("" when it may)."""
+    unreadable = set(written) - set(reads)
+    if not unreadable:
+        return ""
+    return (
+        f"rollback to {image} refused: the cluster writes message format "
+        f"{describe(unreadable)} since the format switch, and the release of {image} reads "
+        f"only {describe(reads)}, so it could not read the logs; roll forward, or restore "
+        "the cluster from before the switch"
+    )

@@ -222,3 +222,32 @@ def test_node_logs_in_normal_operation(standalone: Standalone) -> None:
     assert "node node-0 starting" in text, text
     assert "serves pchannel-" in text and "at term" in text, text
     assert "Traceback" not in text
+
+
+def test_format_show_and_a_refused_switch(standalone: Standalone) -> None:
+    url = standalone.url
+    out = cli("format", "show", "--metastore", url, "--json")
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    assert shown["message_format"] == 1 and shown["common_writable"] == 1
+    assert shown["nodes"] == {
+        "node-0": {"reads": [1], "writes": [1]},
+        "node-1": {"reads": [1], "writes": [1]},
+    }
+    out = cli("format", "set", "2", "--metastore", url)
+    assert out.returncode == 2, out.stderr
+    assert (
+        "cannot switch cluster 'default' to message format 2: not every registered node can "
+        "read and write format 2: node-0 (reads {1}, writes {1}), node-1 (reads {1}, writes {1})"
+    ) in out.stderr
+    out = cli("format", "set", "1", "--metastore", url, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"message_format": 1, "previous": 1, "changed": False}
+    report = status(url)
+    assert report["message_format"] == 1
+    assert {(n["node_id"], tuple(n["reads"]), tuple(n["writes"])) for n in report["nodes"]} == {
+        ("node-0", (1,), (1,)),
+        ("node-1", (1,), (1,)),
+    }
+    assert all(p["formats"] == [1] and p["reason"] == "" for p in report["pchannels"])
+    assert "message format 1" in cli("status", "--metastore", url).stdout

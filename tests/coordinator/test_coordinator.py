@@ -24,6 +24,7 @@ from headrace.cluster import (
     AssignmentState,
     ClusterConfig,
     Keys,
+    LogFormats,
     NodeInfo,
 )
 from headrace.coordinator import state
@@ -31,6 +32,7 @@ from headrace.coordinator.control import ClusterAdmin, ControlKeys
 from headrace.coordinator.coordinator import Coordinator, CoordinatorConfig
 from headrace.coordinator.snapshot import ClusterSnapshot, wait_for
 from headrace.coordinator.status import layout_summary
+from headrace.message.formats import RELEASE_FORMATS, FormatSupport
 from headrace.metastore.contract import Compare, EventType, Metastore, Put, Watch
 from headrace.metastore.sqlite import SqliteMetastore
 
@@ -59,8 +61,16 @@ def fast_config(**overrides: object) -> CoordinatorConfig:
 
 class SimNode:
     def __init__(
-        self, store: Metastore, keys: Keys, node_id: str, *, ttl: float = 1.0, acks: bool = True
+        self,
+        store: Metastore,
+        keys: Keys,
+        node_id: str,
+        *,
+        ttl: float = 1.0,
+        acks: bool = True,
+        formats: FormatSupport = RELEASE_FORMATS,
     ) -> None:
+        self.formats = formats
         self.store = store
         self.keys = keys
         self.node_id = node_id
@@ -72,7 +82,12 @@ class SimNode:
 
     async def start(self) -> SimNode:
         self.lease = await self.store.grant_lease(self.ttl)
-        info = NodeInfo(node_id=self.node_id, address=f"127.0.0.1:{9000 + len(self.node_id)}")
+        info = NodeInfo(
+            node_id=self.node_id,
+            address=f"127.0.0.1:{9000 + len(self.node_id)}",
+            reads=tuple(sorted(self.formats.reads)),
+            writes=tuple(sorted(self.formats.writes)),
+        )
         await self.store.put(self.keys.node(self.node_id), info.to_json(), lease=self.lease)
         self._tasks = [
             asyncio.create_task(self._keep_alive(), name=f"{self.node_id}-keepalive"),
@@ -521,3 +536,44 @@ async def test_two_coordinators_one_leader_and_deposed_writes_fail(
         assert await store.get(probe) == before
         await wait_for(store, CLUSTER, all_assigned(), 15)
         assert not (first.is_leader and second.is_leader)
+
+
+async def test_a_pchannel_waits_for_a_node_that_can_read_its_log(
+    store: Metastore, monitor: TermMonitor
+) -> None:
+    """The coordinator reads the formats written in each log: a pchannel whose
+    log holds format 2 waits UNAVAILABLE (saying why) while only format-1
+    nodes run, and goes to the first node that reads it."""
+    names = PCHANNELS[:3]
+    await store.put(KEYS.log_format(names[0]), LogFormats(written=(1, 2)).to_json())
+    nodes = {"node-a": await SimNode(store, KEYS, "node-a").start()}
+    try:
+        async with running(Coordinator(store, CLUSTER, fast_config(pchannels=names))):
+
+            def waiting(s: ClusterSnapshot) -> bool:
+                first = s.assignments.get(names[0])
+                rest = [s.assignments.get(n) for n in names[1:]]
+                return (
+                    first is not None
+                    and first.state is S.UNAVAILABLE
+                    and all(r is not None and r.state is S.ASSIGNED for r in rest)
+                )
+
+            snapshot = await wait_for(store, CLUSTER, waiting, 15)
+            assert snapshot.assignments[names[0]].reason == (
+                "no eligible node: node-a: its log holds message format {2}, which a node "
+                "that reads {1}, writes {1} cannot read"
+            )
+            reader = FormatSupport.of({1, 2}, {1})
+            nodes["node-b"] = await SimNode(store, KEYS, "node-b", formats=reader).start()
+
+            def placed(s: ClusterSnapshot) -> bool:
+                first = s.assignments.get(names[0])
+                return first is not None and first.state is S.ASSIGNED
+
+            snapshot = await wait_for(store, CLUSTER, placed, 15)
+            assert snapshot.assignments[names[0]].node == "node-b"
+            assert snapshot.assignments[names[0]].reason == ""
+    finally:
+        for node in nodes.values():
+            await node.stop()

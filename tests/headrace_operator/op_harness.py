@@ -33,6 +33,7 @@ import headrace
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, Keys, NodeInfo
 from headrace.coordinator import state
+from headrace.message.formats import RELEASE_FORMATS, FormatSupport
 from headrace.metastore.contract import Compare, Metastore, Put
 from headrace.metastore.factory import open_metastore
 from headrace.metastore.sqlite import SqliteMetastore
@@ -58,10 +59,15 @@ SC = (models.API_VERSION, "StreamingCluster")
 BROKEN_SUFFIX = ":broken"
 """The simulated kubelet never makes a pod of such an image Ready."""
 PCA = (models.API_VERSION, "PChannelAssignment")
-IMAGE_VERSIONS = {"headrace-node:v2": "0.2.0", "headrace-node:v3": "0.3.0"}
+FORMAT_2_IMAGE = "headrace-node:f2"
+"""A simulated release that reads and writes message formats 1 and 2."""
+IMAGE_VERSIONS = {"headrace-node:v2": "0.2.0", "headrace-node:v3": "0.3.0", FORMAT_2_IMAGE: "0.4.0"}
 """The version a simulated node of these images registers; any other image's
 registers this tree's ``headrace.__version__``, as every real node of the
 process-runner kubelet does (it runs the working tree whatever the image)."""
+IMAGE_FORMATS = {FORMAT_2_IMAGE: FormatSupport.of({1, 2}, {1, 2})}
+"""The message formats a simulated node of these images advertises; any other
+image's, this release's (as every real node of the test bed)."""
 
 
 def sim_version(image: str) -> str:
@@ -73,9 +79,15 @@ class SimNode:
     and a loop acknowledging ASSIGNING and UNASSIGNING records of this node."""
 
     def __init__(
-        self, store: Metastore, keys: Keys, node_id: str, version: str = headrace.__version__
+        self,
+        store: Metastore,
+        keys: Keys,
+        node_id: str,
+        version: str = headrace.__version__,
+        formats: FormatSupport = RELEASE_FORMATS,
     ) -> None:
         self.store, self.keys, self.node_id, self.version = store, keys, node_id, version
+        self.formats = formats
         self.lease = 0
         self.task: asyncio.Task[None] | None = None
 
@@ -85,6 +97,8 @@ class SimNode:
             node_id=self.node_id,
             address=f"127.0.0.1:{10000 + len(self.node_id)}",
             version=self.version,
+            reads=tuple(sorted(self.formats.reads)),
+            writes=tuple(sorted(self.formats.writes)),
         )
         await self.store.put(self.keys.node(self.node_id), info.to_json(), lease=self.lease)
         self.task = asyncio.create_task(self._loop())
@@ -152,7 +166,8 @@ class SimKubelet:
                 )
                 continue
             keys = Keys(f"{self.namespace}.{cluster}")
-            node = SimNode(self.store, keys, meta["name"], sim_version(image))
+            formats = IMAGE_FORMATS.get(image, RELEASE_FORMATS)
+            node = SimNode(self.store, keys, meta["name"], sim_version(image), formats)
             await node.start()
             self.nodes[key] = node
             status = {

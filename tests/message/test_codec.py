@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from headrace import errors
 from headrace.message import codec
 from headrace.message.types import Message, MessageType
+from headrace.wal.memory import MemoryMessageID as MID
 
 vchannels = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,40}", fullmatch=True)
 text = st.text(max_size=20)
@@ -176,3 +177,20 @@ def test_vchannel_that_is_not_utf8() -> None:
 def test_unencodable_values_are_invalid_arguments(msg: Message) -> None:
     with pytest.raises(errors.InvalidArgument):
         codec.encode(msg)
+
+
+@pytest.mark.parametrize("version", [0, 2, 255])
+def test_unknown_format_names_both_versions(version: int) -> None:
+    """A log entry of a format this release does not read: the error names the
+    entry's version and the formats this release reads, in decode, peek and
+    decode_block alike."""
+    good = codec.encode(sample())
+    bad = recrc(good[:2] + bytes([version]) + good[3:])
+    expected = rf"format version {version} \(this release reads \{{1\}}\)"
+    with pytest.raises(errors.CorruptData, match=expected):
+        codec.decode(bad)
+    with pytest.raises(errors.CorruptData, match=expected):
+        codec.peek(bad)
+    ids = [MID(1)]
+    with pytest.raises(errors.CorruptData, match=expected):
+        codec.decode_block(bad, [0, len(bad)], ids)

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from headrace.cluster import NEW_CLUSTER_ROUTING, Assignment, AssignmentState, ClusterConfig, Keys
+from headrace.message.formats import RELEASE_FORMATS, FormatSupport
 from headrace.metastore.contract import Compare, Metastore, Put
 from headrace.metastore.factory import open_metastore
 from headrace.node.server import NodeConfig, StreamingNode
@@ -76,6 +77,7 @@ class Cluster:
         metrics_listen: str = "",
         tls: ServerTLS | None = None,
         auth_file: Path | None = None,
+        formats: FormatSupport = RELEASE_FORMATS,
     ) -> StreamingNode:
         config = NodeConfig(
             node_id=node_id,
@@ -89,6 +91,7 @@ class Cluster:
             metrics_listen=metrics_listen,
             tls=tls,
             auth_file=auth_file,
+            formats=formats,
         )
         node = StreamingNode(config, backend=MemoryBackend(self.store))
         await node.start()

@@ -374,6 +374,16 @@ def test_bad_options_are_refused(bad: dict[str, Any]) -> None:
         WALOptions(**bad)
 
 
+@pytest.mark.parametrize("version", [0, 2])
+def test_a_message_format_this_release_cannot_write_is_refused(version: int) -> None:
+    with pytest.raises(
+        errors.InvalidArgument,
+        match=rf"message_format: the cluster writes message format {version}, which this "
+        r"release cannot write \(reads \{1\}, writes \{1\}\)",
+    ):
+        WALOptions(message_format=version)
+
+
 async def test_open_fails_cleanly_when_fenced_before_the_fence_is_written() -> None:
     backend = HookedBackend()
     first = await WAL.open(backend, "p", 1, tso=LocalTSO(), options=QUIET)

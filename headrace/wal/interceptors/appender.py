@@ -65,6 +65,8 @@ class AppenderConfig:
     """Properties of the WAL's own ticks (the dedup rebuild hint)."""
     resync: Callable[[], Awaitable[Record | None]]
     """The backend's last record, asked after a failed append."""
+    message_format: int = codec.FORMAT_VERSION
+    """The format records are encoded in."""
 
 
 class Appender:
@@ -83,7 +85,11 @@ class Appender:
         self._tso = tso
         self._buffer = buffer
         self._stamp = Stamp(
-            config.term, last.timetick, False, config.max_message_bytes + TXN_ID_BYTES
+            config.term,
+            last.timetick,
+            False,
+            config.max_message_bytes + TXN_ID_BYTES,
+            config.message_format,
         )
         self.last_id: MessageID | None = last.id
         self.appended_total = 0

@@ -84,6 +84,9 @@ class Stamp:
     """Data was persisted since the last persisted tick or fence."""
     max_bytes: int
     """Largest encoded message accepted (a BEGIN_TXN's txn id included)."""
+    message_format: int = codec.FORMAT_VERSION
+    """The message format every record is encoded in (the cluster's, see
+    :mod:`headrace.message.formats`)."""
 
 
 def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> None:
@@ -98,6 +101,7 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
     dirty = stamp.dirty
     encode = codec.encode
     max_bytes = stamp.max_bytes
+    message_format = stamp.message_format
     i = first
     contexts, messages, sizes = batch.contexts, batch.messages, batch.sizes
     persisted, records = batch.persisted, batch.records
@@ -116,7 +120,7 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
                 persisted.append(False)
                 continue
             try:
-                data = encode(stamped, max_bytes)
+                data = encode(stamped, max_bytes, message_format)
             except errors.HeadraceError as exc:
                 ctx.fail(exc)
                 continue
