@@ -66,7 +66,12 @@ class Link(Protocol[I]):
     topic: str
 
     def look(self) -> End[I]:
-        """The topic's end, read from the broker now."""
+        """The topic's end as the broker lets it be read now.
+
+        It may lag: a send that just returned can show a moment later (Kafka's
+        last stable offset), and a record in flight at a take may be stored
+        after the look (Pulsar; :meth:`stored` is the check for that).
+        """
 
     def take(self) -> None:
         """Become the topic's exclusive producer, fencing the previous one."""
