@@ -127,6 +127,7 @@ class FakeLink:
 
 class FakeSource:
     def __init__(self, topic: FakeTopic, start: StartPosition) -> None:
+        self.topic = "fake.p"
         self._topic = topic
         self._start = start
         self._next = 0

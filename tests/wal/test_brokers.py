@@ -256,7 +256,7 @@ async def test_reader_reads_waits_and_closes() -> None:
     writer = await _writer(topic, 1)
     ids = await writer.append([b"a", b"b"])
     source = FakeSource(topic, StartPosition.earliest())
-    reader = BrokerReader(source, "p", "fake.p", Translations().boundary)
+    reader = BrokerReader(source, "p", Translations().boundary)
     await reader.open()
     assert [r.id for r in await reader.next_batch(10)] == ids
     assert await reader.next_batch(10, timeout=0.05) == []
@@ -276,7 +276,7 @@ async def test_reader_reads_waits_and_closes() -> None:
 async def test_reader_errors_are_translated_once_and_a_failed_open_releases() -> None:
     translations = Translations()
     source = FakeSource(FakeTopic(), StartPosition.earliest())
-    reader = BrokerReader(source, "p", "fake.p", translations.boundary)
+    reader = BrokerReader(source, "p", translations.boundary)
     await reader.open()
     source.fetch_error = FakeLibraryError("gone")
     with pytest.raises(errors.Unavailable, match=r"fake reading fake\.p: gone"):
@@ -290,7 +290,7 @@ async def test_reader_errors_are_translated_once_and_a_failed_open_releases() ->
     failing = FakeSource(FakeTopic(), StartPosition.earliest())
     failing.open_error = FakeLibraryError("refused")
     with pytest.raises(errors.Unavailable, match="opening a reader"):
-        await BrokerReader(failing, "p", "fake.p", translations.boundary).open()
+        await BrokerReader(failing, "p", translations.boundary).open()
     assert failing.released
 
 
@@ -298,7 +298,6 @@ async def test_reader_errors_are_translated_once_and_a_failed_open_releases() ->
 
 
 async def test_topics_are_prepared_once_and_a_failure_is_not_remembered() -> None:
-    plumbing = Plumbing(Translations().boundary)
     calls: list[str] = []
     failures = [FakeLibraryError("not yet")]
 
@@ -307,29 +306,38 @@ async def test_topics_are_prepared_once_and_a_failure_is_not_remembered() -> Non
         if failures:
             raise failures.pop()
 
+    plumbing = Plumbing(Translations().boundary, prepare)
     with pytest.raises(errors.Unavailable, match="preparing the topics of p0"):
-        await plumbing.prepare("p0", prepare)
-    await plumbing.prepare("p0", prepare)
-    await plumbing.prepare("p0", prepare)
-    await plumbing.prepare("p1", prepare)
+        await plumbing.prepare("p0")
+    await plumbing.prepare("p0")
+    await plumbing.prepare("p0")
+    await plumbing.prepare("p1")
     assert calls == ["p0", "p0", "p1"]
     await plumbing.close()
     with pytest.raises(errors.Closed):
-        await plumbing.prepare("p2", prepare)
+        await plumbing.prepare("p2")
 
 
-async def test_closing_the_plumbing_closes_its_clients_then_releases() -> None:
-    plumbing = Plumbing(Translations().boundary)
+async def test_plumbing_opens_prepared_clients_and_closes_them_before_releasing() -> None:
+    prepared: list[str] = []
+    plumbing = Plumbing(Translations().boundary, prepared.append)
     topic = FakeTopic()
-    writer = plumbing.track(await _writer(topic, 1))
+    with pytest.raises(errors.InvalidArgument):
+        await plumbing.open_writer("p", -1, lambda: FakeLink(topic, "p"))
+    assert prepared == []
+    writer = await plumbing.open_writer("p", 1, lambda: FakeLink(topic, "p"))
+    await writer.append([b"x"])
     source = FakeSource(topic, StartPosition.earliest())
-    reader = plumbing.track(BrokerReader(source, "p", "fake.p", plumbing.boundary))
-    await reader.open()
+    reader = await plumbing.open_reader("p", lambda: source)
+    assert [r.data for r in await reader.next_batch(10)] == [b"x"]
+    assert prepared == ["p"]
     order: list[str] = []
     await plumbing.close(lambda: order.append("released"))
     assert source.released and order == ["released"]
     with pytest.raises(errors.Closed):
-        await writer.append([b"x"])
+        await writer.append([b"y"])
+    with pytest.raises(errors.Closed):
+        await reader.next_batch(1)
     await plumbing.close(lambda: order.append("again"))
     assert order == ["released"]
 

@@ -16,6 +16,8 @@ passes; each backend runs them in one line.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
@@ -102,6 +104,8 @@ class Link(Protocol[I]):
 class Source(Protocol):
     """A reader's consumer of a pchannel's topic, positioned when opened."""
 
+    topic: str
+
     def open(self) -> None:
         """Connect and position at the start the source was made with."""
 
@@ -132,7 +136,15 @@ class Boundary:
     translate: Callable[[BaseException, str], errors.HeadraceError]
 
     def call(self, what: str, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)``, its library errors translated as met while doing ``what``."""
         try:
             return fn(*args)
         except self.library as exc:
             raise self.translate(exc, what) from None
+
+    async def run(
+        self, executor: concurrent.futures.Executor, what: str, fn: Callable[..., _T], *args: Any
+    ) -> _T:
+        """:meth:`call` in one of ``executor``'s threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, self.call, what, fn, *args)

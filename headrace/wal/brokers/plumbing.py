@@ -3,12 +3,12 @@
 A backend composes one :class:`Plumbing`: its blocking client calls run in the
 plumbing's threads behind the backend's error :class:`~.contract.Boundary`;
 a pchannel's topics are prepared (created, subscribed) on first use, once;
-the readers and writers it opened are closed with it.
+writers and readers are opened over the backend's links and sources and
+closed with it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import weakref
 from collections.abc import Callable
@@ -17,12 +17,14 @@ from typing import Any, TypeVar
 from headrace import errors
 from headrace.guarded import settle
 from headrace.message.ids import MessageID
-from headrace.wal.brokers.contract import Boundary
+from headrace.wal.brokers.contract import Boundary, Link, Source
+from headrace.wal.brokers.reader import BrokerReader
+from headrace.wal.brokers.stamps import I
+from headrace.wal.brokers.writer import BrokerWriter
 from headrace.wal.contract import BackendReader, BackendWriter
 
 _T = TypeVar("_T")
 _ID = TypeVar("_ID", bound=MessageID)
-_Client = TypeVar("_Client", BackendReader, BackendWriter)
 
 
 def check_term(term: object) -> int:
@@ -40,8 +42,11 @@ def expect_id(mid: object, kind: type[_ID]) -> _ID:
 
 
 class Plumbing:
-    def __init__(self, boundary: Boundary) -> None:
+    """``prepare(pchannel)`` makes a pchannel's topics ready (blocking, idempotent)."""
+
+    def __init__(self, boundary: Boundary, prepare: Callable[[str], None]) -> None:
         self.boundary = boundary
+        self._prepare = prepare
         self._executor = concurrent.futures.ThreadPoolExecutor(2, f"{boundary.backend}-backend")
         self._prepared: set[str] = set()
         self._clients: weakref.WeakSet[BackendReader | BackendWriter] = weakref.WeakSet()
@@ -51,22 +56,35 @@ class Plumbing:
         """``fn(*args)`` in a backend thread, its library errors translated as ``what``."""
         if self._closed:
             raise errors.Closed(f"the {self.boundary.backend} WAL backend was closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.boundary.call, what, fn, *args)
+        return await self.boundary.run(self._executor, what, fn, *args)
 
-    async def prepare(self, pchannel: str, fn: Callable[[str], None]) -> None:
-        """``fn(pchannel)`` unless it already succeeded for ``pchannel``."""
+    async def prepare(self, pchannel: str) -> None:
+        """Prepare ``pchannel``'s topics unless that already succeeded."""
         if pchannel not in self._prepared:
-            await self.run(f"preparing the topics of {pchannel}", fn, pchannel)
+            await self.run(f"preparing the topics of {pchannel}", self._prepare, pchannel)
             self._prepared.add(pchannel)
 
-    def track(self, client: _Client) -> _Client:
-        """Close ``client`` with the backend (if it is still open then)."""
-        self._clients.add(client)
-        return client
+    async def open_writer(
+        self, pchannel: str, term: int, link: Callable[[], Link[I]]
+    ) -> BrokerWriter[I]:
+        """The writer of ``pchannel`` under ``term`` over a new ``link()``, fenced in."""
+        check_term(term)
+        await self.prepare(pchannel)
+        writer = BrokerWriter(link(), term, self.boundary)
+        await writer.open()
+        self._clients.add(writer)
+        return writer
+
+    async def open_reader(self, pchannel: str, source: Callable[[], Source]) -> BrokerReader:
+        """A reader of ``pchannel`` over a new ``source()``, opened."""
+        await self.prepare(pchannel)
+        reader = BrokerReader(source(), pchannel, self.boundary)
+        await reader.open()
+        self._clients.add(reader)
+        return reader
 
     async def close(self, release: Callable[[], None] | None = None) -> None:
-        """Close the tracked clients, then ``release()`` in a thread; idempotent."""
+        """Close the open writers and readers, then ``release()`` in a thread; idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -75,8 +93,5 @@ class Plumbing:
             what=f"closing the clients of the {self.boundary.backend} backend",
         )
         if release is not None:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(
-                self._executor, self.boundary.call, "closing the backend", release
-            )
+            await self.boundary.run(self._executor, "closing the backend", release)
         self._executor.shutdown(wait=False)

@@ -7,7 +7,6 @@ noticed within one of them and a timeout is kept.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import time
 
@@ -27,10 +26,10 @@ def fetch_wait(deadline: float | None, now: float) -> float:
 
 
 class BrokerReader(BackendReader):
-    def __init__(self, source: Source, pchannel: str, topic: str, boundary: Boundary) -> None:
+    def __init__(self, source: Source, pchannel: str, boundary: Boundary) -> None:
         self.pchannel = pchannel
         self._source = source
-        self._topic = topic
+        self._topic = source.topic
         self._boundary = boundary
         self._executor = concurrent.futures.ThreadPoolExecutor(
             1, f"{boundary.backend}-reader-{pchannel}"
@@ -38,13 +37,9 @@ class BrokerReader(BackendReader):
         self._closed = False
 
     async def open(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(
-                self._executor,
-                self._boundary.call,
-                f"opening a reader of {self._topic}",
-                self._source.open,
+            await self._boundary.run(
+                self._executor, f"opening a reader of {self._topic}", self._source.open
             )
         except BaseException:
             await self.close()
@@ -59,14 +54,8 @@ class BrokerReader(BackendReader):
             raise errors.Closed(f"{self._boundary.backend} reader of {self.pchannel} is closed")
         if max_records < 1:
             raise errors.InvalidArgument(f"max_records must be >= 1, got {max_records}")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor,
-            self._boundary.call,
-            f"reading {self._topic}",
-            self._poll,
-            max_records,
-            timeout,
+        return await self._boundary.run(
+            self._executor, f"reading {self._topic}", self._poll, max_records, timeout
         )
 
     def _poll(self, max_records: int, timeout: float | None) -> list[Record]:
@@ -85,11 +74,7 @@ class BrokerReader(BackendReader):
         if self._closed:
             return
         self._closed = True
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(
-            self._executor,
-            self._boundary.call,
-            f"closing a reader of {self._topic}",
-            self._source.release,
+        await self._boundary.run(
+            self._executor, f"closing a reader of {self._topic}", self._source.release
         )
         self._executor.shutdown(wait=False)

@@ -16,7 +16,6 @@ Appends arriving while a send is in flight go out together in the next one
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Callable, Sequence
@@ -60,11 +59,8 @@ class BrokerWriter(BackendWriter, Generic[I]):
     # ---- opening ---------------------------------------------------------------------
 
     async def open(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(
-                self._executor, self._boundary.call, f"taking {self._link.topic}", self._acquire
-            )
+            await self._boundary.run(self._executor, f"taking {self._link.topic}", self._acquire)
         except BaseException:
             await self.close()
             raise
@@ -156,8 +152,5 @@ class BrokerWriter(BackendWriter, Generic[I]):
             return
         self._closed = True
         await self._group.drain()
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(
-            self._executor, self._boundary.call, f"closing {self._link.topic}", self._link.release
-        )
+        await self._boundary.run(self._executor, f"closing {self._link.topic}", self._link.release)
         self._executor.shutdown(wait=False)

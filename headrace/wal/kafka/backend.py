@@ -11,9 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from headrace.message.ids import MessageID
-from headrace.wal.brokers.plumbing import Plumbing, check_term, expect_id
-from headrace.wal.brokers.reader import BrokerReader
-from headrace.wal.brokers.writer import BrokerWriter
+from headrace.wal.brokers.plumbing import Plumbing, expect_id
 from headrace.wal.contract import (
     Backend,
     BackendReader,
@@ -47,32 +45,30 @@ class KafkaBackend(Backend):
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
-        self._boundary = client.boundary(settings)
-        self._admin = self._boundary.call("creating a client", client.new_admin, settings)
-        self._plumbing = Plumbing(self._boundary)
+        boundary = client.boundary(settings)
+        self._admin = boundary.call("creating a client", client.new_admin, settings)
+        self._plumbing = Plumbing(boundary, self._ensure_topic)
 
     async def _topic(self, pchannel: str) -> str:
         topic = self.settings.topic(pchannel)
-        await self._plumbing.prepare(pchannel, self._ensure_topic)
+        await self._plumbing.prepare(pchannel)
         return topic
 
     def _ensure_topic(self, pchannel: str) -> None:
         client.ensure_topic(self._admin, self.settings, self.settings.topic(pchannel))
 
     async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
-        check_term(term)
-        topic = await self._topic(pchannel)
-        writer = BrokerWriter(KafkaLink(self.settings, pchannel, topic), term, self._boundary)
-        await writer.open()
-        return self._plumbing.track(writer)
+        return await self._plumbing.open_writer(
+            pchannel,
+            term,
+            lambda: KafkaLink(self.settings, pchannel, self.settings.topic(pchannel)),
+        )
 
     async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:
         offset = start_offset(start)
-        topic = await self._topic(pchannel)
-        source = KafkaSource(self.settings, topic, offset)
-        reader = BrokerReader(source, pchannel, topic, self._boundary)
-        await reader.open()
-        return self._plumbing.track(reader)
+        return await self._plumbing.open_reader(
+            pchannel, lambda: KafkaSource(self.settings, self.settings.topic(pchannel), offset)
+        )
 
     async def last_record(self, pchannel: str) -> Record | None:
         topic = await self._topic(pchannel)

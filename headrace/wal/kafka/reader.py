@@ -26,7 +26,7 @@ class KafkaSource:
 
     def __init__(self, settings: KafkaSettings, topic: str, offset: int | None) -> None:
         self._settings = settings
-        self._topic = topic
+        self.topic = topic
         self._start = offset
         self._consumer: Consumer | None = None
         self._next = 0
@@ -39,12 +39,12 @@ class KafkaSource:
         offset = self._start
         try:
             if offset is None:
-                _, offset = client.watermarks(consumer, self._settings, self._topic)
+                _, offset = client.watermarks(consumer, self._settings, self.topic)
             self._next = int(offset)
-            consumer.assign([TopicPartition(self._topic, 0, self._next)])
+            consumer.assign([TopicPartition(self.topic, 0, self._next)])
         except KafkaException as exc:
             raise client.translate_exception(
-                exc, f"opening a reader of {self._topic}", self._settings
+                exc, f"opening a reader of {self.topic}", self._settings
             ) from None
 
     def fetch(self, max_records: int, wait_s: float) -> list[Record]:
@@ -53,9 +53,7 @@ class KafkaSource:
         try:
             messages = consumer.consume(max_records, wait_s)
         except KafkaException as exc:
-            raise client.translate_exception(
-                exc, f"reading {self._topic}", self._settings
-            ) from None
+            raise client.translate_exception(exc, f"reading {self.topic}", self._settings) from None
         records: list[Record] = []
         for msg in messages:
             err = msg.error()
@@ -71,11 +69,11 @@ class KafkaSource:
         return records
 
     def _error(self, err: KafkaError) -> errors.HeadraceError:
-        translated = client.translate(err, f"reading {self._topic}", self._settings)
+        translated = client.translate(err, f"reading {self.topic}", self._settings)
         if not isinstance(translated, errors.Truncated):
             return translated
         earliest = ""
-        scan = client.Scan(self._settings, self._topic)
+        scan = client.Scan(self._settings, self.topic)
         try:
             earliest = str(KafkaMessageID(scan.watermarks()[0]))
         except errors.HeadraceError:
@@ -83,7 +81,7 @@ class KafkaSource:
         finally:
             scan.close()
         return errors.Truncated(
-            f"kafka: {self._topic} offset {self._next} was truncated away"
+            f"kafka: {self.topic} offset {self._next} was truncated away"
             + (f"; the earliest readable id is {earliest}" if earliest else ""),
             earliest=earliest,
         )

@@ -13,10 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from headrace.message.ids import MessageID
-from headrace.wal.brokers.plumbing import Plumbing, check_term, expect_id
-from headrace.wal.brokers.reader import BrokerReader
+from headrace.wal.brokers.plumbing import Plumbing, expect_id
 from headrace.wal.brokers.stamps import Kind
-from headrace.wal.brokers.writer import BrokerWriter
 from headrace.wal.contract import Backend, BackendReader, BackendWriter, Record, StartPosition
 from headrace.wal.pulsar import client
 from headrace.wal.pulsar.message_id import PulsarMessageID
@@ -31,31 +29,26 @@ class PulsarBackend(Backend):
     def __init__(self, settings: PulsarSettings) -> None:
         self.settings = settings
         self._client = client.new_client(settings)
-        self._boundary = client.boundary(settings)
-        self._plumbing = Plumbing(self._boundary)
+        self._plumbing = Plumbing(client.boundary(settings), self._ensure_topics)
 
     async def _prepare(self, pchannel: str) -> str:
         topic = self.settings.topic(pchannel)
-        await self._plumbing.prepare(pchannel, self._ensure_topics)
+        await self._plumbing.prepare(pchannel)
         return topic
 
     def _ensure_topics(self, pchannel: str) -> None:
         client.ensure_topics(self._client, self.settings, pchannel)
 
     async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
-        check_term(term)
-        await self._prepare(pchannel)
-        writer = BrokerWriter(PulsarLink(self.settings, pchannel), term, self._boundary)
-        await writer.open()
-        return self._plumbing.track(writer)
+        return await self._plumbing.open_writer(
+            pchannel, term, lambda: PulsarLink(self.settings, pchannel)
+        )
 
     async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:
         first_wanted(start)
-        topic = await self._prepare(pchannel)
-        source = PulsarSource(self.settings, self._client, pchannel, start)
-        reader = BrokerReader(source, pchannel, topic, self._boundary)
-        await reader.open()
-        return self._plumbing.track(reader)
+        return await self._plumbing.open_reader(
+            pchannel, lambda: PulsarSource(self.settings, self._client, pchannel, start)
+        )
 
     async def last_record(self, pchannel: str) -> Record | None:
         topic = await self._prepare(pchannel)

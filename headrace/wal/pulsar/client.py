@@ -94,6 +94,17 @@ def boundary(settings: PulsarSettings) -> Boundary:
     return Boundary("pulsar", (pulsar.PulsarException,), translate_here)
 
 
+def close_quietly(closable: Any, what: str) -> None:
+    """Close a producer, reader or client (None: nothing) that may be gone already;
+    a failure is only logged, as ``what``."""
+    if closable is None:
+        return
+    try:
+        closable.close()
+    except pulsar.PulsarException as exc:
+        LOG.debug("closing %s: %s", what, exc)
+
+
 def to_pulsar(mid: PulsarMessageID) -> pulsar.MessageId:
     return pulsar.MessageId(mid.partition, mid.ledger, mid.entry, mid.batch)
 

@@ -58,7 +58,7 @@ class PulsarSource:
         self.pchannel = pchannel
         self._settings = settings
         self._client = pulsar_client
-        self._topic = settings.topic(pchannel)
+        self.topic = settings.topic(pchannel)
         self._start = start
         self._reader: Any = None
         self._mark: PulsarMessageID | None = None
@@ -84,11 +84,11 @@ class PulsarSource:
             position, inclusive = client.to_pulsar(mid), start.kind is StartKind.AT
         try:
             self._reader = self._client.create_reader(
-                self._topic, position, start_message_id_inclusive=inclusive
+                self.topic, position, start_message_id_inclusive=inclusive
             )
         except pulsar.PulsarException as exc:
             raise client.translate(
-                exc, f"opening a reader of {self._topic}", self._settings
+                exc, f"opening a reader of {self.topic}", self._settings
             ) from None
         if start.kind is StartKind.AFTER:
             self._last = _as_id(start.id)
@@ -98,7 +98,7 @@ class PulsarSource:
     def _truncated_error(self, position: PulsarMessageID) -> errors.Truncated:
         earliest = str(self._mark) if self._mark is not None else ""
         return errors.Truncated(
-            f"pulsar: {self._topic} was truncated before {earliest}; {position} is no longer "
+            f"pulsar: {self.topic} was truncated before {earliest}; {position} is no longer "
             "readable",
             earliest=earliest,
         )
@@ -130,7 +130,7 @@ class PulsarSource:
         except pulsar.Timeout:
             return None
         except pulsar.PulsarException as exc:
-            raise client.translate(exc, f"reading {self._topic}", self._settings) from None
+            raise client.translate(exc, f"reading {self.topic}", self._settings) from None
 
     def _accept(self, message: pulsar.Message) -> Record | None:
         mid = client.from_pulsar(message.message_id())
@@ -146,8 +146,4 @@ class PulsarSource:
 
     def release(self) -> None:
         reader, self._reader = self._reader, None
-        if reader is not None:
-            try:
-                reader.close()
-            except pulsar.PulsarException as exc:
-                client.LOG.debug("closing a reader of %s: %s", self._topic, exc)
+        client.close_quietly(reader, f"a reader of {self.topic}")

@@ -151,15 +151,8 @@ class PulsarLink:
 
     def drop(self) -> None:
         producer, self._producer = self._producer, None
-        if producer is not None:
-            try:
-                producer.close()
-            except pulsar.PulsarException as exc:
-                client.LOG.debug("closing a lost producer of %s: %s", self.topic, exc)
+        client.close_quietly(producer, f"a lost producer of {self.topic}")
 
     def release(self) -> None:
         self.drop()
-        try:
-            self._client.close()
-        except pulsar.PulsarException as exc:
-            client.LOG.debug("closing the client of %s: %s", self.topic, exc)
+        client.close_quietly(self._client, f"the client of {self.topic}")
