@@ -15,9 +15,11 @@ once and each backend supplies only those calls:
 * :mod:`.reader` — :class:`~.reader.BrokerReader`: the reader lifecycle
   (thread, open, waiting at the tail, close) over a source.
 * :mod:`.plumbing` — the backend's own plumbing: blocking calls at the error
-  boundary, topics prepared lazily once per pchannel, clients closed with it.
+  boundary, topics prepared lazily once per pchannel, writers and readers
+  opened over the backend's links and sources and closed with it.
 * :mod:`.registration` — registering a backend whose client library is
   imported only when a backend is created.
+* :mod:`.settings` — checking the keyword settings and client options.
 * :mod:`.testing` — the checks every link and source passes, run by each
   backend's tests in one line.
 

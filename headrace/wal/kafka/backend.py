@@ -49,7 +49,8 @@ class KafkaBackend(Backend):
         self._admin = boundary.call("creating a client", client.new_admin, settings)
         self._plumbing = Plumbing(boundary, self._ensure_topic)
 
-    async def _topic(self, pchannel: str) -> str:
+    async def _prepared(self, pchannel: str) -> str:
+        """The topic of ``pchannel``, prepared."""
         topic = self.settings.topic(pchannel)
         await self._plumbing.prepare(pchannel)
         return topic
@@ -71,7 +72,7 @@ class KafkaBackend(Backend):
         )
 
     async def last_record(self, pchannel: str) -> Record | None:
-        topic = await self._topic(pchannel)
+        topic = await self._prepared(pchannel)
         tail = await self._plumbing.run(
             f"reading the end of {topic}", client.read_tail, self.settings, topic
         )
@@ -88,7 +89,7 @@ class KafkaBackend(Backend):
         return Record(KafkaMessageID(last.offset), last.value)
 
     async def earliest(self, pchannel: str) -> MessageID | None:
-        topic = await self._topic(pchannel)
+        topic = await self._prepared(pchannel)
         found = await self._plumbing.run(
             f"reading {topic}", client.first_data, self.settings, topic
         )
@@ -96,7 +97,7 @@ class KafkaBackend(Backend):
 
     async def truncate(self, pchannel: str, before: MessageID) -> None:
         offset = expect_id(before, KafkaMessageID).offset
-        topic = await self._topic(pchannel)
+        topic = await self._prepared(pchannel)
         await self._plumbing.run(f"truncating {topic}", self._truncate, topic, offset)
 
     def _truncate(self, topic: str, offset: int) -> None:

@@ -31,7 +31,8 @@ class PulsarBackend(Backend):
         self._client = client.new_client(settings)
         self._plumbing = Plumbing(client.boundary(settings), self._ensure_topics)
 
-    async def _prepare(self, pchannel: str) -> str:
+    async def _prepared(self, pchannel: str) -> str:
+        """The topic of ``pchannel``, prepared."""
         topic = self.settings.topic(pchannel)
         await self._plumbing.prepare(pchannel)
         return topic
@@ -51,7 +52,7 @@ class PulsarBackend(Backend):
         )
 
     async def last_record(self, pchannel: str) -> Record | None:
-        topic = await self._prepare(pchannel)
+        topic = await self._prepared(pchannel)
         return await self._plumbing.run(
             f"reading the end of {topic}", self._last_record, pchannel, topic
         )
@@ -76,7 +77,7 @@ class PulsarBackend(Backend):
         return Record(mid, data)
 
     async def earliest(self, pchannel: str) -> MessageID | None:
-        topic = await self._prepare(pchannel)
+        topic = await self._prepared(pchannel)
         return await self._plumbing.run(f"reading {topic}", self._earliest, pchannel, topic)
 
     def _earliest(self, pchannel: str, topic: str) -> MessageID | None:
@@ -86,7 +87,7 @@ class PulsarBackend(Backend):
 
     async def truncate(self, pchannel: str, before: MessageID) -> None:
         point = expect_id(before, PulsarMessageID)
-        topic = await self._prepare(pchannel)
+        topic = await self._prepared(pchannel)
         await self._plumbing.run(
             f"truncating {topic}", client.truncate, self._client, self.settings, pchannel, point
         )
