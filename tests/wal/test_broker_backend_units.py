@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from headrace import errors
 from headrace.message import ids
 from headrace.wal import registry
+from headrace.wal.brokers.stamps import FOREIGN, Kind, Stamp
 from headrace.wal.contract import StartPosition
 from headrace.wal.kafka import fencing as kfence
 from headrace.wal.kafka.backend import OFFSET_BEGINNING, start_offset
@@ -64,14 +65,28 @@ def test_kafka_id_parse_errors(text: str) -> None:
         KafkaMessageID.parse_value(text)
 
 
-@given(st.integers(0, 1 << 40), st.integers(0, (1 << 64) - 1), st.integers(-1, 1 << 40))
+@given(st.integers(0, 1 << 40), st.integers(0, (1 << 63) - 1), st.integers(-1, 1 << 40))
 def test_kafka_stamps_round_trip(term: int, nonce: int, prev: int) -> None:
-    data = kfence.Stamp(kfence.Kind.DATA, term, nonce)
-    fence = kfence.Stamp(kfence.Kind.FENCE, term, nonce, prev)
-    assert kfence.stamp_of(data.header()) == data
-    assert kfence.stamp_of(fence.header()) == fence
-    assert kfence.stamp_of(None) == kfence.FOREIGN
-    assert kfence.stamp_of({"other": b"x"}) == kfence.FOREIGN
+    data: Stamp[KafkaMessageID] = Stamp(Kind.DATA, term, nonce)
+    pointer = None if prev == -1 else KafkaMessageID(prev)
+    fence = Stamp(Kind.FENCE, term, nonce, pointer)
+    assert kfence.stamp_of(kfence.header(data)) == data
+    assert kfence.stamp_of(kfence.header(fence)) == fence
+    assert kfence.stamp_of(None) == FOREIGN
+    assert kfence.stamp_of({"other": b"x"}) == FOREIGN
+
+
+def test_kafka_stamp_encoding_is_unchanged() -> None:
+    """The header bytes of format version 1, as written before the toolkit."""
+    fence = Stamp(Kind.FENCE, 3, 5, KafkaMessageID(9))
+    assert kfence.encode(fence) == bytes([1, 2]) + (3).to_bytes(8) + (5).to_bytes(8) + (9).to_bytes(
+        8
+    )
+    empty: Stamp[KafkaMessageID] = Stamp(Kind.FENCE, 3, 5)
+    assert kfence.encode(empty)[-8:] == b"\xff" * 8
+    assert kfence.encode(Stamp(Kind.DATA, 3, 5)) == bytes([1, 1]) + (3).to_bytes(8) + (5).to_bytes(
+        8
+    )
 
 
 def test_kafka_corrupt_stamp_is_reported() -> None:
@@ -82,31 +97,17 @@ def test_kafka_corrupt_stamp_is_reported() -> None:
 
 
 def test_pulsar_stamps_round_trip_and_corruption() -> None:
-    data = pfence.Stamp(pfence.Kind.DATA, 4, 99)
-    fence = pfence.Stamp(pfence.Kind.FENCE, 5, 7, PulsarMessageID(2, 3))
-    empty = pfence.Stamp(pfence.Kind.FENCE, 6, 8, None)
+    data: Stamp[PulsarMessageID] = Stamp(Kind.DATA, 4, 99)
+    fence = Stamp(Kind.FENCE, 5, 7, PulsarMessageID(2, 3))
+    empty: Stamp[PulsarMessageID] = Stamp(Kind.FENCE, 6, 8, None)
     for stamp in (data, fence, empty):
-        assert pfence.stamp_of(stamp.properties()) == stamp
-    assert pfence.stamp_of({}) == pfence.FOREIGN
+        assert pfence.stamp_of(pfence.properties(stamp)) == stamp
+    assert pfence.properties(fence) == {pfence.PROPERTY: "f:5:7:2:3"}
+    assert pfence.properties(data) == {pfence.PROPERTY: "d:4:99"}
+    assert pfence.stamp_of({}) == FOREIGN
     for bad in ("d:x:1", "f:1:2", "q:1:2", "d:1:2:3"):
         with pytest.raises(errors.CorruptData):
             pfence.stamp_of({pfence.PROPERTY: bad})
-
-
-@pytest.mark.parametrize("module", [kfence, pfence])
-def test_fence_decisions(module: object) -> None:
-    check = module.fence_check  # type: ignore[attr-defined]
-    stamp = module.Stamp  # type: ignore[attr-defined]
-    data = module.Kind.DATA  # type: ignore[attr-defined]
-    assert check("p", 3, 1, None, reacquire=False) is None
-    assert check("p", 3, 1, stamp(data, 2, 9), reacquire=True) is None
-    assert check("p", 3, 1, stamp(data, 3, 9), reacquire=False) is None
-    assert check("p", 3, 1, stamp(data, 3, 1), reacquire=True) is None
-    same_term_other_writer = check("p", 3, 1, stamp(data, 3, 9), reacquire=True)
-    assert isinstance(same_term_other_writer, errors.Fenced)
-    higher = check("p", 3, 1, stamp(data, 4, 1), reacquire=False)
-    assert isinstance(higher, errors.Fenced)
-    assert (higher.term, higher.current_term) == (3, 4)
 
 
 def test_kafka_settings() -> None:
@@ -222,3 +223,20 @@ async def test_unreachable_broker_is_unavailable(name: str) -> None:
         assert address in str(unavailable.value)
     finally:
         await backend.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ({"kafka.security.protocol": "bogus"}, "security.protocol"),
+        ({"kafka.linger.ms": "soon"}, "queue.buffering.max.ms"),
+    ],
+)
+def test_kafka_client_setting_the_library_refuses_is_invalid_argument(
+    setting: dict[str, str], named: str
+) -> None:
+    """librdkafka refuses the configuration when the backend makes its first client:
+    a Headrace error naming the setting, not the library's exception."""
+    with pytest.raises(errors.InvalidArgument) as refused:
+        registry.create("kafka", bootstrap_servers="127.0.0.1:1", **setting)
+    assert named in str(refused.value) and "127.0.0.1:1" in str(refused.value)

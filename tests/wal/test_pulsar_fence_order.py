@@ -20,10 +20,10 @@ import pytest
 
 from headrace import errors
 from headrace.wal import registry
+from headrace.wal.brokers.stamps import Kind, Stamp, overtaken
 from headrace.wal.contract import Record, StartPosition
 from headrace.wal.pulsar import client
 from headrace.wal.pulsar.backend import PulsarBackend
-from headrace.wal.pulsar.fencing import Kind, Stamp, overtaken
 from headrace.wal.pulsar.message_id import PulsarMessageID
 
 _ReadLast = Callable[[Any, Any, str], Any]
@@ -66,7 +66,7 @@ async def _datas(backend: PulsarBackend, pchannel: str) -> list[bytes]:
     return [r.data for r in records]
 
 
-def _end_stamp(backend: PulsarBackend, pchannel: str) -> Stamp:
+def _end_stamp(backend: PulsarBackend, pchannel: str) -> Stamp[PulsarMessageID]:
     topic = backend.settings.topic(pchannel)
     last = client.read_last(backend._client, backend.settings, topic)
     assert last is not None

@@ -7,25 +7,11 @@ backend is created.
 
 from __future__ import annotations
 
-from typing import Any
-
-from headrace import errors
-from headrace.wal import registry
-from headrace.wal.contract import Backend
+from headrace.wal.brokers.registration import register_lazily
 from headrace.wal.kafka.message_id import KafkaMessageID
 
-
-def create_backend(**settings: Any) -> Backend:
-    """Registry factory: ``registry.create("kafka", ...)``."""
-    try:
-        from headrace.wal.kafka.backend import create_backend as create  # noqa: PLC0415
-    except ImportError as exc:
-        raise errors.InvalidArgument(
-            f"the kafka WAL backend needs confluent-kafka (pip install 'headrace[kafka]'): {exc}"
-        ) from None
-    return create(**settings)
-
-
-registry.register("kafka", create_backend)
+create_backend = register_lazily(
+    "kafka", "headrace.wal.kafka.backend", "confluent-kafka (pip install 'headrace[kafka]')"
+)
 
 __all__ = ["KafkaMessageID", "create_backend"]

@@ -18,7 +18,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from headrace import errors
-from headrace.wal.kafka.fencing import Kind, Stamp, stamp_of
+from headrace.wal.brokers.contract import Boundary
+from headrace.wal.brokers.stamps import Kind
+from headrace.wal.kafka.fencing import KafkaStamp, stamp_of
+from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.kafka.settings import KafkaSettings
 
 LOG = logging.getLogger("headrace.wal.kafka")
@@ -80,7 +83,9 @@ def translate(err: KafkaError, what: str, settings: KafkaSettings) -> errors.Hea
     return errors.Unavailable(text)
 
 
-def translate_exception(exc: BaseException, what: str, settings: KafkaSettings) -> Exception:
+def translate_exception(
+    exc: BaseException, what: str, settings: KafkaSettings
+) -> errors.HeadraceError:
     err = kafka_error(exc)
     if err is not None:
         return translate(err, what, settings)
@@ -91,6 +96,15 @@ def translate_exception(exc: BaseException, what: str, settings: KafkaSettings) 
     return errors.Unavailable(
         f"kafka {what} (bootstrap {settings.bootstrap_servers}) failed: {exc!r}"
     )
+
+
+def boundary(settings: KafkaSettings) -> Boundary:
+    """Where the backend's client calls return: librdkafka errors are translated there."""
+
+    def translate(exc: BaseException, what: str) -> errors.HeadraceError:
+        return translate_exception(exc, what, settings)
+
+    return Boundary("kafka", (KafkaException, BufferError), translate)
 
 
 def new_admin(settings: KafkaSettings) -> AdminClient:
@@ -188,7 +202,7 @@ def watermarks(consumer: Consumer, settings: KafkaSettings, topic: str) -> tuple
 @dataclasses.dataclass(frozen=True, slots=True)
 class Found:
     offset: int
-    stamp: Stamp
+    stamp: KafkaStamp
     value: bytes
 
 
@@ -235,10 +249,10 @@ def _found(msg: Message) -> Found:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tail:
-    """The topic's last committed record and the offset of its last data record."""
+    """The topic's last committed record and the id of its last data record."""
 
     last: Found
-    last_data: int
+    last_data: KafkaMessageID | None
 
 
 def read_tail(settings: KafkaSettings, topic: str) -> Tail | None:
@@ -253,8 +267,9 @@ def read_tail(settings: KafkaSettings, topic: str) -> Tail | None:
             for found in scan.records(start):
                 last = found
             if last is not None:
-                data = last.offset if last.stamp.kind is Kind.DATA else last.stamp.prev
-                return Tail(last, data)
+                if last.stamp.kind is Kind.DATA:
+                    return Tail(last, KafkaMessageID(last.offset))
+                return Tail(last, last.stamp.prev)
             if start == low:
                 return None
             window *= 8

@@ -30,6 +30,7 @@ from typing import Any
 
 from headrace import errors
 from headrace.message.types import DEFAULT_MAX_MESSAGE_BYTES
+from headrace.wal.brokers.settings import client_options, integer, positive_number, refuse_unknown
 
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
 _MAX_TOPIC = 249
@@ -137,32 +138,6 @@ class KafkaSettings:
         }
 
 
-def _int(raw: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise errors.InvalidArgument(f"kafka setting {key} must be an integer >= {minimum}")
-    return value
-
-
-def _client_config(raw: Mapping[str, Any]) -> dict[str, str]:
-    client: dict[str, str] = {}
-    nested = raw.get("kafka", {})
-    if not isinstance(nested, Mapping):
-        raise errors.InvalidArgument("kafka setting 'kafka' must be a mapping of client settings")
-    for key, value in nested.items():
-        client[str(key)] = str(value)
-    for key, value in raw.items():
-        if key.startswith("kafka."):
-            client[key.removeprefix("kafka.")] = str(value)
-    refused = sorted(k for k in client if k in _OWNED_KEYS)
-    if refused:
-        raise errors.InvalidArgument(
-            f"kafka client settings {refused} are set by the backend itself and cannot be "
-            "overridden"
-        )
-    return client
-
-
 _KNOWN = frozenset(
     {
         "bootstrap_servers",
@@ -181,13 +156,13 @@ _KNOWN = frozenset(
 )
 
 
+def _int(raw: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
+    return integer(raw, key, default, minimum, "kafka")
+
+
 def parse_settings(raw: Mapping[str, Any]) -> KafkaSettings:
     """Validate keyword settings; InvalidArgument names the bad one."""
-    unknown = sorted(k for k in raw if k not in _KNOWN and not k.startswith("kafka."))
-    if unknown:
-        raise errors.InvalidArgument(
-            f"unknown kafka backend settings {unknown} (known: {sorted(_KNOWN)} and kafka.*)"
-        )
+    refuse_unknown(raw, _KNOWN, "kafka")
     bootstrap = raw.get("bootstrap_servers")
     if not isinstance(bootstrap, str) or not bootstrap.strip():
         raise errors.InvalidArgument("kafka backend needs bootstrap_servers, e.g. '127.0.0.1:9092'")
@@ -203,9 +178,6 @@ def parse_settings(raw: Mapping[str, Any]) -> KafkaSettings:
     min_isr = raw.get("min_insync_replicas")
     if min_isr is not None:
         min_isr = _int(raw, "min_insync_replicas", 1, 1)
-    timeout = raw.get("operation_timeout_s", 30.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise errors.InvalidArgument("kafka setting operation_timeout_s must be a positive number")
     return KafkaSettings(
         bootstrap_servers=bootstrap.strip(),
         topic_prefix=prefix,
@@ -216,6 +188,6 @@ def parse_settings(raw: Mapping[str, Any]) -> KafkaSettings:
         retention_bytes=_int(raw, "retention_bytes", -1, -1),
         max_message_bytes=_int(raw, "max_message_bytes", DEFAULT_MAX_BYTES, 1024),
         transaction_timeout_ms=_int(raw, "transaction_timeout_ms", 30_000, 1000),
-        operation_timeout_s=float(timeout),
-        client=_client_config(raw),
+        operation_timeout_s=positive_number(raw, "operation_timeout_s", 30.0, "kafka"),
+        client={k: str(v) for k, v in client_options(raw, "kafka", _OWNED_KEYS).items()},
     )

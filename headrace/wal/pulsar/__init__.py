@@ -7,25 +7,11 @@ backend is created.
 
 from __future__ import annotations
 
-from typing import Any
-
-from headrace import errors
-from headrace.wal import registry
-from headrace.wal.contract import Backend
+from headrace.wal.brokers.registration import register_lazily
 from headrace.wal.pulsar.message_id import PulsarMessageID
 
-
-def create_backend(**settings: Any) -> Backend:
-    """Registry factory: ``registry.create("pulsar", ...)``."""
-    try:
-        from headrace.wal.pulsar.backend import create_backend as create  # noqa: PLC0415
-    except ImportError as exc:
-        raise errors.InvalidArgument(
-            f"the pulsar WAL backend needs pulsar-client (pip install 'headrace[pulsar]'): {exc}"
-        ) from None
-    return create(**settings)
-
-
-registry.register("pulsar", create_backend)
+create_backend = register_lazily(
+    "pulsar", "headrace.wal.pulsar.backend", "pulsar-client (pip install 'headrace[pulsar]')"
+)
 
 __all__ = ["PulsarMessageID", "create_backend"]

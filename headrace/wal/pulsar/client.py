@@ -13,7 +13,9 @@ from typing import Any
 import pulsar
 
 from headrace import errors
-from headrace.wal.pulsar.fencing import Kind, Stamp, stamp_of
+from headrace.wal.brokers.contract import Boundary
+from headrace.wal.brokers.stamps import Kind
+from headrace.wal.pulsar.fencing import PulsarStamp, stamp_of
 from headrace.wal.pulsar.message_id import PulsarMessageID
 from headrace.wal.pulsar.settings import KEEP_SUBSCRIPTION, SUBSCRIPTION, PulsarSettings
 
@@ -60,7 +62,7 @@ def new_client(settings: PulsarSettings) -> pulsar.Client:
         raise errors.InvalidArgument(f"pulsar client options are invalid: {exc}") from None
 
 
-def translate(exc: BaseException, what: str, settings: PulsarSettings) -> Exception:
+def translate(exc: BaseException, what: str, settings: PulsarSettings) -> errors.HeadraceError:
     """The Headrace error for a client exception met while doing ``what``."""
     if isinstance(exc, errors.HeadraceError):
         return exc
@@ -83,6 +85,26 @@ def translate(exc: BaseException, what: str, settings: PulsarSettings) -> Except
     return errors.Unavailable(text)
 
 
+def boundary(settings: PulsarSettings) -> Boundary:
+    """Where the backend's client calls return: client exceptions are translated there."""
+
+    def translate_here(exc: BaseException, what: str) -> errors.HeadraceError:
+        return translate(exc, what, settings)
+
+    return Boundary("pulsar", (pulsar.PulsarException,), translate_here)
+
+
+def close_quietly(closable: Any, what: str) -> None:
+    """Close a producer, reader or client (None: nothing) that may be gone already;
+    a failure is only logged, as ``what``."""
+    if closable is None:
+        return
+    try:
+        closable.close()
+    except pulsar.PulsarException as exc:
+        LOG.debug("closing %s: %s", what, exc)
+
+
 def to_pulsar(mid: PulsarMessageID) -> pulsar.MessageId:
     return pulsar.MessageId(mid.partition, mid.ledger, mid.entry, mid.batch)
 
@@ -91,7 +113,7 @@ def from_pulsar(mid: pulsar.MessageId) -> PulsarMessageID:
     return PulsarMessageID(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index())
 
 
-def stamp(msg: pulsar.Message) -> Stamp:
+def stamp(msg: pulsar.Message) -> PulsarStamp:
     return stamp_of(msg.properties())
 
 
@@ -162,12 +184,12 @@ def read_stamps(
     topic: str,
     after: PulsarMessageID | None,
     until: PulsarMessageID,
-) -> list[tuple[PulsarMessageID, Stamp]]:
+) -> list[tuple[PulsarMessageID, PulsarStamp]]:
     """The stamps of the messages after ``after`` (from the earliest when None) and
     before ``until``, an acknowledged message: read from storage, so messages
     whose persistence was still under way at an earlier look at the end are seen."""
     position = pulsar.MessageId.earliest if after is None else to_pulsar(after)
-    found: list[tuple[PulsarMessageID, Stamp]] = []
+    found: list[tuple[PulsarMessageID, PulsarStamp]] = []
     try:
         reader = _reader(client, topic, position, False)
         try:

@@ -1,36 +1,31 @@
-"""The Pulsar reader: the Reader API from a message id, fence records skipped.
+"""The Pulsar reader's source: the Reader API from a message id, fence records skipped.
 
 Pulsar drops whole ledgers behind the ``headrace-truncation`` subscription and
 a reader does not notice: it just continues at the next ledger it finds. So
 the reader keeps the truncation point it knows; reads that start below it
 raise ``Truncated``, and whenever the ids jump (another ledger, or entries
 missing) it reloads the point and raises ``Truncated`` if it lies beyond the
-last message this reader delivered.
+last message this reader delivered. The reader's lifecycle is the toolkit's
+(:class:`headrace.wal.brokers.reader.BrokerReader`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import time
 from typing import Any
 
 import pulsar
 
 from headrace import errors
-from headrace.wal.contract import BackendReader, Record, StartKind, StartPosition
+from headrace.wal.brokers.plumbing import expect_id
+from headrace.wal.brokers.stamps import Kind
+from headrace.wal.contract import Record, StartKind, StartPosition
 from headrace.wal.pulsar import client
-from headrace.wal.pulsar.fencing import Kind
 from headrace.wal.pulsar.message_id import PulsarMessageID
 from headrace.wal.pulsar.settings import PulsarSettings
 
-_POLL_MS = 200
-
 
 def _as_id(mid: object) -> PulsarMessageID:
-    if not isinstance(mid, PulsarMessageID):
-        raise errors.InvalidArgument(f"expected a pulsar message id, got {mid!r}")
-    return mid
+    return expect_id(mid, PulsarMessageID)
 
 
 def first_wanted(start: StartPosition) -> PulsarMessageID | None:
@@ -50,30 +45,28 @@ def is_gap(previous: PulsarMessageID | None, current: PulsarMessageID) -> bool:
     return current.ledger != previous.ledger or current.entry > previous.entry + 1
 
 
-class PulsarReader(BackendReader):
+class PulsarSource:
+    """A :class:`~headrace.wal.brokers.contract.Source` of a pchannel from ``start``."""
+
     def __init__(
-        self, settings: PulsarSettings, pulsar_client: pulsar.Client, pchannel: str
+        self,
+        settings: PulsarSettings,
+        pulsar_client: pulsar.Client,
+        pchannel: str,
+        start: StartPosition,
     ) -> None:
         self.pchannel = pchannel
         self._settings = settings
         self._client = pulsar_client
-        self._topic = settings.topic(pchannel)
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, f"pulsar-reader-{pchannel}")
+        self.topic = settings.topic(pchannel)
+        self._start = start
         self._reader: Any = None
         self._mark: PulsarMessageID | None = None
         self._last: PulsarMessageID | None = None
         self._truncated: errors.Truncated | None = None
-        self._closed = False
 
-    async def open(self, start: StartPosition) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._executor, self._open, start)
-        except BaseException:
-            await self.close()
-            raise
-
-    def _open(self, start: StartPosition) -> None:
+    def open(self) -> None:
+        start = self._start
         self._mark = client.read_mark(self._client, self._settings, self.pchannel)
         wanted = first_wanted(start)
         if wanted is not None and self._mark is not None and wanted < self._mark:
@@ -91,11 +84,11 @@ class PulsarReader(BackendReader):
             position, inclusive = client.to_pulsar(mid), start.kind is StartKind.AT
         try:
             self._reader = self._client.create_reader(
-                self._topic, position, start_message_id_inclusive=inclusive
+                self.topic, position, start_message_id_inclusive=inclusive
             )
         except pulsar.PulsarException as exc:
             raise client.translate(
-                exc, f"opening a reader of {self._topic}", self._settings
+                exc, f"opening a reader of {self.topic}", self._settings
             ) from None
         if start.kind is StartKind.AFTER:
             self._last = _as_id(start.id)
@@ -105,49 +98,30 @@ class PulsarReader(BackendReader):
     def _truncated_error(self, position: PulsarMessageID) -> errors.Truncated:
         earliest = str(self._mark) if self._mark is not None else ""
         return errors.Truncated(
-            f"pulsar: {self._topic} was truncated before {earliest}; {position} is no longer "
+            f"pulsar: {self.topic} was truncated before {earliest}; {position} is no longer "
             "readable",
             earliest=earliest,
         )
 
-    async def next_batch(
-        self,
-        max_records: int = 1024,
-        timeout: float | None = None,
-    ) -> list[Record]:
-        if self._closed:
-            raise errors.Closed(f"pulsar reader of {self.pchannel} is closed")
+    def fetch(self, max_records: int, wait_s: float) -> list[Record]:
         if self._truncated is not None:
             raise self._truncated
-        if max_records < 1:
-            raise errors.InvalidArgument(f"max_records must be >= 1, got {max_records}")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._poll, max_records, timeout)
-
-    def _poll(self, max_records: int, timeout: float | None) -> list[Record]:
-        deadline = None if timeout is None else time.monotonic() + timeout
         records: list[Record] = []
-        while not self._closed:
-            left_ms = _POLL_MS
-            if deadline is not None:
-                left_ms = min(_POLL_MS, int((deadline - time.monotonic()) * 1000))
-            message = self._read(max(left_ms, 0))
-            while message is not None:
-                record = self._accept(message)
-                if self._truncated is not None:
-                    break
-                if record is not None:
-                    records.append(record)
-                if len(records) >= max_records:
-                    break
-                message = self._read(0)
-            if records:
-                return records
+        message = self._read(int(wait_s * 1000))
+        while message is not None:
+            record = self._accept(message)
             if self._truncated is not None:
-                raise self._truncated
-            if deadline is not None and time.monotonic() >= deadline:
-                return []
-        raise errors.Closed(f"pulsar reader of {self.pchannel} was closed while reading")
+                break
+            if record is not None:
+                records.append(record)
+            if len(records) >= max_records:
+                break
+            message = self._read(0)
+        if records:
+            return records
+        if self._truncated is not None:
+            raise self._truncated
+        return []
 
     def _read(self, timeout_ms: int) -> pulsar.Message | None:
         try:
@@ -156,7 +130,7 @@ class PulsarReader(BackendReader):
         except pulsar.Timeout:
             return None
         except pulsar.PulsarException as exc:
-            raise client.translate(exc, f"reading {self._topic}", self._settings) from None
+            raise client.translate(exc, f"reading {self.topic}", self._settings) from None
 
     def _accept(self, message: pulsar.Message) -> Record | None:
         mid = client.from_pulsar(message.message_id())
@@ -170,18 +144,6 @@ class PulsarReader(BackendReader):
             return None
         return Record(mid, message.data())
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._release)
-        self._executor.shutdown(wait=False)
-
-    def _release(self) -> None:
+    def release(self) -> None:
         reader, self._reader = self._reader, None
-        if reader is not None:
-            try:
-                reader.close()
-            except pulsar.PulsarException as exc:
-                client.LOG.debug("closing a reader of %s: %s", self._topic, exc)
+        client.close_quietly(reader, f"a reader of {self.topic}")

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headrace import errors
+from headrace.wal.brokers.settings import client_options, integer, positive_number, refuse_unknown
 
 _NAME = re.compile(r"^[A-Za-z0-9._\-=:]+$")
 TRUNCATION_INFIX = "__truncation."
@@ -110,21 +111,6 @@ _KNOWN = frozenset(
 )
 
 
-def _client(raw: Mapping[str, Any]) -> dict[str, Any]:
-    nested = raw.get("pulsar", {})
-    if not isinstance(nested, Mapping):
-        raise errors.InvalidArgument("pulsar setting 'pulsar' must be a mapping of client options")
-    client = {str(k): v for k, v in nested.items()}
-    client.update({k.removeprefix("pulsar."): v for k, v in raw.items() if k.startswith("pulsar.")})
-    refused = sorted(k for k in client if k in _OWNED)
-    if refused:
-        raise errors.InvalidArgument(
-            f"pulsar client options {refused} are set by the backend itself and cannot be "
-            "overridden"
-        )
-    return client
-
-
 def _name(raw: Mapping[str, Any], key: str, default: str) -> str:
     value = raw.get(key, default)
     if not isinstance(value, str) or not _NAME.match(value):
@@ -134,11 +120,7 @@ def _name(raw: Mapping[str, Any], key: str, default: str) -> str:
 
 def parse_settings(raw: Mapping[str, Any]) -> PulsarSettings:
     """Validate keyword settings; InvalidArgument names the bad one."""
-    unknown = sorted(k for k in raw if k not in _KNOWN and not k.startswith("pulsar."))
-    if unknown:
-        raise errors.InvalidArgument(
-            f"unknown pulsar backend settings {unknown} (known: {sorted(_KNOWN)} and pulsar.*)"
-        )
+    refuse_unknown(raw, _KNOWN, "pulsar")
     url = raw.get("service_url")
     if not isinstance(url, str) or not url.startswith(("pulsar://", "pulsar+ssl://")):
         raise errors.InvalidArgument(
@@ -148,12 +130,6 @@ def parse_settings(raw: Mapping[str, Any]) -> PulsarSettings:
     prefix = raw.get("topic_prefix", f"headrace.{cluster}.")
     if not isinstance(prefix, str) or (prefix and not _NAME.match(prefix)):
         raise errors.InvalidArgument(f"pulsar setting topic_prefix is not a valid name: {prefix!r}")
-    timeout = raw.get("operation_timeout_s", 30.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise errors.InvalidArgument("pulsar setting operation_timeout_s must be a positive number")
-    send_timeout = raw.get("send_timeout_ms", 30_000)
-    if isinstance(send_timeout, bool) or not isinstance(send_timeout, int) or send_timeout < 1:
-        raise errors.InvalidArgument("pulsar setting send_timeout_ms must be a positive integer")
     token = raw.get("auth_token")
     if token is not None and not isinstance(token, str):
         raise errors.InvalidArgument("pulsar setting auth_token must be a string")
@@ -162,8 +138,8 @@ def parse_settings(raw: Mapping[str, Any]) -> PulsarSettings:
         tenant=_name(raw, "tenant", "public"),
         namespace=_name(raw, "namespace", "default"),
         topic_prefix=prefix,
-        operation_timeout_s=float(timeout),
-        send_timeout_ms=send_timeout,
+        operation_timeout_s=positive_number(raw, "operation_timeout_s", 30.0, "pulsar"),
+        send_timeout_ms=integer(raw, "send_timeout_ms", 30_000, 1, "pulsar"),
         auth_token=token,
-        client=_client(raw),
+        client=client_options(raw, "pulsar", _OWNED),
     )

@@ -1,0 +1,156 @@
+"""The broker writer: fence check, reacquire loop and group commit over a :class:`Link`.
+
+Fencing is the broker's (a new exclusive producer fences the old one); the
+term rule sits on top: before and after taking the topic the writer looks at
+its end and refuses to follow a higher term (:func:`~.stamps.fence_check`);
+then it writes a fence record carrying its term. Where the broker may store a
+record that was in flight at the take before that fence record, the writer
+reads that range back and yields to a higher term found there
+(:func:`~.stamps.overtaken`). A writer that loses its producer to a *lower*
+term (a stale opener that then gave up) takes it back and sends what was not
+stored, so the highest term always wins.
+
+Appends arriving while a send is in flight go out together in the next one
+(:mod:`headrace.wal.groupcommit`); each call's records stay consecutive.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable, Sequence
+from typing import Generic
+
+from headrace import errors
+from headrace.message.ids import MessageID
+from headrace.wal.brokers.contract import Boundary, Link, Lost
+from headrace.wal.brokers.stamps import I, Kind, Stamp, fence_check, new_nonce, overtaken
+from headrace.wal.contract import BackendWriter
+from headrace.wal.groupcommit import Future, GroupCommit, failed
+
+LOG = logging.getLogger("headrace.wal.brokers")
+MAX_REACQUIRE = 3
+"""How many times a writer takes its topic for one open or one send before giving up."""
+
+
+def unsent(records: Sequence[bytes], written: Sequence[MessageID]) -> Sequence[bytes]:
+    """The records of a send still to go after ``written`` were stored (pure)."""
+    return records[len(written) :]
+
+
+class BrokerWriter(BackendWriter, Generic[I]):
+    """The one writer of a pchannel under a term, over a backend's :class:`Link`."""
+
+    def __init__(self, link: Link[I], term: int, boundary: Boundary) -> None:
+        self.pchannel = link.pchannel
+        self.term = term
+        self._link = link
+        self._boundary = boundary
+        self._nonce = new_nonce()
+        self._data: Stamp[I] = Stamp(Kind.DATA, term, self._nonce)
+        name = boundary.backend
+        self._where = f"{name}: pchannel {link.pchannel} (topic {link.topic})"
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, f"{name}-writer-{link.pchannel}")
+        self._group = GroupCommit(
+            self._write, self._executor, what=f"{name} append to {link.topic}"
+        )
+        self._closed = False
+
+    # ---- opening ---------------------------------------------------------------------
+
+    async def open(self) -> None:
+        try:
+            await self._boundary.run(self._executor, f"taking {self._link.topic}", self._acquire)
+        except BaseException:
+            await self.close()
+            raise
+
+    def _check(self, *, reacquire: bool) -> I | None:
+        """Raise Fenced if a term that fences this writer holds the topic; the last data id."""
+        end = self._link.look()
+        fenced = fence_check(self.pchannel, self.term, self._nonce, end.last, reacquire=reacquire)
+        if fenced is not None:
+            raise fenced
+        return end.last_data
+
+    def _acquire(self, reacquire: bool = False) -> None:
+        """Take the topic and write the fence record (blocking)."""
+        link = self._link
+        for _ in range(MAX_REACQUIRE):
+            self._check(reacquire=reacquire)
+            link.take()
+            prev = self._check(reacquire=reacquire)
+            try:
+                [fence_id] = link.send([b""], Stamp(Kind.FENCE, self.term, self._nonce, prev))
+            except Lost:
+                reacquire = True
+                continue
+            self._verify(prev, fence_id, reacquire=reacquire)
+            return
+        raise self._gave_up()
+
+    def _verify(self, prev: I | None, fence_id: I, *, reacquire: bool) -> None:
+        """Raise Fenced if a record of a term that fences this writer lies before its
+        fence record, after the last data record the check saw."""
+        before = self._link.stored(prev, fence_id)
+        if before is None:
+            return
+        found = overtaken(self.pchannel, self.term, self._nonce, before, prev, reacquire=reacquire)
+        if found is None:
+            return
+        try:
+            self._link.send([b""], found.restore)
+        except (Lost, errors.Unavailable) as exc:
+            LOG.debug("%s: no restore record after a stale fence: %r", self._where, exc)
+        self._link.drop()
+        raise found.fenced
+
+    def _gave_up(self) -> errors.Unavailable:
+        return errors.Unavailable(
+            f"{self._where} kept losing its producer to other openers; gave up after "
+            f"{MAX_REACQUIRE} attempts"
+        )
+
+    # ---- appending -------------------------------------------------------------------
+
+    async def append(self, records: Sequence[bytes]) -> list[MessageID]:
+        return await self.start_append(records)
+
+    def start_append(
+        self, records: Sequence[bytes], on_done: Callable[[Future], None] | None = None
+    ) -> Future:
+        """:meth:`append`, whose send starts now if none is in flight."""
+        if self._closed:
+            closed = (
+                f"{self._boundary.backend} writer of {self.pchannel} (term {self.term}) is closed"
+            )
+            return failed(errors.Closed(closed), on_done)
+        return self._group.start([bytes(r) for r in records], on_done)
+
+    def _write(self, batch: list[bytes]) -> list[MessageID]:
+        return self._boundary.call(f"appending to {self._link.topic}", self._send, batch)
+
+    def _send(self, batch: list[bytes]) -> list[MessageID]:
+        """Send ``batch``; on losing the topic to a lower term, take it back and send the rest."""
+        if self._group.fenced is not None:
+            raise self._group.fenced
+        written: list[MessageID] = []
+        for _ in range(MAX_REACQUIRE):
+            if not self._link.held():
+                self._acquire(True)
+            try:
+                written += self._link.send(unsent(batch, written), self._data)
+                return written
+            except Lost as lost:
+                written += lost.written
+        raise self._gave_up()
+
+    # ---- closing ---------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._group.drain()
+        await self._boundary.run(self._executor, f"closing {self._link.topic}", self._link.release)
+        self._executor.shutdown(wait=False)
