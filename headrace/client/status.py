@@ -9,6 +9,7 @@ from headrace import errors
 from headrace.client.discovery import parse_record
 from headrace.cluster import DEFAULT_CLUSTER, Assignment, ClusterConfig, Keys, NodeInfo
 from headrace.coordinator import control as control_mod
+from headrace.coordinator import writestop
 from headrace.coordinator.control import BalanceControl, ControlKeys, NodeControl
 from headrace.coordinator.status import layout_summary
 from headrace.metastore.contract import Get, KeyValue
@@ -47,6 +48,8 @@ async def status(
                         Get(control.requests, prefix=True),
                         Get(checkpoints_prefix(keys), prefix=True),
                         Get(retention_prefix(keys), prefix=True),
+                        Get(writestop.stop_key(keys)),
+                        Get(writestop.acks_prefix(keys), prefix=True),
                     ],
                 )
             finally:
@@ -55,7 +58,8 @@ async def status(
         raise errors.Unavailable(
             f"metastore {metastore_url} did not answer within {timeout:g}s"
         ) from None
-    config_kvs, node_kvs, pchannel_kvs, leader_kvs, request_kvs, cp_kvs, kept_kvs = result.gets
+    config_kvs, node_kvs, pchannel_kvs, leader_kvs, request_kvs, cp_kvs, kept_kvs = result.gets[:7]
+    stop_kvs, ack_kvs = result.gets[7:]
     config = parse_record(ClusterConfig, config_kvs[0].value) if config_kvs else None
     nodes = [parse_record(NodeInfo, kv.value) for kv in node_kvs]
     records = {a.pchannel: a for a in (parse_record(Assignment, kv.value) for kv in pchannel_kvs)}
@@ -113,6 +117,41 @@ async def status(
             if node_id not in layout and (c.frozen or c.draining)
         ],
         "pchannels": pchannels,
+        "writes": writes_report(
+            writestop.StopState(
+                stop=writestop.WriteStop.from_json(stop_kvs[0].value) if stop_kvs else None,
+                revision=stop_kvs[0].mod_revision if stop_kvs else 0,
+                acks=_under(ack_kvs, writestop.acks_prefix(keys), writestop.WriteStopAck),
+            ),
+            [n.node_id for n in nodes],
+        ),
+    }
+
+
+def writes_report(state: writestop.StopState, live: list[str]) -> dict[str, object]:
+    """The write stop, ready for JSON (pure): ``stopped``, and while stopped
+    its reason, author and time, each live node's acknowledgement and appends
+    in flight, and ``drained`` ("" once every live node obeys with nothing in
+    flight, else why not)."""
+    stop = state.stop
+    if stop is None:
+        return {"stopped": False}
+    nodes = {}
+    for node in sorted(live):
+        ack = state.acks.get(node)
+        obeys = ack is not None and ack.stop_revision == state.revision
+        nodes[node] = {
+            "acknowledged": obeys,
+            "in_flight": ack.in_flight if ack is not None and obeys else None,
+        }
+    return {
+        "stopped": True,
+        "reason": stop.reason,
+        "by": stop.by,
+        "since": stop.since,
+        "revision": state.revision,
+        "nodes": nodes,
+        "drained": writestop.drained(state, live),
     }
 
 
@@ -130,7 +169,7 @@ def _retention(
     }
 
 
-_C = TypeVar("_C", NodeControl, BalanceControl)
+_C = TypeVar("_C", NodeControl, BalanceControl, writestop.WriteStopAck)
 
 
 def _under(kvs: list[KeyValue], prefix: str, model: type[_C]) -> dict[str, _C]:
