@@ -23,7 +23,13 @@ from collections.abc import Awaitable, Callable
 
 from headrace import errors
 from headrace.cluster import Keys
-from headrace.coordinator import ClusterAdmin, Coordinator, CoordinatorConfig, read_snapshot
+from headrace.coordinator import (
+    ClusterAdmin,
+    Coordinator,
+    CoordinatorConfig,
+    read_snapshot,
+    writestop,
+)
 from headrace.coordinator.election import current_leader
 from headrace.coordinator.snapshot import ClusterSnapshot
 from headrace.metastore.contract import Metastore
@@ -99,6 +105,18 @@ class MetastoreControl:
 
     async def move(self, pchannel: str, node: str) -> None:
         await self.admin.request_move(pchannel, node)
+
+    async def freeze(self, node: str) -> None:
+        await self.admin.set_frozen(node, True)
+
+    async def write_stop(self) -> writestop.StopState:
+        return await writestop.read_stop(self.metastore, self.keys)
+
+    async def stop_writes(self, reason: str, by: str) -> writestop.StopState:
+        return await writestop.stop_writes(self.metastore, self.keys, reason, by)
+
+    async def resume_writes(self) -> bool:
+        return await writestop.resume_writes(self.metastore, self.keys)
 
     def coordinator_error(self) -> str:
         return "" if self.runner is None else self.runner.error

@@ -47,6 +47,8 @@ class Reason(enum.StrEnum):
     UPGRADE_BLOCKED = "UpgradeBlocked"
     UPGRADE_SUCCEEDED = "UpgradeSucceeded"
     UPGRADE_ROLLED_BACK = "UpgradeRolledBack"
+    UPGRADE_WRITES_STOPPED = "UpgradeWritesStopped"
+    UPGRADE_WRITES_RESUMED = "UpgradeWritesResumed"
 
 
 def involved_ref(obj: Mapping[str, Any]) -> dict[str, Any]:

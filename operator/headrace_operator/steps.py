@@ -110,6 +110,8 @@ class Pass:
     """Node name -> the image an UpgradePlan set for it (:data:`.builders.NODE_IMAGES`)."""
     max_unavailable: int = 1
     """Node pods the restarts may take down at once (:data:`.builders.MAX_UNAVAILABLE`)."""
+    offline: bool = False
+    """An Offline UpgradePlan runs (:data:`.builders.OFFLINE_UPGRADE`)."""
     control: ClusterControl | None = None
     pods: dict[int, PodView] = dataclasses.field(default_factory=dict)
     snapshot: ClusterSnapshot | None = None
@@ -155,6 +157,7 @@ async def parse_spec(p: Pass) -> StepResult:
         p.spec = models.parse_cluster_spec(p.body.get("spec") or {})
         p.targets = builders.node_targets(p.body)
         p.max_unavailable = builders.max_unavailable(p.body)
+        p.offline = bool(builders.offline_upgrade(p.body))
     except InvalidSpec as exc:
         return halted(Halt.INVALID_SPEC, exc.message)
     return DONE
@@ -227,7 +230,13 @@ async def reconcile_pods(p: Pass) -> StepResult:
         for i in range(spec.nodes)
     }
     plan = plan_nodes(
-        p.ref.name, spec.nodes, hashes, p.pods, facts, max_unavailable=p.max_unavailable
+        p.ref.name,
+        spec.nodes,
+        hashes,
+        p.pods,
+        facts,
+        max_unavailable=p.max_unavailable,
+        offline=p.offline,
     )
     results = [waiting_on(*plan.waiting)]
     for action in plan.actions:
@@ -291,6 +300,12 @@ async def _carry_out(p: Pass, spec: StreamingClusterSpec, action: Action) -> Ste
         else:
             await p.event(Reason.NODE_POD_DELETED, f"deleted node pod {node} (scale-down)")
         return waiting_on(f"deleting drained pod {node}")
+    if kind is ActionKind.STOP_OFFLINE:
+        await p.event(
+            Reason.NODE_RESTARTING,
+            f"stopping node {node} for an offline upgrade (writes stopped, every node restarts)",
+        )
+        return waiting_on(f"replacing pod {node} (offline upgrade)")
     await p.event(
         Reason.NODE_RESTARTING, f"restarting node {node}: template changed, holds no pchannel"
     )
