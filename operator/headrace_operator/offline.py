@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from headrace_operator.models import PlannedStep
 from headrace_operator.upgradeplan import OFFLINE_NODE_STEPS, OfflineAction, UpgradeNode
@@ -219,3 +220,18 @@ def done_steps(
     steps = step_states(Decision(OfflineAction.RESUME_WRITES, Act.FINISH, ""), nodes, previous, now)
     last = steps[-1]
     return [*steps[:-1], last.model_copy(update={"state": StepState.DONE.value})]
+
+
+ENDED = ("Succeeded", "RolledBack", "Failed")
+
+
+def orphaned(plan: str, body: Mapping[str, Any] | None) -> str:
+    """Why the Offline plan ``plan`` named on a cluster no longer runs it
+    ("" while it does): deleted, being deleted, or ended (a plan that
+    failed on its spec never gets to resume the writes it stopped)."""
+    if body is None:
+        return f"UpgradePlan {plan} no longer exists"
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return f"UpgradePlan {plan} is being deleted"
+    phase = (body.get("status") or {}).get("phase", "")
+    return f"UpgradePlan {plan} ended {phase}" if phase in ENDED else ""

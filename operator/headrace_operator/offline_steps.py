@@ -21,7 +21,7 @@ from headrace.cluster import AssignmentState
 from headrace.coordinator.writestop import StopState, drained
 from headrace_operator import builders, models
 from headrace_operator.events import Reason
-from headrace_operator.interfaces import ClusterControl
+from headrace_operator.interfaces import ClusterControl, EventSink, KubeApi
 from headrace_operator.models import NodeProgress, PlannedStep
 from headrace_operator.offline import (
     Act,
@@ -29,6 +29,7 @@ from headrace_operator.offline import (
     OfflineFacts,
     decide,
     done_steps,
+    orphaned,
     step_states,
 )
 from headrace_operator.results import DONE, Halt, StepResult, halted, waiting_on
@@ -229,3 +230,31 @@ async def _node_events(p: UpgradePass) -> None:
     for name, item in p.progress.items():
         if item.step == NodeStep.DONE and before.get(name) != NodeStep.DONE:
             await p.event(Reason.UPGRADE_NODE_DONE, f"node {name} runs {item.to}")
+
+
+async def release_orphan(
+    kube: KubeApi, events: EventSink, control: ClusterControl, cluster: Mapping[str, Any]
+) -> str:
+    """The cluster's side of an Offline plan that went away mid-way: when the
+    plan its :data:`~.builders.OFFLINE_UPGRADE` annotation names no longer
+    runs (:func:`.offline.orphaned`), resume the writes that plan stopped and
+    remove the annotation, so the cluster's pass unfreezes its nodes again and
+    no cluster is left stopped by a plan nobody sees. Returns what it did
+    ("" when nothing)."""
+    plan = builders.offline_upgrade(cluster)
+    if not plan:
+        return ""
+    meta = cluster["metadata"]
+    namespace = meta["namespace"]
+    why = orphaned(plan, await kube.get(models.API_VERSION, "UpgradePlan", namespace, plan))
+    if not why:
+        return ""
+    state = await control.write_stop()
+    resumed = state.stop is not None and state.stop.by == plan_id(namespace, plan)
+    if resumed:
+        await control.resume_writes()
+    patch = {"metadata": {"annotations": {builders.OFFLINE_UPGRADE: None}}}
+    await kube.patch_merge(models.API_VERSION, CLUSTER_KIND, namespace, meta["name"], patch)
+    done = f"{why}: {'writes resumed, ' if resumed else ''}offline-upgrade annotation removed"
+    await events.emit(cluster, Reason.UPGRADE_WRITES_RESUMED.value, done, warning=True)
+    return done

@@ -40,6 +40,7 @@ from headrace_operator.events import Reason
 from headrace_operator.interfaces import BackendProbe, ClusterControl, EventSink, KubeApi
 from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.nodeplan import Action, ActionKind, DrainReason, PodView, plan_nodes
+from headrace_operator.offline_steps import release_orphan
 from headrace_operator.results import (
     DONE,
     FailureKind,
@@ -190,6 +191,16 @@ async def check_standby(p: Pass) -> StepResult:
         return DONE
     reason = standby_reason(p.leader, p.control.candidate_id())
     return halted(Halt.STANDBY, reason) if reason else DONE
+
+
+async def release_offline_upgrade(p: Pass) -> StepResult:
+    """An Offline plan deleted or ended mid-way leaves no stop behind
+    (:func:`.offline_steps.release_orphan`)."""
+    if p.control is None or not p.offline:
+        return DONE
+    if await release_orphan(p.kube, p.events, p.control, p.body):
+        p.offline = False
+    return DONE
 
 
 async def apply_cluster_objects(p: Pass) -> StepResult:
@@ -495,6 +506,7 @@ STEPS: Sequence[tuple[str, Step]] = (
     ("coordinator", connect_coordinator),
     ("metastore", observe_metastore),
     ("standby", check_standby),
+    ("offline-upgrade", release_offline_upgrade),
     ("cluster-objects", apply_cluster_objects),
     ("backends", check_backends),
     ("volume", apply_volume),

@@ -14,6 +14,7 @@ from headrace_operator.offline import (
     OfflineFacts,
     decide,
     done_steps,
+    orphaned,
     step_states,
 )
 from headrace_operator.upgradeplan import OfflineAction, UpgradeNode
@@ -130,3 +131,12 @@ def test_step_states_record_progress_and_keep_start_times() -> None:
     assert again[4].started == ""
     finished = done_steps(["c-node-0"], again, "2026-11-24T03:10:00Z")
     assert {s.state for s in finished} == {"Done", "Skipped"}
+
+
+def test_an_offline_plan_that_went_away_is_said_to() -> None:
+    assert orphaned("p", None) == "UpgradePlan p no longer exists"
+    deleting = {"metadata": {"deletionTimestamp": "2026-11-24T03:00:00Z"}}
+    assert orphaned("p", deleting) == "UpgradePlan p is being deleted"
+    assert orphaned("p", {"status": {"phase": "Failed"}}) == "UpgradePlan p ended Failed"
+    for running in ({}, {"status": {"phase": "Running"}}, {"status": {"phase": "Blocked"}}):
+        assert orphaned("p", running) == "", "a Blocked plan keeps its stop (and says so)"

@@ -260,3 +260,29 @@ async def test_a_stop_put_in_place_by_someone_else_is_not_resumed_by_the_plan(be
     assert state.stop is not None and state.stop.by == "cli", "another's stop stays"
     assert "writes stopped by cli" in condition(body, "WritesStopped")["message"]
     assert Keys("ns.held")  # the cluster's metastore name on the fake bed
+
+
+async def test_a_plan_deleted_while_writes_are_stopped_leaves_no_stop_behind(bed: Bed) -> None:
+    await bed.create_cluster("gone", nodes=2, pchannels=2)
+    await bed.converge("gone", is_ready, what="Ready")
+    await create_plan(bed, "gone-up", "gone", mode="Offline", paused=False)
+
+    async def stopped() -> bool:
+        await upgrade_pass(bed, "gone-up")
+        annotations = (await bed.cluster("gone"))["metadata"].get("annotations") or {}
+        marked = annotations.get(builders.OFFLINE_UPGRADE) == "gone-up"
+        return marked and (await write_stop(bed, "gone")).stop is not None
+
+    await bed.until("gone", stopped, what="writes stopped by the plan", timeout=60)
+    await bed.kube.patch_merge(*UP, bed.namespace, "gone-up", {"spec": {"paused": True}})
+    await upgrade_pass(bed, "gone-up")
+    await bed.kube.delete(*UP, bed.namespace, "gone-up")
+
+    async def released() -> bool:
+        snapshot = await (await bed.control("gone")).snapshot()
+        thawed = not any(n.frozen for n in snapshot.live_nodes().values())
+        return (await write_stop(bed, "gone")).stop is None and thawed
+
+    await bed.until("gone", released, what="writes resumed and nodes unfrozen", timeout=60)
+    cluster = await bed.cluster("gone")
+    assert builders.OFFLINE_UPGRADE not in (cluster["metadata"].get("annotations") or {})
