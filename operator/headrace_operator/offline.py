@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headrace_operator.models import PlannedStep
-from headrace_operator.upgradeplan import OFFLINE_NODE_STEPS, OfflineAction, UpgradeNode
+from headrace_operator.upgradeplan import OFFLINE_NODE_STEPS, NodeStep, OfflineAction, UpgradeNode
 
 
 class Act(enum.StrEnum):
@@ -176,6 +176,23 @@ def _resume(f: OfflineFacts) -> Decision:
     if f.ours:
         return Decision(OfflineAction.RESUME_WRITES, Act.RESUME, "resuming writes")
     return Decision(OfflineAction.RESUME_WRITES, Act.FINISH, "every node runs the target")
+
+
+_NODES_GOING = frozenset(
+    {OfflineAction.STOP_NODES, OfflineAction.START_NODES, OfflineAction.RESUME_WRITES}
+)
+
+
+def node_step(decision: Decision, back: bool, was_done: bool) -> NodeStep:
+    """Where one node is: Pending until the plan points the nodes at the
+    target, Restarting until the node is back on it (``back``), then Done
+    (``was_done``: an earlier pass said Done)."""
+    told = decision.step in _NODES_GOING and decision.act is not Act.TELL
+    if back and (told or was_done):
+        return NodeStep.DONE
+    if told or decision.act is Act.TELL:
+        return NodeStep.RESTARTING
+    return NodeStep.PENDING
 
 
 def step_states(

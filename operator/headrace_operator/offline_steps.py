@@ -29,6 +29,7 @@ from headrace_operator.offline import (
     OfflineFacts,
     decide,
     done_steps,
+    node_step,
     orphaned,
     step_states,
 )
@@ -190,23 +191,13 @@ def node_progress(
     """Per node: Pending until the plan stops the nodes, Restarting until it
     is back on the target, then Done."""
     before = {item["node"]: item for item in p.previous.get("nodes") or []}
-    restarting = decision.step in (
-        OfflineAction.STOP_NODES,
-        OfflineAction.START_NODES,
-        OfflineAction.RESUME_WRITES,
-    ) and (decision.act is not Act.TELL)
     cluster_spec = p.cluster_spec
     assert cluster_spec is not None
     progress = {}
     for node in f.nodes:
         old = before.get(node.name, {})
         back = f.back(node)
-        if back and (restarting or old.get("step") == NodeStep.DONE):
-            step = NodeStep.DONE
-        elif restarting or decision.act is Act.TELL:
-            step = NodeStep.RESTARTING
-        else:
-            step = NodeStep.PENDING
+        step = node_step(decision, back, old.get("step") == NodeStep.DONE)
         started = old.get("started") or (now if step is not NodeStep.PENDING else "")
         origin = old.get("from") or (
             node.image if node.image and node.image != f.target_image else cluster_spec.image

@@ -14,10 +14,11 @@ from headrace_operator.offline import (
     OfflineFacts,
     decide,
     done_steps,
+    node_step,
     orphaned,
     step_states,
 )
-from headrace_operator.upgradeplan import OfflineAction, UpgradeNode
+from headrace_operator.upgradeplan import NodeStep, OfflineAction, UpgradeNode
 
 OLD, NEW = "node:v1", "node:v2"
 
@@ -140,3 +141,16 @@ def test_an_offline_plan_that_went_away_is_said_to() -> None:
     assert orphaned("p", {"status": {"phase": "Failed"}}) == "UpgradePlan p ended Failed"
     for running in ({}, {"status": {"phase": "Running"}}, {"status": {"phase": "Blocked"}}):
         assert orphaned("p", running) == "", "a Blocked plan keeps its stop (and says so)"
+
+
+def test_node_steps_follow_the_plan() -> None:
+    waiting = Decision(OfflineAction.DRAIN_AND_FENCE, Act.WAIT, "")
+    assert node_step(waiting, back=False, was_done=False) is NodeStep.PENDING
+    tell = Decision(OfflineAction.STOP_NODES, Act.TELL, "")
+    assert node_step(tell, back=False, was_done=False) is NodeStep.RESTARTING
+    starting = Decision(OfflineAction.START_NODES, Act.WAIT, "")
+    assert node_step(starting, back=False, was_done=False) is NodeStep.RESTARTING
+    assert node_step(starting, back=True, was_done=False) is NodeStep.DONE
+    assert node_step(waiting, back=True, was_done=True) is NodeStep.DONE, (
+        "once Done, a node on the target stays Done"
+    )
