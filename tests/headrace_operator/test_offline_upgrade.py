@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -57,7 +58,7 @@ async def drive(
     *,
     seen: dict[str, set[str]],
     timeout: float = 120,
-    each: Any = None,
+    each: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """Cluster pass, plan pass, until the plan's phase is one of ``until``;
     the uid of every node pod seen goes into ``seen``."""

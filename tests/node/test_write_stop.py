@@ -66,7 +66,7 @@ async def consumed(cluster: Cluster, count: int) -> list[bytes]:
         HeadraceClient(cluster.url, cluster.keys.cluster) as client,
         client.consume(V, start="earliest", types={MessageType.INSERT}) as consumer,
     ):
-        payloads = []
+        payloads: list[bytes] = []
         while len(payloads) < count:
             entry = await consumer.next(timeout=10)
             assert entry is not None, f"only {len(payloads)} of {count} messages came back"
