@@ -110,10 +110,12 @@ async def produce(
     count: int | None = None,
     stop: asyncio.Event | None = None,
     batch: int = 64,
+    deadline: float = 60.0,
 ) -> Traffic:
     """Send numbered messages round-robin over ``vchannels`` (payload
-    ``<vchannel>:<n>``) until ``count`` were sent or ``stop`` is set."""
-    options = ProducerOptions(max_batch_messages=batch, deadline=60.0)
+    ``<vchannel>:<n>``) until ``count`` were sent or ``stop`` is set; each
+    message is retried for up to ``deadline`` seconds."""
+    options = ProducerOptions(max_batch_messages=batch, deadline=deadline)
     async with client.producer(options) as producer:
         while (count is None or traffic.sent < count) and not (stop and stop.is_set()):
             size = batch if count is None else min(batch, count - traffic.sent)

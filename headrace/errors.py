@@ -30,6 +30,7 @@ class ErrorCode(enum.Enum):
     TXN_ABORTED = "TXN_ABORTED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     FLUSH_BEHIND = "FLUSH_BEHIND"
+    WRITES_STOPPED = "WRITES_STOPPED"
     INTERNAL = "INTERNAL"
 
 
@@ -139,6 +140,13 @@ class FlushBehind(Unavailable):
     code = ErrorCode.FLUSH_BEHIND
 
 
+class WritesStopped(Unavailable):
+    """Writes are stopped cluster-wide (an upgrade with downtime is under way):
+    nothing was written; the same append succeeds once writes resume."""
+
+    code = ErrorCode.WRITES_STOPPED
+
+
 class NotFound(HeadraceError):
     code = ErrorCode.NOT_FOUND
 
@@ -209,6 +217,7 @@ _BY_CODE: dict[ErrorCode, type[HeadraceError]] = {
     ErrorCode.TXN_ABORTED: TxnAborted,
     ErrorCode.PERMISSION_DENIED: PermissionDenied,
     ErrorCode.FLUSH_BEHIND: FlushBehind,
+    ErrorCode.WRITES_STOPPED: WritesStopped,
     ErrorCode.INTERNAL: HeadraceError,
 }
 

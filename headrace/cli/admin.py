@@ -1,4 +1,4 @@
-"""``headrace status``, ``move``, ``drain``, ``undrain``, ``balancer``, ``format``,
+"""``headrace status``, ``move``, ``drain``, ``undrain``, ``balancer``, ``format``, ``writes``,
 ``wal dump`` and ``wal repair``."""
 
 from __future__ import annotations
@@ -51,6 +51,37 @@ async def status(args: argparse.Namespace) -> int:
             print(f"{row['pchannel']}: {row['wal_error']}")
         if row.get("reason"):
             print(f"{row['pchannel']} waits: {row['reason']}")
+    print(writes_line(report["writes"]))
+    return 0
+
+
+def writes_line(writes: dict[str, Any]) -> str:
+    """The write stop in one line of text (pure)."""
+    if not writes["stopped"]:
+        return "writes: flowing"
+    by = f" by {writes['by']}" if writes["by"] else ""
+    drained = writes["drained"] or "every node obeys it, nothing in flight"
+    return f"writes: STOPPED{by}: {writes['reason']} ({drained})"
+
+
+async def writes(args: argparse.Namespace) -> int:
+    if args.action == "stop":
+        if not args.reason.strip():
+            raise errors.InvalidArgument("writes stop needs --reason (producers are shown it)")
+        outcome = await client_api.stop_writes(args.metastore, args.reason, cluster=args.cluster)
+    elif args.action == "resume":
+        outcome = await client_api.resume_writes(args.metastore, cluster=args.cluster)
+    else:
+        outcome = await client_api.writes_status(args.metastore, cluster=args.cluster)
+    if args.json:
+        print(json.dumps(outcome))
+    elif "was_stopped" in outcome:
+        print("writes: flowing" + ("" if outcome["was_stopped"] else " (were not stopped)"))
+    else:
+        print(writes_line(outcome))
+        for node, report in outcome.get("nodes", {}).items():
+            seen = "in flight: " + str(report["in_flight"]) if report["acknowledged"] else "not yet"
+            print(f"  {node}: {seen}")
     return 0
 
 

@@ -83,6 +83,18 @@ def _add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     _add_metastore(f)
     f.add_argument("version", type=int)
     f.set_defaults(handler=admin.format_set)
+    p = sub.add_parser(
+        "writes", help="stop writes cluster-wide (producers get WRITES_STOPPED), resume, status"
+    )
+    _add_metastore(p)
+    p.add_argument(
+        "action",
+        choices=["stop", "resume", "status"],
+        help="stop: every node refuses producers' appends (retryable) until resume; "
+        "status: the stop and each node's appends in flight",
+    )
+    p.add_argument("--reason", default="", help="why (shown to producers; required for stop)")
+    p.set_defaults(handler=admin.writes)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,8 +19,9 @@ from headrace import errors, tso
 from headrace.client.client import HeadraceClient
 from headrace.client.discovery import ChannelPool
 from headrace.client.manager import ManagerClient, NodeWALs, WALStatus
-from headrace.client.status import status
+from headrace.client.status import status, writes_report
 from headrace.cluster import DEFAULT_CLUSTER, Assignment, AssignmentState, Keys, TLSMode
+from headrace.coordinator import writestop
 from headrace.coordinator.control import (
     ClusterAdmin,
     ControlKeys,
@@ -54,7 +55,10 @@ __all__ = [
     "request_drain",
     "request_move",
     "request_undrain",
+    "resume_writes",
     "set_balancer",
+    "stop_writes",
+    "writes_status",
 ]
 
 
@@ -314,6 +318,31 @@ async def message_formats(metastore_url: str, cluster: str = DEFAULT_CLUSTER) ->
         },
         "common_writable": common_writable(nodes),
     }
+
+
+async def stop_writes(
+    metastore_url: str, reason: str, *, by: str = "cli", cluster: str = DEFAULT_CLUSTER
+) -> dict[str, Any]:
+    """Stop writes cluster-wide (idempotent: an earlier stop stays as it was)."""
+    async with _cluster_store(metastore_url, cluster) as store:
+        keys = Keys(cluster)
+        state = await writestop.stop_writes(store, keys, reason, by)
+        return writes_report(state, list((await read_snapshot(store, keys)).nodes))
+
+
+async def resume_writes(metastore_url: str, *, cluster: str = DEFAULT_CLUSTER) -> dict[str, Any]:
+    """Let writes flow again; ``was_stopped`` says whether they were stopped."""
+    async with _cluster_store(metastore_url, cluster) as store:
+        was = await writestop.resume_writes(store, Keys(cluster))
+    return {"stopped": False, "was_stopped": was}
+
+
+async def writes_status(metastore_url: str, *, cluster: str = DEFAULT_CLUSTER) -> dict[str, Any]:
+    """Whether writes are stopped, why, and what each live node reports."""
+    async with _cluster_store(metastore_url, cluster) as store:
+        keys = Keys(cluster)
+        state = await writestop.read_stop(store, keys)
+        return writes_report(state, list((await read_snapshot(store, keys)).nodes))
 
 
 async def list_collections(

@@ -17,6 +17,7 @@ from headrace.cluster import (
     NodeInfo,
 )
 from headrace.coordinator import control as control_mod
+from headrace.coordinator import writestop
 from headrace.coordinator.control import BalanceControl, ControlKeys, NodeControl
 from headrace.coordinator.status import layout_summary
 from headrace.metastore.contract import Get, KeyValue
@@ -57,6 +58,8 @@ async def status(
                         Get(retention_prefix(keys), prefix=True),
                         Get(keys.format),
                         Get(keys.log_formats, prefix=True),
+                        Get(writestop.stop_key(keys)),
+                        Get(writestop.acks_prefix(keys), prefix=True),
                     ],
                 )
             finally:
@@ -66,7 +69,7 @@ async def status(
             f"metastore {metastore_url} did not answer within {timeout:g}s"
         ) from None
     config_kvs, node_kvs, pchannel_kvs, leader_kvs, request_kvs, cp_kvs, kept_kvs = result.gets[:7]
-    format_kvs, log_format_kvs = result.gets[7:]
+    format_kvs, log_format_kvs, stop_kvs, ack_kvs = result.gets[7:]
     cluster_format = ClusterFormat.from_json(format_kvs[0].value) if format_kvs else ClusterFormat()
     log_formats = {
         kv.key[len(keys.log_formats) :]: LogFormats.from_json(kv.value) for kv in log_format_kvs
@@ -141,6 +144,41 @@ async def status(
             if node_id not in layout and (c.frozen or c.draining)
         ],
         "pchannels": pchannels,
+        "writes": writes_report(
+            writestop.StopState(
+                stop=writestop.WriteStop.from_json(stop_kvs[0].value) if stop_kvs else None,
+                revision=stop_kvs[0].mod_revision if stop_kvs else 0,
+                acks=_under(ack_kvs, writestop.acks_prefix(keys), writestop.WriteStopAck),
+            ),
+            [n.node_id for n in nodes],
+        ),
+    }
+
+
+def writes_report(state: writestop.StopState, live: list[str]) -> dict[str, object]:
+    """The write stop, ready for JSON (pure): ``stopped``, and while stopped
+    its reason, author and time, each live node's acknowledgement and appends
+    in flight, and ``drained`` ("" once every live node obeys with nothing in
+    flight, else why not)."""
+    stop = state.stop
+    if stop is None:
+        return {"stopped": False}
+    nodes = {}
+    for node in sorted(live):
+        ack = state.acks.get(node)
+        obeys = ack is not None and ack.stop_revision == state.revision
+        nodes[node] = {
+            "acknowledged": obeys,
+            "in_flight": ack.in_flight if ack is not None and obeys else None,
+        }
+    return {
+        "stopped": True,
+        "reason": stop.reason,
+        "by": stop.by,
+        "since": stop.since,
+        "revision": state.revision,
+        "nodes": nodes,
+        "drained": writestop.drained(state, live),
     }
 
 
@@ -158,7 +196,7 @@ def _retention(
     }
 
 
-_C = TypeVar("_C", NodeControl, BalanceControl)
+_C = TypeVar("_C", NodeControl, BalanceControl, writestop.WriteStopAck)
 
 
 def _under(kvs: list[KeyValue], prefix: str, model: type[_C]) -> dict[str, _C]:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo
+from headrace.coordinator.writestop import stop_key
 from headrace.guarded import OnFailure, cancel_and_settle, guarded_task
 from headrace.metastore.contract import (
     Compare,
@@ -35,6 +36,7 @@ from headrace.metastore.contract import (
     WatchEvent,
 )
 from headrace.node.walmanager import WALManager
+from headrace.node.writegate import WriteGate
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +207,11 @@ class Reactor:
         retry_seconds: float = 0.5,
         max_retry_seconds: float = 10.0,
         session_lease: Callable[[], int] = lambda: 0,
+        write_gate: WriteGate | None = None,
     ) -> None:
+        self.write_gate = write_gate or WriteGate(manager.node_id)
+        """Told every change of the cluster's write stop record."""
+        self._stop_key = stop_key(keys)
         self.on_failure = on_failure
         """Told when one of the reactor's tasks fails: the node cannot follow its records."""
         self.session_lease = session_lease
@@ -262,9 +268,15 @@ class Reactor:
         keys = self.keys
         result = await self.metastore.txn(
             [],
-            [Get(keys.pchannels, prefix=True), Get(keys.nodes, prefix=True), Get(keys.config)],
+            [
+                Get(keys.pchannels, prefix=True),
+                Get(keys.nodes, prefix=True),
+                Get(keys.config),
+                Get(self._stop_key),
+            ],
         )
-        pchannel_kvs, node_kvs, config_kvs = result.gets
+        pchannel_kvs, node_kvs, config_kvs, stop_kvs = result.gets
+        self.write_gate.observe(stop_kvs[0] if stop_kvs else None)
         directory = self.manager.directory
         directory.addresses = {}
         for kv in node_kvs:
@@ -311,6 +323,8 @@ class Reactor:
             self._on_node(key, kv)
         elif key == self.keys.config:
             self._on_config(kv)
+        elif key == self._stop_key:
+            self.write_gate.observe(kv)
 
     def _on_config(self, kv: KeyValue | None) -> None:
         try:

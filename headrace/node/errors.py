@@ -36,6 +36,7 @@ STATUS_OF_CODE: dict[errors.ErrorCode, grpc.StatusCode] = {
     errors.ErrorCode.TXN_ABORTED: grpc.StatusCode.ABORTED,
     errors.ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     errors.ErrorCode.FLUSH_BEHIND: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.ErrorCode.WRITES_STOPPED: grpc.StatusCode.UNAVAILABLE,
     errors.ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 

@@ -60,6 +60,7 @@ from headrace.node.housekeeping import Housekeeper
 from headrace.node.metrics import NodeMetrics
 from headrace.node.services import ConsumerService, Limits, ManagerService, ProducerService
 from headrace.node.walmanager import WALManager
+from headrace.node.writegate import WriteGate
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 from headrace.tls import ReloadingServerCredentials, ServerTLS
@@ -184,6 +185,8 @@ class StreamingNode:
         self.producer_service: ProducerService | None = None
         self.consumer_service: ConsumerService | None = None
         self.reactor: Reactor | None = None
+        self.write_gate = WriteGate(config.node_id)
+        """The cluster-wide write stop as this node obeys it."""
         self.housekeeper: Housekeeper | None = None
         self.metrics: NodeMetrics | None = None
         self.metrics_server: MetricsServer | None = None
@@ -226,6 +229,7 @@ class StreamingNode:
                 self.address,
                 self._on_task_failure,
                 session_lease=self._session_lease,
+                write_gate=self.write_gate,
             )
             await self._register()
             self.housekeeper = Housekeeper(cfg.node_id, self.metastore, self.keys, self.manager)
@@ -242,6 +246,12 @@ class StreamingNode:
                     f"{cfg.node_id}-session",
                     self._on_task_failure,
                     finishable=True,  # returns only once another process took the id
+                    logger=log,
+                ),
+                guarded_task(
+                    self.write_gate.report(self.metastore, self.keys, self._session_lease),
+                    f"{cfg.node_id}-write-stop",
+                    self._on_task_failure,
                     logger=log,
                 ),
                 guarded_task(
@@ -276,7 +286,9 @@ class StreamingNode:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        self.producer_service = ProducerService(self.manager, cfg.limits, self.metrics)
+        self.producer_service = ProducerService(
+            self.manager, cfg.limits, metrics=self.metrics, gate=self.write_gate
+        )
         self.consumer_service = ConsumerService(self.manager, cfg.limits, self.metrics)
         rpc.add_services(
             server,

@@ -28,6 +28,7 @@ from headrace.node.assignments import read_assignment, refuse_close, refuse_open
 from headrace.node.errors import abort, as_headrace, to_proto
 from headrace.node.metrics import NodeMetrics
 from headrace.node.walmanager import OpenFailure, WALManager
+from headrace.node.writegate import WriteGate
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 from headrace.wal.api import AppendResult, WALState
@@ -58,11 +59,18 @@ class Limits:
 
 class ProducerService(rpc.ProducerServicer):
     def __init__(
-        self, manager: WALManager, limits: Limits, metrics: NodeMetrics | None = None
+        self,
+        manager: WALManager,
+        limits: Limits,
+        *,
+        metrics: NodeMetrics | None = None,
+        gate: WriteGate | None = None,
     ) -> None:
         self.manager = manager
         self.limits = limits
         self.metrics = metrics
+        self.gate = gate or WriteGate(manager.node_id)
+        """The cluster-wide write stop: refuses producers' messages while it holds."""
 
     async def Produce(
         self,
@@ -134,15 +142,23 @@ class ProducerService(rpc.ProducerServicer):
         messages: list[Message] = []
         rejected: dict[int, errors.HeadraceError] = {}
         position = 0
+        gate = self.gate
         for batch in batches:
             for proto in batch.messages:
                 try:
-                    messages.append(admit(proto))
+                    message = admit(proto)
                 except errors.HeadraceError as exc:
                     rejected[position] = exc
+                else:
+                    stopped = gate.refusal_for(message.type)
+                    if stopped is None:
+                        messages.append(message)
+                    else:
+                        rejected[position] = stopped
                 position += 1
         started = time.perf_counter()
-        outcomes = await self._append_messages(pchannel, messages)
+        with gate.appending(len(messages)):
+            outcomes = await self._append_messages(pchannel, messages)
         if rejected:
             accepted = iter(outcomes)
             outcomes = [rejected.get(i) or next(accepted) for i in range(position)]

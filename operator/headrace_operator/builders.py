@@ -67,6 +67,10 @@ node name -> the image that node runs instead of ``spec.image``."""
 MAX_UNAVAILABLE = f"{models.GROUP}/max-unavailable"
 """Annotation on a StreamingCluster, written by its UpgradePlan with
 NODE_IMAGES: how many node pods its pass may restart at once (default 1)."""
+OFFLINE_UPGRADE = f"{models.GROUP}/offline-upgrade"
+"""Annotation on a StreamingCluster, written by an Offline UpgradePlan (its
+name) once it stopped writes: the cluster's pass then stops every node whose
+template changed at once, without a drain, and unfreezes none (the plan does)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -503,6 +507,12 @@ def max_unavailable(body: Mapping[str, Any]) -> int:
             field=f"metadata.annotations.{MAX_UNAVAILABLE}",
         )
     return int(raw)
+
+
+def offline_upgrade(body: Mapping[str, Any]) -> str:
+    """The Offline UpgradePlan that runs on the cluster ("" when none)."""
+    annotations = body.get("metadata", {}).get("annotations") or {}
+    return str(annotations.get(OFFLINE_UPGRADE) or "")
 
 
 def encode_node_targets(targets: Mapping[str, NodeTarget]) -> str | None:

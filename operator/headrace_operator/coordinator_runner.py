@@ -23,7 +23,13 @@ from collections.abc import Awaitable, Callable
 
 from headrace import errors
 from headrace.cluster import Keys
-from headrace.coordinator import ClusterAdmin, Coordinator, CoordinatorConfig, read_snapshot
+from headrace.coordinator import (
+    ClusterAdmin,
+    Coordinator,
+    CoordinatorConfig,
+    read_snapshot,
+    writestop,
+)
 from headrace.coordinator.election import current_leader
 from headrace.coordinator.formats import FormatSwitch, set_cluster_format
 from headrace.coordinator.snapshot import ClusterSnapshot
@@ -103,6 +109,18 @@ class MetastoreControl:
 
     async def set_format(self, version: int, reason: str) -> FormatSwitch:
         return await set_cluster_format(self.metastore, self.keys, version, reason=reason)
+
+    async def freeze(self, node: str) -> None:
+        await self.admin.set_frozen(node, True)
+
+    async def write_stop(self) -> writestop.StopState:
+        return await writestop.read_stop(self.metastore, self.keys)
+
+    async def stop_writes(self, reason: str, by: str) -> writestop.StopState:
+        return await writestop.stop_writes(self.metastore, self.keys, reason, by)
+
+    async def resume_writes(self) -> bool:
+        return await writestop.resume_writes(self.metastore, self.keys)
 
     def coordinator_error(self) -> str:
         return "" if self.runner is None else self.runner.error

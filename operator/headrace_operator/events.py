@@ -48,6 +48,8 @@ class Reason(enum.StrEnum):
     UPGRADE_SUCCEEDED = "UpgradeSucceeded"
     UPGRADE_ROLLED_BACK = "UpgradeRolledBack"
     UPGRADE_FORMAT_SWITCHED = "UpgradeFormatSwitched"
+    UPGRADE_WRITES_STOPPED = "UpgradeWritesStopped"
+    UPGRADE_WRITES_RESUMED = "UpgradeWritesResumed"
 
 
 def involved_ref(obj: Mapping[str, Any]) -> dict[str, Any]:

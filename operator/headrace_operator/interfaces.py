@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from headrace.coordinator.formats import FormatSwitch
 from headrace.coordinator.snapshot import ClusterSnapshot
+from headrace.coordinator.writestop import StopState
 from headrace_operator.models import StreamingClusterSpec
 
 Object = dict[str, Any]
@@ -74,6 +75,18 @@ class ClusterControl(Protocol):
     async def set_format(self, version: int, reason: str) -> FormatSwitch:
         """Switch the cluster's message format (refused, InvalidArgument, unless
         every registered node reads and writes it)."""
+
+    async def freeze(self, node: str) -> None:
+        """Freeze ``node``: it receives no new pchannels, keeps what it holds."""
+
+    async def write_stop(self) -> StopState:
+        """The cluster-wide write stop and the nodes' acks."""
+
+    async def stop_writes(self, reason: str, by: str) -> StopState:
+        """Stop writes cluster-wide (an earlier stop is kept as it was)."""
+
+    async def resume_writes(self) -> bool:
+        """Let writes flow again; whether they were stopped."""
 
     def coordinator_error(self) -> str:
         """Why the in-process coordinator cannot run ("" when it can)."""

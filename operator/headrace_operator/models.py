@@ -430,6 +430,8 @@ class UpgradeConditionType(enum.StrEnum):
     SUCCEEDED = "Succeeded"
     ROLLED_BACK = "RolledBack"
     FAILED = "Failed"
+    WRITES_STOPPED = "WritesStopped"
+    """The cluster's writes are stopped (by this plan or another), and why."""
 
 
 class ClusterRefSpec(_Model):
@@ -528,8 +530,8 @@ class PlannedStep(_Model):
     action: str = pydantic.Field(
         default="restart",
         description=(
-            "restart (Rolling); stop-writes, drain-and-fence, stop-nodes, start-nodes, "
-            "resume-writes (Offline)."
+            "restart (Rolling); stop-writes, drain-and-fence, flush, stop-nodes, "
+            "start-nodes, resume-writes (Offline)."
         ),
     )
     nodes: list[str] = pydantic.Field(json_schema_extra={"maxItems": MAX_NODES})
@@ -538,6 +540,16 @@ class PlannedStep(_Model):
     )
     coordinator: bool = pydantic.Field(
         default=False, description="The step restarts the active coordinator's node."
+    )
+    state: str = pydantic.Field(
+        default="",
+        description="Offline steps: Pending, Running, Done or Skipped (empty for Rolling).",
+    )
+    message: str = pydantic.Field(
+        default="", description="Offline steps: what the step does or waits for, or why skipped."
+    )
+    started: str = pydantic.Field(
+        default="", description="Offline steps: when it was first seen running (RFC 3339)."
     )
 
 

@@ -18,6 +18,10 @@ the actions of this pass. The rules, in order:
   and no scale-down is under way.
 * A scale-down drain of an ordinal that is desired again is cancelled; a node
   the metastore still shows frozen after its pod was recreated is unfrozen.
+* During an Offline UpgradePlan (``offline``: writes are stopped and the plan
+  froze every node) every pod whose template changed is deleted at once,
+  without a drain (there is nowhere to drain to: every node goes), and no
+  node is unfrozen: the plan unfreezes them once all are back.
 
 A node with no other eligible node to take its pchannels (the last one, or
 scaling to zero) counts as drained: waiting could never end.
@@ -44,6 +48,8 @@ class ActionKind(enum.Enum):
     START_DRAIN = "start-drain"
     DELETE_DRAINED = "delete-drained"
     REPLACE_IDLE = "replace-idle"
+    STOP_OFFLINE = "stop-offline"
+    """Delete a stale pod without a drain: an Offline upgrade stops every node."""
     CANCEL_DRAIN = "cancel-drain"
     UNFREEZE = "unfreeze"
 
@@ -127,12 +133,14 @@ def plan_nodes(
     facts: NodeFacts | None,
     *,
     max_unavailable: int = 1,
+    offline: bool = False,
 ) -> NodePlan:
     """The node actions of one pass (see the module docstring).
 
     ``facts`` is None when the metastore is unreachable, which blocks every
     step that needs to know what a node holds. ``max_unavailable``: how many
-    desired pods may be out of service at once for restarts.
+    desired pods may be out of service at once for restarts. ``offline``: an
+    Offline UpgradePlan runs (writes stopped, every node frozen by it).
     """
     actions: list[Action] = []
     waiting: list[str] = []
@@ -153,12 +161,20 @@ def plan_nodes(
         if pod.draining == DrainReason.SCALE_DOWN:
             actions.append(Action(ActionKind.CANCEL_DRAIN, pod.ordinal, pod.name))
         elif (
-            not pod.draining
+            not offline
+            and not pod.draining
             and facts is not None
             and pod.name in facts.frozen
             and pod.template_hash == template_hashes.get(pod.ordinal)
         ):
             actions.append(Action(ActionKind.UNFREEZE, pod.ordinal, pod.name))
+    if offline:
+        actions += [
+            Action(ActionKind.STOP_OFFLINE, pod.ordinal, pod.name)
+            for pod in sorted(current, key=lambda p: -p.ordinal)
+            if pod.template_hash != template_hashes.get(pod.ordinal)
+        ]
+        return NodePlan(tuple(actions), tuple(waiting))
     present = {p.ordinal for p in current}
     not_ready = [p.name for p in current if not p.ready]
     not_ready += [node_name(cluster, o) for o in range(desired) if o not in present]

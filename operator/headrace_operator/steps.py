@@ -40,6 +40,7 @@ from headrace_operator.events import Reason
 from headrace_operator.interfaces import BackendProbe, ClusterControl, EventSink, KubeApi
 from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.nodeplan import Action, ActionKind, DrainReason, PodView, plan_nodes
+from headrace_operator.offline_steps import release_orphan
 from headrace_operator.results import (
     DONE,
     FailureKind,
@@ -110,6 +111,8 @@ class Pass:
     """Node name -> the image an UpgradePlan set for it (:data:`.builders.NODE_IMAGES`)."""
     max_unavailable: int = 1
     """Node pods the restarts may take down at once (:data:`.builders.MAX_UNAVAILABLE`)."""
+    offline: bool = False
+    """An Offline UpgradePlan runs (:data:`.builders.OFFLINE_UPGRADE`)."""
     control: ClusterControl | None = None
     pods: dict[int, PodView] = dataclasses.field(default_factory=dict)
     snapshot: ClusterSnapshot | None = None
@@ -155,6 +158,7 @@ async def parse_spec(p: Pass) -> StepResult:
         p.spec = models.parse_cluster_spec(p.body.get("spec") or {})
         p.targets = builders.node_targets(p.body)
         p.max_unavailable = builders.max_unavailable(p.body)
+        p.offline = bool(builders.offline_upgrade(p.body))
     except InvalidSpec as exc:
         return halted(Halt.INVALID_SPEC, exc.message)
     return DONE
@@ -187,6 +191,16 @@ async def check_standby(p: Pass) -> StepResult:
         return DONE
     reason = standby_reason(p.leader, p.control.candidate_id())
     return halted(Halt.STANDBY, reason) if reason else DONE
+
+
+async def release_offline_upgrade(p: Pass) -> StepResult:
+    """An Offline plan deleted or ended mid-way leaves no stop behind
+    (:func:`.offline_steps.release_orphan`)."""
+    if p.control is None or not p.offline:
+        return DONE
+    if await release_orphan(p.kube, p.events, p.control, p.body):
+        p.offline = False
+    return DONE
 
 
 async def apply_cluster_objects(p: Pass) -> StepResult:
@@ -227,7 +241,13 @@ async def reconcile_pods(p: Pass) -> StepResult:
         for i in range(spec.nodes)
     }
     plan = plan_nodes(
-        p.ref.name, spec.nodes, hashes, p.pods, facts, max_unavailable=p.max_unavailable
+        p.ref.name,
+        spec.nodes,
+        hashes,
+        p.pods,
+        facts,
+        max_unavailable=p.max_unavailable,
+        offline=p.offline,
     )
     results = [waiting_on(*plan.waiting)]
     for action in plan.actions:
@@ -291,6 +311,12 @@ async def _carry_out(p: Pass, spec: StreamingClusterSpec, action: Action) -> Ste
         else:
             await p.event(Reason.NODE_POD_DELETED, f"deleted node pod {node} (scale-down)")
         return waiting_on(f"deleting drained pod {node}")
+    if kind is ActionKind.STOP_OFFLINE:
+        await p.event(
+            Reason.NODE_RESTARTING,
+            f"stopping node {node} for an offline upgrade (writes stopped, every node restarts)",
+        )
+        return waiting_on(f"replacing pod {node} (offline upgrade)")
     await p.event(
         Reason.NODE_RESTARTING, f"restarting node {node}: template changed, holds no pchannel"
     )
@@ -480,6 +506,7 @@ STEPS: Sequence[tuple[str, Step]] = (
     ("coordinator", connect_coordinator),
     ("metastore", observe_metastore),
     ("standby", check_standby),
+    ("offline-upgrade", release_offline_upgrade),
     ("cluster-objects", apply_cluster_objects),
     ("backends", check_backends),
     ("volume", apply_volume),

@@ -18,14 +18,19 @@ Everything it needs to resume after an operator restart is in the
 annotations, the pods and its status: a node already on the target image is
 never restarted again.
 
-Order: spec, finished gate, cluster, one active plan per cluster, observation
-(pods and metastore), plan (a dry run stops here), pause gate, mode gate,
-target (the plan's image, or with ``rollback`` the cluster's), message formats
-(what the release the plan started from reads; a rollback to it is Blocked once
-the cluster writes a format it cannot read), progress (finish, wait, or start
-the next nodes after the safety gates; a node not on the target that is not
-Ready and holds nothing goes first, which is how a rollback gets past an image
-that never becomes Ready).
+An Offline plan (the upgrade with downtime) goes another way from the
+progress step on: :mod:`.offline_steps` stops writes cluster-wide, waits for
+in-flight appends, freezes the nodes, restarts all of them at once on the
+target and resumes writes (see :mod:`.offline`).
+
+Order: spec, finished gate, cluster, one active plan per cluster, target (the
+plan's image, or with ``rollback`` the cluster's), observation (pods and
+metastore, the write stop), message formats (what the release the plan started
+from reads; a rollback to it is Blocked once the cluster writes a format it
+cannot read), plan (a dry run stops here), pause gate, progress (finish, wait,
+or start the next nodes after the safety gates; a node not on the target that
+is not Ready and holds nothing goes first, which is how a rollback gets past an
+image that never becomes Ready).
 
 Finishing takes two passes when the target release writes a newer message
 format than the cluster's: once every node runs the target, the plan switches
@@ -46,6 +51,7 @@ from typing import Any, Literal
 from headrace import errors
 from headrace.cluster import AssignmentState
 from headrace.coordinator.snapshot import ClusterSnapshot
+from headrace.coordinator.writestop import StopState
 from headrace_operator import builders, models
 from headrace_operator.builders import ClusterRef, NodeTarget
 from headrace_operator.errors import InvalidSpec
@@ -63,6 +69,7 @@ from headrace_operator.models import (
     UpgradePlanSpec,
 )
 from headrace_operator.nodeplan import holdings
+from headrace_operator.offline_steps import advance_offline, plan_id
 from headrace_operator.results import (
     DONE,
     FailureKind,
@@ -78,7 +85,6 @@ from headrace_operator.steps import Connect
 from headrace_operator.upgradeplan import (
     ClusterView,
     NodeStep,
-    OfflineAction,
     UpgradeNode,
     cluster_missing,
     competing_plan,
@@ -205,10 +211,12 @@ class UpgradePass:
     with ``rollback`` the cluster's own (unchanged until the plan succeeds)."""
     view: ClusterView | None = None
     snapshot: ClusterSnapshot | None = None
+    control: ClusterControl | None = None
+    stop: StopState | None = None
+    """The cluster-wide write stop, as observed this pass."""
     plan: list[PlannedStep] = dataclasses.field(default_factory=list)
     progress: dict[str, NodeProgress] = dataclasses.field(default_factory=dict)
     succeeded: bool = False
-    control: ClusterControl | None = None
     formats: UpgradeFormats | None = None
     """The message formats around this upgrade (observed, and the switch)."""
 
@@ -344,6 +352,7 @@ async def observe(p: UpgradePass) -> StepResult:
     try:
         p.snapshot = await control.snapshot()
         leader = await control.leader()
+        p.stop = await control.write_stop()
     except errors.Unavailable as exc:
         return failed(f"metastore: {exc.message}", retryable=True, kind=FailureKind.BACKEND)
     pods = await p.kube.list("v1", "Pod", p.namespace, builders.selector_labels(ref.name))
@@ -392,22 +401,6 @@ async def make_plan(p: UpgradePass) -> StepResult:
 async def check_paused(p: UpgradePass) -> StepResult:
     reason = plan_paused(p.need_spec().paused)
     return halted(Halt.PAUSED, reason) if reason else DONE
-
-
-OFFLINE_BLOCKED = (
-    f"mode Offline needs cluster-wide write stop (not built in core): its first step, "
-    f"{OfflineAction.STOP_WRITES.value}, cannot be carried out, so nothing was changed; "
-    "use mode Rolling"
-)
-
-
-async def check_mode(p: UpgradePass) -> StepResult:
-    """What this release does not carry out yet, said plainly: the Offline
-    plan's steps are listed in ``status.plan``, but the nodes have no switch
-    that stops writes cluster-wide, so it stops before its first step."""
-    if p.need_spec().mode is UpgradeMode.OFFLINE:
-        return halted(Halt.BLOCKED, OFFLINE_BLOCKED)
-    return DONE
 
 
 async def choose_target(p: UpgradePass) -> StepResult:
@@ -494,6 +487,9 @@ async def advance(p: UpgradePass) -> StepResult:
     spec, view, target = p.need_spec(), p.view, p.need_target()
     if view is None:
         return DONE
+    if spec.mode is UpgradeMode.OFFLINE:
+        assert p.control is not None and p.stop is not None
+        return await advance_offline(p, p.control, p.stop)
     p.progress = track_nodes(p)
     before = _previous_progress(p)
     for name, item in p.progress.items():
@@ -639,7 +635,6 @@ UPGRADE_STEPS: Sequence[tuple[str, UpgradeStep]] = (
     ("formats", check_formats),
     ("plan", make_plan),
     ("pause", check_paused),
-    ("mode", check_mode),
     ("progress", advance),
 )
 
@@ -657,7 +652,33 @@ def _phase(p: UpgradePass, result: PassResult) -> UpgradePhase:
     if p.succeeded:
         return UpgradePhase.ROLLED_BACK if p.rolling_back else UpgradePhase.SUCCEEDED
     started = any(item.step != NodeStep.PENDING for item in p.progress.values())
-    return UpgradePhase.RUNNING if started or p.targets else UpgradePhase.PENDING
+    return UpgradePhase.RUNNING if started or p.targets or _stopped_by(p) else UpgradePhase.PENDING
+
+
+def _stopped_by(p: UpgradePass) -> bool:
+    """This plan's write stop is in place."""
+    stop = p.stop.stop if p.stop is not None else None
+    return stop is not None and stop.by == plan_id(p.namespace, p.name)
+
+
+def writes_condition(p: UpgradePass, previous: Mapping[str, Any]) -> Condition:
+    """``WritesStopped``: whether the cluster's writes are stopped, by whom
+    and why, so a stop left in place (a Blocked plan) is never silent."""
+    stop = p.stop.stop if p.stop is not None else None
+    value: Literal["True", "False"] = "True" if stop is not None else "False"
+    since = previous.get("lastTransitionTime") if previous.get("status") == value else None
+    message = ""
+    if stop is not None:
+        at = timestamp(datetime.datetime.fromtimestamp(stop.since, datetime.UTC))
+        message = f"writes stopped by {stop.by or 'unknown'} since {at}: {stop.reason}"
+    return Condition(
+        type=UpgradeConditionType.WRITES_STOPPED.value,
+        status=value,
+        reason="WritesStopped" if stop is not None else "WritesFlowing",
+        message=message,
+        observed_generation=p.generation,
+        last_transition_time=since or timestamp(p.now),
+    )
 
 
 def _conditions(phase: UpgradePhase, message: str, p: UpgradePass) -> list[Condition]:
@@ -685,6 +706,12 @@ def _conditions(phase: UpgradePhase, message: str, p: UpgradePass) -> list[Condi
                 last_transition_time=since or timestamp(p.now),
             )
         )
+    if p.stop is not None:
+        before = previous.get(UpgradeConditionType.WRITES_STOPPED.value, {})
+        conditions.append(writes_condition(p, before))
+    elif UpgradeConditionType.WRITES_STOPPED.value in previous:
+        kept = previous[UpgradeConditionType.WRITES_STOPPED.value]
+        conditions.append(Condition.model_validate(kept))
     return conditions
 
 

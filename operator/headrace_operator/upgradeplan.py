@@ -46,6 +46,7 @@ class NodeStep(enum.StrEnum):
 class OfflineAction(enum.StrEnum):
     STOP_WRITES = "stop-writes"
     DRAIN_AND_FENCE = "drain-and-fence"
+    FLUSH = "flush"
     STOP_NODES = "stop-nodes"
     START_NODES = "start-nodes"
     RESUME_WRITES = "resume-writes"
@@ -148,11 +149,20 @@ def rolling_plan(view: ClusterView, target_image: str, max_unavailable: int) -> 
     return steps
 
 
+OFFLINE_NODE_STEPS = frozenset(
+    {OfflineAction.DRAIN_AND_FENCE, OfflineAction.STOP_NODES, OfflineAction.START_NODES}
+)
+"""Offline steps that act on every node (the others act on the cluster)."""
+
+
 def offline_plan(view: ClusterView) -> list[PlannedStep]:
-    """The steps of the upgrade with downtime, every node at once."""
-    nodes = sorted((n.name for n in view.nodes), key=lambda name: name)
+    """The steps of the upgrade with downtime, every node at once (see
+    :mod:`.offline`)."""
+    nodes = sorted(n.name for n in view.nodes)
     return [
-        PlannedStep(index=i, action=action.value, nodes=nodes if i in (1, 2, 3) else [])
+        PlannedStep(
+            index=i, action=action.value, nodes=nodes if action in OFFLINE_NODE_STEPS else []
+        )
         for i, action in enumerate(OfflineAction)
     ]
 

@@ -32,7 +32,7 @@ import pytest
 import headrace
 from headrace import errors
 from headrace.cluster import Assignment, AssignmentState, Keys, NodeInfo
-from headrace.coordinator import state
+from headrace.coordinator import state, writestop
 from headrace.message.formats import RELEASE_FORMATS, FormatSupport
 from headrace.metastore.contract import Compare, Metastore, Put
 from headrace.metastore.factory import open_metastore
@@ -90,6 +90,9 @@ class SimNode:
         self.formats = formats
         self.lease = 0
         self.task: asyncio.Task[None] | None = None
+        self.in_flight = 0
+        """Appends this node reports in flight while writes are stopped."""
+        self._acked: tuple[int, int] | None = None
 
     async def start(self) -> None:
         self.lease = await self.store.grant_lease(1.0)
@@ -119,7 +122,23 @@ class SimNode:
                         [Compare.mod_revision_is(kv.key, kv.mod_revision)],
                         [Put(kv.key, done.to_json())],
                     )
+            await self._ack_write_stop()
             await asyncio.sleep(0.025)
+
+    async def _ack_write_stop(self) -> None:
+        """Report the write stop as a node does: its revision and appends in flight."""
+        stop = await self.store.get(writestop.stop_key(self.keys))
+        if stop is None:
+            self._acked = None
+            return
+        want = (stop.mod_revision, self.in_flight)
+        if want != self._acked:
+            ack = writestop.WriteStopAck(
+                node=self.node_id, stop_revision=stop.mod_revision, in_flight=self.in_flight
+            )
+            key = writestop.ack_key(self.keys, self.node_id)
+            await self.store.put(key, ack.to_json(), lease=self.lease)
+            self._acked = want
 
     async def stop(self) -> None:
         if self.task is not None:

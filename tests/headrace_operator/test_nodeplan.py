@@ -179,3 +179,21 @@ def test_max_unavailable_never_takes_every_node() -> None:
         "c", 1, H, {0: pod(0, template_hash="old")}, facts({"c-node-0": 2}), max_unavailable=4
     )
     assert kinds(single) == [(ActionKind.START_DRAIN, "c-node-0")]
+
+
+def test_offline_stops_every_stale_pod_at_once_without_a_drain_and_unfreezes_none() -> None:
+    stale = {i: pod(i, template_hash="old") for i in range(3)}
+    busy = facts({"c-node-0": 2, "c-node-1": 1, "c-node-2": 1}, frozen={"c-node-0", "c-node-1"})
+    plan = plan_nodes("c", 3, H, stale, busy, offline=True)
+    assert kinds(plan) == [
+        (ActionKind.STOP_OFFLINE, "c-node-2"),
+        (ActionKind.STOP_OFFLINE, "c-node-1"),
+        (ActionKind.STOP_OFFLINE, "c-node-0"),
+    ], "every node at once, holding pchannels or not (writes are stopped)"
+    current = {0: pod(0), 1: pod(1), 2: pod(2, template_hash="old")}
+    plan = plan_nodes("c", 3, H, current, busy, offline=True)
+    assert kinds(plan) == [(ActionKind.STOP_OFFLINE, "c-node-2")], (
+        "a recreated frozen node stays frozen (the plan unfreezes it); a current pod stays"
+    )
+    plan = plan_nodes("c", 3, H, {0: pod(0)}, None, offline=True)
+    assert kinds(plan) == [(ActionKind.CREATE, "c-node-1"), (ActionKind.CREATE, "c-node-2")]

@@ -19,7 +19,7 @@ from headrace_operator import builders, models
 from headrace_operator.events import KubeEventSink
 from headrace_operator.nodeplan import holdings
 from headrace_operator.results import PassResult
-from headrace_operator.upgrade_steps import OFFLINE_BLOCKED, UpgradePass, run_upgrade_pass
+from headrace_operator.upgrade_steps import UpgradePass, run_upgrade_pass
 from tests.headrace_operator.op_harness import BROKEN_SUFFIX, Bed, condition, is_ready
 
 pytestmark = pytest.mark.timeout(300)
@@ -90,32 +90,6 @@ async def test_dry_run_fills_the_plan_and_changes_nothing(bed: Bed) -> None:
     cluster = await bed.cluster("dry")
     assert builders.NODE_IMAGES not in (cluster["metadata"].get("annotations") or {})
     assert set((await images(bed, "dry")).values()) == {bed.image}
-
-
-async def test_an_offline_plan_is_listed_then_blocked_without_changing_anything(
-    bed: Bed,
-) -> None:
-    await bed.create_cluster("still", nodes=2, pchannels=2)
-    await bed.converge("still", is_ready, what="Ready")
-    uids = {n: p["metadata"]["uid"] for n, p in (await bed.pods("still")).items()}
-    await create_plan(bed, "still-up", "still", mode="Offline", maxUnavailable=1)
-    await upgrade_pass(bed, "still-up")
-    body = await plan_body(bed, "still-up")
-    assert body["status"]["phase"] == "Blocked"
-    assert condition(body, "Blocked")["message"] == OFFLINE_BLOCKED
-    assert "needs cluster-wide write stop (not built in core)" in OFFLINE_BLOCKED
-    assert [s["action"] for s in body["status"]["plan"]] == [
-        "stop-writes",
-        "drain-and-fence",
-        "stop-nodes",
-        "start-nodes",
-        "resume-writes",
-    ]
-    await bed.reconcile("still")
-    assert {n: p["metadata"]["uid"] for n, p in (await bed.pods("still")).items()} == uids
-    cluster = await bed.cluster("still")
-    assert builders.NODE_IMAGES not in (cluster["metadata"].get("annotations") or {})
-    assert "UpgradeBlocked" in await bed.event_reasons()
 
 
 async def test_plan_for_a_missing_cluster_is_blocked(bed: Bed) -> None:

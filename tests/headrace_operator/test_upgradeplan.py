@@ -125,11 +125,13 @@ def test_offline_plan_lists_every_phase() -> None:
     assert [s.action for s in steps] == [
         "stop-writes",
         "drain-and-fence",
+        "flush",
         "stop-nodes",
         "start-nodes",
         "resume-writes",
     ]
-    assert steps[2].nodes == ["c-node-0", "c-node-1"]
+    assert steps[3].nodes == ["c-node-0", "c-node-1"]
+    assert steps[2].nodes == [] and steps[0].nodes == []
 
 
 def test_gates_say_why() -> None:
