@@ -77,14 +77,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--json", action="store_true")
     b.set_defaults(handler=chaos)
 
-    b = sub.add_parser("handoff", help="unavailability of graceful moves and crash failovers")
-    b.add_argument("--moves", type=int, default=20)
-    b.add_argument("--failovers", type=int, default=5)
-    b.add_argument("--lease-ttl", type=float, default=3.0, help="node session TTL in seconds")
-    b.add_argument("--dir", default=None)
-    b.add_argument("--json", action="store_true")
-    b.set_defaults(handler=handoff)
-
+    _add_handoff(sub)
     b = sub.add_parser(
         "flush",
         help="the Spark flush job vs pyarrow writing the same rows to Parquet "
@@ -99,6 +92,33 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     b.set_defaults(handler=flush)
 
     _add_flush_lag(sub)
+    _add_scale(sub)
+
+
+def _add_scale(sub: Any) -> None:
+    b = sub.add_parser(
+        "scale",
+        help="idle CPU of a node serving many idle pchannels; append throughput over many "
+        "vchannels vs one",
+    )
+    b.add_argument("--pchannels", type=positive_int, default=256)
+    b.add_argument("--idle-window", type=positive_float, default=10.0, help="measured seconds")
+    b.add_argument("--vchannels", type=positive_int, default=1000)
+    b.add_argument("--messages", type=positive_int, default=20_000, help="per side and round")
+    b.add_argument("--rounds", type=positive_int, default=3)
+    b.add_argument("--dir", default=None, help="parent of the run's directory (default: temp)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=scale)
+
+
+def _add_handoff(sub: Any) -> None:
+    b = sub.add_parser("handoff", help="unavailability of graceful moves and crash failovers")
+    b.add_argument("--moves", type=int, default=20)
+    b.add_argument("--failovers", type=int, default=5)
+    b.add_argument("--lease-ttl", type=float, default=3.0, help="node session TTL in seconds")
+    b.add_argument("--dir", default=None)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=handoff)
 
 
 def _add_flush_lag(sub: Any) -> None:
@@ -256,5 +276,20 @@ async def flush_lag(args: argparse.Namespace) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="headrace-flush-lag-", dir=args.dir) as tmp:
         result = await bench_lag.bench_flush_lag(Path(tmp), options)
+    _emit(result, args.json)
+    return 0
+
+
+async def scale(args: argparse.Namespace) -> int:
+    bench_scale = importlib.import_module("headrace.bench.scale")
+    options = bench_scale.ScaleOptions(
+        pchannels=args.pchannels,
+        idle_window_s=args.idle_window,
+        vchannels=args.vchannels,
+        messages=args.messages,
+        rounds=args.rounds,
+    )
+    with tempfile.TemporaryDirectory(prefix="headrace-scale-", dir=args.dir) as tmp:
+        result = await bench_scale.bench_scale(Path(tmp), options)
     _emit(result, args.json)
     return 0
