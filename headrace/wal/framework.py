@@ -32,13 +32,12 @@ from headrace.wal.api import AppendResult, ReadOptions, WALState
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
 from headrace.wal.contract import Backend, BackendWriter, Record, where
 from headrace.wal.damaged import damage_stats
-from headrace.wal.interceptors.backpressure import BackPressureInterceptor, note_opaque
-from headrace.wal.interceptors.chain import AppendContext, Interceptor, build_chain
-from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
-from headrace.wal.interceptors.lock import LockInterceptor
+from headrace.wal.interceptors import stages
+from headrace.wal.interceptors.backpressure import note_opaque
+from headrace.wal.interceptors.chain import AppendContext
+from headrace.wal.interceptors.dedup import DedupWindow
 from headrace.wal.interceptors.segments import (
     CollectionHooks,
-    SegmentContext,
     SegmentInterceptor,
     SegmentPolicy,
     SegmentTable,
@@ -49,12 +48,11 @@ from headrace.wal.interceptors.txn import (
     DEFAULT_MAX_OPEN_TXNS,
     DEFAULT_MAX_TXN_BYTES,
     TXN_RELEVANT,
-    TxnInterceptor,
-    TxnTable,
 )
 from headrace.wal.progress import OpaqueSpan, Progress, RetentionOptions, widened_start
-from headrace.wal.rebuild import DEDUP_FROM, History, TailScan, rebuild, replay_from
+from headrace.wal.rebuild import History, TailScan, rebuild, replay_from
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
+from headrace.wal.ticks import TickScheduler
 
 __all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner"]
 
@@ -65,6 +63,8 @@ _NOT_PLAIN = _SYSTEM | TXN_RELEVANT
 _PLAIN_SIZE = codec.HEADER_SIZE + 4
 """Encoded size of a message without vchannel, payload, txn id and properties."""
 _GOOD_VCHANNELS_MAX = 65536
+_STAT_DEFAULTS: dict[str, object] = {"open_txns": 0, "growing_segments": 0}
+"""Stats every WAL reports, whichever interceptors it has (they report their own)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +206,10 @@ class WAL:
         last: Position,
         dedup: DedupWindow,
         collections: tuple[CollectionHooks, SegmentTable] | None = None,
+        scheduler: TickScheduler | None = None,
     ) -> None:
+        """``scheduler``: the node's timer loop for its WALs' ticks and chores
+        (None: the WAL runs its own)."""
         self.pchannel = pchannel
         self.term = term
         self._backend = backend
@@ -229,37 +232,42 @@ class WAL:
             self._buffer,
             last,
         )
-        table = TxnTable(options.txn_keepalive_s, options.max_txn_bytes, options.max_open_txns)
-        self._txn = TxnInterceptor(table, tso, options.max_message_bytes, time.monotonic)
-        lock = LockInterceptor()
-        self._segments: SegmentInterceptor | None = None
-        if collections is not None:
-            self._segments = SegmentInterceptor(
-                collections[1],
-                collections[0],
-                SegmentContext(
-                    pchannel,
-                    term,
+        self._interceptors = stages.build(
+            stages.STAGES,
+            stages.StageContext(
+                pchannel,
+                term,
+                stages.StageLimits(
                     options.max_message_bytes,
-                    tso,
-                    self._appender.fail,
-                    time.time,
-                    lambda: self._appender.last_id,
+                    options.txn_keepalive_s,
+                    options.max_txn_bytes,
+                    options.max_open_txns,
+                    options.retention,
                 ),
-            )
-        backpressure = BackPressureInterceptor(pchannel, self.progress, options.retention)
-        chain: list[Interceptor] = [backpressure, lock, DedupInterceptor(dedup), self._txn]
-        if self._segments is not None:
-            chain.append(self._segments)
-        self._chain = build_chain(chain, self._appender.write)
-        self._plain_chain = build_chain([lock], self._appender.write)
-        """The chain for batches of plain messages: no properties (so no
-        dedup key, no collection: no back-pressure), no txn id, no DDL or
-        transaction control type."""
+                tso,
+                self.progress,
+                dedup,
+                collections,
+                self._appender.fail,
+                lambda: self._appender.last_id,
+                time.monotonic,
+                time.time,
+            ),
+            self._appender.write,
+        )
+        self._segments = next(
+            (i for i in self._interceptors.all if isinstance(i, SegmentInterceptor)), None
+        )
+        """The segments stage, if the WAL has collections (tests look at its table)."""
+        self._owns_scheduler = scheduler is None
         self._sync = TimetickSync(
             self._appender,
-            options.timetick_interval_ms / 1000.0,
-            [self._expire_txns, self._seal_due],
+            self._buffer,
+            self._interceptors,
+            write=self._write_system,
+            interval_s=options.timetick_interval_ms / 1000.0,
+            scheduler=TickScheduler(pchannel) if scheduler is None else scheduler,
+            serving=lambda: self._state is WALState.SERVING,
         )
         self._good_vchannels: set[str] = set()
         """Vchannel names that passed validation (well formed, hence ASCII)."""
@@ -283,16 +291,25 @@ class WAL:
         tso: TimestampAllocator,
         options: WALOptions = WALOptions(),
         collections: CollectionHooks | None = None,
+        scheduler: TickScheduler | None = None,
     ) -> WAL:
         """Open ``pchannel`` at ``term`` within :func:`open_timeout`.
 
         ``collections``: the node's lookups for collection messages; the
-        growing segments are rebuilt from its checkpoint."""
+        growing segments are rebuilt from its checkpoint. ``scheduler``: the
+        node's timer loop for the ticks and chores of its WALs (None: the WAL
+        runs its own)."""
         bound = open_timeout(options, backend.describe())
         try:
             async with asyncio.timeout(bound):
                 return await cls._open(
-                    backend, pchannel, term, tso, options, collections=collections
+                    backend,
+                    pchannel,
+                    term,
+                    tso,
+                    options,
+                    collections=collections,
+                    scheduler=scheduler,
                 )
         except TimeoutError:
             raise errors.Unavailable(
@@ -310,6 +327,7 @@ class WAL:
         options: WALOptions,
         *,
         collections: CollectionHooks | None,
+        scheduler: TickScheduler | None,
     ) -> WAL:
         writer = await backend.open_writer(pchannel, term)
         wal: WAL | None = None
@@ -349,6 +367,7 @@ class WAL:
                 collections=None
                 if collections is None or segments is None
                 else (collections, segments),
+                scheduler=scheduler,
             )
             wal.progress.opaque.note_history(unread)
             wal._appender.start()
@@ -374,9 +393,7 @@ class WAL:
         self._state = WALState.DRAINING
         await self._sync.stop()
         await self._idle.wait()
-        rollbacks = self._txn.abort_all()
-        if rollbacks:
-            await self._write_system(rollbacks)
+        await self._interceptors.drain(self._write_system)
         try:
             await self._appender.tick(sync=False)
         except errors.HeadraceError:
@@ -394,8 +411,10 @@ class WAL:
         if self._state is WALState.SERVING:
             await self._drain()
         await self._sync.stop()
+        if self._owns_scheduler:
+            await self._sync.scheduler.close()
         await self._appender.abort()
-        self._txn.abort_all()
+        self._interceptors.close()
         self._buffer.close()
         self._state = WALState.CLOSED
         try:
@@ -456,8 +475,9 @@ class WAL:
             except errors.HeadraceError as exc:
                 ctx = AppendContext(msg, 0, error=exc)
             contexts.append(ctx)
-        # Dedup and transactions have nothing to do for plain messages.
-        chain = self._plain_chain if plain else self._chain
+        # Only the stages declared for them see plain messages.
+        interceptors = self._interceptors
+        chain = interceptors.plain_chain if plain else interceptors.chain
         self._inflight += 1
         self._idle.clear()
         try:
@@ -467,6 +487,8 @@ class WAL:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+            if not plain:
+                self._sync.attention()  # a transaction or segment may have a chore due
         if self._appender.failure is not None:
             self._mark_failed()
         return [_outcome(ctx) for ctx in contexts]
@@ -543,8 +565,8 @@ class WAL:
             "state": self.state.value,
             "term": self.term,
             "appended_total": self._appender.appended_total,
-            "open_txns": len(self._txn.table),
-            "growing_segments": 0 if self._segments is None else len(self._segments.table.growing),
+            **_STAT_DEFAULTS,
+            **self._interceptors.stats(),
         }
 
     # -- internals ---------------------------------------------------------
@@ -555,26 +577,13 @@ class WAL:
             self._buffer.close()
 
     def _tick_properties(self) -> dict[str, str]:
-        start = self._dedup.oldest_id() or self._appender.last_id
-        properties = {DEDUP_FROM: str(start)} if start is not None else {}
-        if self._segments is not None:
-            properties.update(self._segments.tick_properties())
-        return properties
+        return self._interceptors.tick_properties()
 
     async def _last_record(self) -> Record | None:
         return await self._backend.last_record(self.pchannel)
 
-    async def _expire_txns(self) -> None:
-        rollbacks = self._txn.abandoned()
-        if rollbacks:
-            await self._write_system(rollbacks)
-
-    async def _seal_due(self) -> None:
-        if self._segments is not None and self._state is WALState.SERVING:
-            await self._segments.chore(self._appender.write)
-
-    async def _write_system(self, msgs: list[Message]) -> None:
-        batch = [AppendContext(m, codec.encoded_size(m)) for m in msgs]
+    async def _write_system(self, batch: list[AppendContext]) -> None:
+        """Write what the WAL's interceptors write themselves (rollbacks, seals)."""
         await self._appender.write(batch)
         note_opaque(self.progress, batch, plain=False)
 
