@@ -25,6 +25,7 @@ from headrace.wal.ticks import (
     TickScheduler,
     next_due,
 )
+from tests.node.harness import until
 from tests.wal.test_segments import ORDERS, Bed, insert
 
 FAST = WALOptions(timetick_interval_ms=2)
@@ -33,13 +34,6 @@ WAIT = 10.0
 
 def data(vchannel: str = "v") -> Message:
     return Message(MessageType.INSERT, vchannel, b"x")
-
-
-async def until_true(check: object, timeout: float = WAIT) -> None:
-    assert callable(check)
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.005)
 
 
 def test_next_due_says_why_and_never_sooner_than_the_interval() -> None:
@@ -80,7 +74,7 @@ async def test_one_scheduler_wakes_only_the_wals_that_need_it() -> None:
     ticks = [w.last_timetick for w in idle]
     try:
         written = await busy.append(data())
-        await until_true(lambda: busy.last_timetick > written.timetick)  # its tick came
+        await until(lambda: busy.last_timetick > written.timetick)  # its tick came
         await asyncio.sleep(0.1)
         assert [w.last_timetick for w in idle] == ticks
         assert 1 <= scheduler.runs <= 3, "one tick after the data, then nothing"
@@ -119,7 +113,7 @@ async def test_an_open_transaction_is_expired_on_an_otherwise_idle_wal() -> None
     try:
         await wal.append(Message(MessageType.BEGIN_TXN, "v"))
         assert wal.stats()["open_txns"] == 1
-        await until_true(lambda: wal.stats()["open_txns"] == 0)
+        await until(lambda: wal.stats()["open_txns"] == 0)
     finally:
         await wal.close()
 
