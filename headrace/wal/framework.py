@@ -24,8 +24,6 @@ from headrace.message.ids import MessageID
 from headrace.message.types import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
-    MessageType,
-    validate_vchannel,
 )
 from headrace.tso import TimestampAllocator
 from headrace.wal.api import AppendResult, ReadOptions, WALState
@@ -47,22 +45,15 @@ from headrace.wal.interceptors.timetick import Appender, AppenderConfig, Timetic
 from headrace.wal.interceptors.txn import (
     DEFAULT_MAX_OPEN_TXNS,
     DEFAULT_MAX_TXN_BYTES,
-    TXN_RELEVANT,
 )
 from headrace.wal.progress import OpaqueSpan, Progress, RetentionOptions, widened_start
 from headrace.wal.rebuild import History, TailScan, rebuild, replay_from
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
 from headrace.wal.ticks import TickScheduler
+from headrace.wal.validation import Validator, validate
 
-__all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner"]
+__all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner", "validate"]
 
-_SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))
-_U16_MAX = 0xFFFF
-_U64_MAX = (1 << 64) - 1
-_NOT_PLAIN = _SYSTEM | TXN_RELEVANT
-_PLAIN_SIZE = codec.HEADER_SIZE + 4
-"""Encoded size of a message without vchannel, payload, txn id and properties."""
-_GOOD_VCHANNELS_MAX = 65536
 _STAT_DEFAULTS: dict[str, object] = {"open_txns": 0, "growing_segments": 0}
 """Stats every WAL reports, whichever interceptors it has (they report their own)."""
 
@@ -134,61 +125,6 @@ def open_timeout(options: WALOptions, description: Mapping[str, object]) -> floa
     if isinstance(stated, bool) or not isinstance(stated, int | float) or stated <= 0:
         return DEFAULT_OPEN_TIMEOUT_S
     return float(stated) * OPEN_TIMEOUT_FACTOR
-
-
-def validate(msg: Message, max_bytes: int) -> int:
-    """Check a producer's message before anything is written; its encoded size."""
-    kind = msg.type
-    if not isinstance(kind, MessageType):
-        raise errors.InvalidArgument(f"unknown message type {kind!r}")
-    if kind in _SYSTEM:
-        raise errors.InvalidArgument(
-            f"{kind.name} messages are written by the WAL itself, not by producers"
-        )
-    validate_vchannel(msg.vchannel)
-    if not isinstance(msg.payload, bytes):
-        raise errors.InvalidArgument("message payload must be bytes")
-    if not 0 <= msg.txn_id <= _U64_MAX:
-        raise errors.InvalidArgument(f"txn_id out of range: {msg.txn_id}")
-    properties = msg.properties
-    if properties:
-        _check_properties(properties)
-    size = codec.encoded_size(msg)
-    if size > max_bytes:
-        raise errors.MessageTooLarge(
-            f"message of {size} bytes (payload {len(msg.payload)}) exceeds the maximum of "
-            f"{max_bytes} bytes; nothing was written"
-        )
-    return size
-
-
-def _ascii_properties_size(properties: Mapping[str, str]) -> int | None:
-    """Encoded size of ``properties`` if every key and value is a short ASCII
-    string (nothing for :func:`_check_properties` to refuse); else None."""
-    if len(properties) > _U16_MAX:
-        return None
-    size = 2
-    for key, value in properties.items():
-        if (
-            key.__class__ is not str
-            or value.__class__ is not str
-            or not key.isascii()
-            or not value.isascii()
-            or len(key) > _U16_MAX
-        ):
-            return None
-        size += 6 + len(key) + len(value)
-    return size
-
-
-def _check_properties(properties: Mapping[str, str]) -> None:
-    if len(properties) > _U16_MAX:
-        raise errors.InvalidArgument(f"too many properties: {len(properties)} (at most 65535)")
-    for key, value in properties.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise errors.InvalidArgument(f"property {key!r}: keys and values must be strings")
-        if len(key) > _U16_MAX // 4 and len(key.encode("utf-8", "replace")) > _U16_MAX:
-            raise errors.InvalidArgument(f"property key longer than 65535 bytes: {key[:40]!r}...")
 
 
 class WAL:
@@ -269,8 +205,7 @@ class WAL:
             scheduler=TickScheduler(pchannel) if scheduler is None else scheduler,
             serving=lambda: self._state is WALState.SERVING,
         )
-        self._good_vchannels: set[str] = set()
-        """Vchannel names that passed validation (well formed, hence ASCII)."""
+        self._validator = Validator(options.max_message_bytes)
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -437,43 +372,18 @@ class WAL:
         refusal = self._refusal()
         if refusal is not None:
             return [refusal] * len(msgs)
-        max_bytes = self._opts.max_message_bytes
-        good = self._good_vchannels
+        check = self._validator.check
         contexts: list[AppendContext] = []
         valid: list[AppendContext] = []
         plain = True
         for msg in msgs:
-            kind, vchannel, payload = msg.type, msg.vchannel, msg.payload
-            if (
-                kind.__class__ is MessageType
-                and kind not in _NOT_PLAIN
-                and vchannel in good
-                and payload.__class__ is bytes
-                and msg.txn_id == 0
-            ):
-                # What validate() checks, for a message outside transactions
-                # and DDL on a known good, hence ASCII, vchannel, with no
-                # properties or only short ASCII ones (a producer's dedup key).
-                size = _PLAIN_SIZE + len(vchannel) + len(payload)
-                properties = msg.properties
-                if properties:
-                    plain = False
-                    extra = _ascii_properties_size(properties)
-                    size = max_bytes + 1 if extra is None else size + extra
-                if size <= max_bytes:
-                    ctx = AppendContext(msg, size)
-                    valid.append(ctx)
-                    contexts.append(ctx)
-                    continue
-            plain = False
-            try:
-                ctx = AppendContext(msg, validate(msg, max_bytes))
+            checked = check(msg)
+            if isinstance(checked, errors.HeadraceError):
+                ctx = AppendContext(msg, 0, error=checked)
+            else:
+                ctx = AppendContext(msg, checked[0])
+                plain = plain and checked[1]
                 valid.append(ctx)
-                if len(good) >= _GOOD_VCHANNELS_MAX:
-                    good.clear()
-                good.add(vchannel)
-            except errors.HeadraceError as exc:
-                ctx = AppendContext(msg, 0, error=exc)
             contexts.append(ctx)
         # Only the stages declared for them see plain messages.
         interceptors = self._interceptors
