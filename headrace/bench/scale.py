@@ -11,7 +11,8 @@ process (:class:`headrace.bench.procs.ProcCluster`).
 * ``vchannels_ratio``: append throughput through the node (the client, 1 KiB
   messages, ``producers`` tasks each sending chunks of ``chunk``) when the
   messages are spread round-robin over ``vchannels`` vchannels, against the
-  same messages on a single vchannel, in interleaved rounds of the same run.
+  same messages on a single vchannel: the median of the ratios of
+  interleaved rounds of the same run (rates: medians of the rounds).
   Every vchannel of both sides routes to the same pchannel, so the ratio is
   the cost of the vchannel count alone, not of spreading over pchannels.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -144,7 +146,8 @@ async def bench_scale(root: Path, opts: ScaleOptions) -> dict[str, Any]:
             for _ in range(opts.rounds):
                 single.append(await _send_rate(client, many[:1], opts))
                 spread.append(await _send_rate(client, many, opts))
-    single_rate, many_rate = sum(single) / len(single), sum(spread) / len(spread)
+    single_rate, many_rate = statistics.median(single), statistics.median(spread)
+    ratios = [m / s for s, m in zip(single, spread, strict=True)]
     return {
         "pchannels": opts.pchannels,
         "idle_window_s": opts.idle_window_s,
@@ -155,6 +158,6 @@ async def bench_scale(root: Path, opts: ScaleOptions) -> dict[str, Any]:
         "rounds": opts.rounds,
         "single_vchannel_msgs_per_s": round(single_rate, 1),
         "many_vchannels_msgs_per_s": round(many_rate, 1),
-        "vchannels_ratio": round(many_rate / single_rate, 3),
-        "round_ratios": [round(m / s, 3) for s, m in zip(single, spread, strict=True)],
+        "vchannels_ratio": round(statistics.median(ratios), 3),
+        "round_ratios": [round(r, 3) for r in ratios],
     }
