@@ -475,6 +475,7 @@ class WAL:
             "state": self.state.value,
             "term": self.term,
             "appended_total": self._appender.appended_total,
+            "idle": self._state is WALState.SERVING and self._sync.idle,
             **_STAT_DEFAULTS,
             **self._interceptors.stats(),
         }

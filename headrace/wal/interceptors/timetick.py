@@ -69,6 +69,11 @@ class TimetickSync:
             chore_s=self._interceptors.chore_due_s(),
         )
 
+    @property
+    def idle(self) -> bool:
+        """Nothing is pending: the timetick has nothing to catch up with."""
+        return next_due(self.needs(), self._interval) is None
+
     def attention(self) -> None:
         """Something may be pending now: be woken when it is due."""
         due = next_due(self.needs(), self._interval)
