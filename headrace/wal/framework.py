@@ -2,12 +2,17 @@
 
 ``WAL.open`` fences older terms in the backend, recovers the last timetick and
 id, rebuilds the dedup window from the log's tail, writes a FENCE above every
-timetick in the log, and serves. Appends pass the interceptor chain
-(lock -> dedup -> txn -> segments -> timetick); the timetick stage
-group-commits to the backend and feeds the write-ahead buffer that tail readers
-use. The segments stage (collections: schema checks, growing segments, seals,
-:mod:`.interceptors.segments`) is there when the node gives the WAL its
-:class:`CollectionHooks`; without them every message is opaque.
+timetick in the log, and serves. Appends are validated
+(:mod:`.validation`), then pass the interceptors declared in
+:data:`.interceptors.stages.STAGES` (back-pressure -> lock -> dedup -> txn ->
+segments) to the appender, which group-commits to the backend and feeds the
+write-ahead buffer that tail readers use. The segments stage (collections:
+schema checks, growing segments, seals, :mod:`.interceptors.segments`) is
+there when the node gives the WAL its :class:`CollectionHooks`; without them
+every message is opaque. Drain, close, chores, tick properties and stats go
+to the interceptors through their capabilities (:mod:`.interceptors.chain`),
+in the declared order. Ticks and chores run only while something is pending,
+woken by the node's :class:`~headrace.wal.ticks.TickScheduler`.
 """
 
 from __future__ import annotations
