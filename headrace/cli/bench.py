@@ -110,6 +110,23 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
     _add_flush_lag(sub)
     _add_upgrade(sub)
+    _add_scale(sub)
+
+
+def _add_scale(sub: Any) -> None:
+    b = sub.add_parser(
+        "scale",
+        help="idle CPU of a node serving many idle pchannels; append throughput over many "
+        "vchannels vs one",
+    )
+    b.add_argument("--pchannels", type=positive_int, default=256)
+    b.add_argument("--idle-window", type=positive_float, default=10.0, help="measured seconds")
+    b.add_argument("--vchannels", type=positive_int, default=1000)
+    b.add_argument("--messages", type=positive_int, default=20_000, help="per side and round")
+    b.add_argument("--rounds", type=positive_int, default=3)
+    b.add_argument("--dir", default=None, help="parent of the run's directory (default: temp)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=scale)
 
 
 def _add_handoff(sub: Any) -> None:
@@ -357,3 +374,18 @@ async def upgrade(args: argparse.Namespace) -> int:
         return 1
     _emit(json.loads(lines[-1]), args.json)
     return 0 if process.returncode == 0 else 1
+
+
+async def scale(args: argparse.Namespace) -> int:
+    bench_scale = importlib.import_module("headrace.bench.scale")
+    options = bench_scale.ScaleOptions(
+        pchannels=args.pchannels,
+        idle_window_s=args.idle_window,
+        vchannels=args.vchannels,
+        messages=args.messages,
+        rounds=args.rounds,
+    )
+    with tempfile.TemporaryDirectory(prefix="headrace-scale-", dir=args.dir) as tmp:
+        result = await bench_scale.bench_scale(Path(tmp), options)
+    _emit(result, args.json)
+    return 0

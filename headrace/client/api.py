@@ -2,8 +2,10 @@
 
 ``cluster_status`` merges what the metastore records (owner, term, state) with
 what each node reports (its WALs' last timetick), so a pchannel's ``lag_ms``
-is how far its last timetick trails the wall clock: a serving WAL ticks every
-sync interval, so a large lag means a stuck or unreachable owner.
+is how far its last timetick trails the wall clock: a serving WAL with
+anything pending ticks every sync interval, so a large lag means a stuck or
+unreachable owner. A WAL with nothing pending is not ticked (a node's idle
+pchannels cost nothing) and says so (stat ``idle``): its lag is 0.
 """
 
 from __future__ import annotations
@@ -104,7 +106,9 @@ async def cluster_status(
         # error (a WAL whose broker is down), ...; empty if it was not asked.
         row["wal_state"] = owned.state if owned is not None else ""
         row["wal_error"] = owned.stats.get("error", "") if owned is not None else ""
-        if owned is not None and owned.last_timetick:
+        if owned is not None and owned.stats.get("idle") == "True":
+            row["lag_ms"] = 0
+        elif owned is not None and owned.last_timetick:
             row["lag_ms"] = max(0, now - tso.physical_ms(owned.last_timetick))
         else:
             row["lag_ms"] = None

@@ -41,6 +41,7 @@ from headrace.wal.damaged import DamagedWAL
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.hosted import HostedWAL
 from headrace.wal.interceptors.segments import CollectionHooks
+from headrace.wal.ticks import TickScheduler
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,8 @@ class WALManager:
         """Failed opens of held damaged logs (for pacing their retries)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._accepting = True
+        self.scheduler = TickScheduler(node_id)
+        """One timer loop for the ticks and chores of every WAL of this node."""
 
     def _lock(self, pchannel: str) -> asyncio.Lock:
         return self._locks.setdefault(pchannel, asyncio.Lock())
@@ -380,6 +383,7 @@ class WALManager:
                 tso=self.tso,
                 options=options,
                 collections=self.collections,
+                scheduler=self.scheduler,
             )
         except errors.HeadraceError:
             raise
@@ -435,6 +439,7 @@ class WALManager:
         """Refuse new work, then drain and close every WAL."""
         self._accepting = False
         await self.close_all(drain=True)
+        await self.scheduler.close()
 
 
 _HOSTING = frozenset((WALState.SERVING, WALState.CORRUPT))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import dataclasses
+from collections.abc import Callable
 
 from headrace import errors
 from headrace.message.ids import MessageID
@@ -51,6 +52,9 @@ class WriteAheadBuffer:
         self._bytes = 0
         self._closed = False
         self._signal: asyncio.Future[None] | None = None
+        self.on_wait: Callable[[], None] | None = None
+        """Called when a reader starts waiting for the next entry (the WAL's
+        ticks then advance the timetick for it)."""
 
     # -- writer side -------------------------------------------------------
 
@@ -134,6 +138,12 @@ class WriteAheadBuffer:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def waiting(self) -> bool:
+        """A reader waits for the next entry."""
+        signal = self._signal
+        return signal is not None and not signal.done()
 
     @property
     def first_seq(self) -> int:
@@ -221,6 +231,8 @@ class WriteAheadBuffer:
             return
         if self._signal is None:
             self._signal = asyncio.get_running_loop().create_future()
+            if self.on_wait is not None:
+                self.on_wait()
         await asyncio.wait({self._signal}, timeout=timeout)
 
 

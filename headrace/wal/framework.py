@@ -2,12 +2,17 @@
 
 ``WAL.open`` fences older terms in the backend, recovers the last timetick and
 id, rebuilds the dedup window from the log's tail, writes a FENCE above every
-timetick in the log, and serves. Appends pass the interceptor chain
-(lock -> dedup -> txn -> segments -> timetick); the timetick stage
-group-commits to the backend and feeds the write-ahead buffer that tail readers
-use. The segments stage (collections: schema checks, growing segments, seals,
-:mod:`.interceptors.segments`) is there when the node gives the WAL its
-:class:`CollectionHooks`; without them every message is opaque.
+timetick in the log, and serves. Appends are validated
+(:mod:`.validation`), then pass the interceptors declared in
+:data:`.interceptors.stages.STAGES` (back-pressure -> lock -> dedup -> txn ->
+segments) to the appender, which group-commits to the backend and feeds the
+write-ahead buffer that tail readers use. The segments stage (collections:
+schema checks, growing segments, seals, :mod:`.interceptors.segments`) is
+there when the node gives the WAL its :class:`CollectionHooks`; without them
+every message is opaque. Drain, close, chores, tick properties and stats go
+to the interceptors through their capabilities (:mod:`.interceptors.chain`),
+in the declared order. Ticks and chores run only while something is pending,
+woken by the node's :class:`~headrace.wal.ticks.TickScheduler`.
 """
 
 from __future__ import annotations
@@ -25,21 +30,18 @@ from headrace.message.ids import MessageID
 from headrace.message.types import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
-    MessageType,
-    validate_vchannel,
 )
 from headrace.tso import TimestampAllocator
 from headrace.wal.api import AppendResult, ReadOptions, WALState
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
 from headrace.wal.contract import Backend, BackendWriter, Record, where
 from headrace.wal.damaged import damage_stats
-from headrace.wal.interceptors.backpressure import BackPressureInterceptor, note_opaque
-from headrace.wal.interceptors.chain import AppendContext, Interceptor, build_chain
-from headrace.wal.interceptors.dedup import DedupInterceptor, DedupWindow
-from headrace.wal.interceptors.lock import LockInterceptor
+from headrace.wal.interceptors import stages
+from headrace.wal.interceptors.backpressure import note_opaque
+from headrace.wal.interceptors.chain import AppendContext
+from headrace.wal.interceptors.dedup import DedupWindow
 from headrace.wal.interceptors.segments import (
     CollectionHooks,
-    SegmentContext,
     SegmentInterceptor,
     SegmentPolicy,
     SegmentTable,
@@ -49,23 +51,17 @@ from headrace.wal.interceptors.timetick import Appender, AppenderConfig, Timetic
 from headrace.wal.interceptors.txn import (
     DEFAULT_MAX_OPEN_TXNS,
     DEFAULT_MAX_TXN_BYTES,
-    TXN_RELEVANT,
-    TxnInterceptor,
-    TxnTable,
 )
 from headrace.wal.progress import OpaqueSpan, Progress, RetentionOptions, widened_start
-from headrace.wal.rebuild import DEDUP_FROM, History, TailScan, rebuild, replay_from
+from headrace.wal.rebuild import History, TailScan, rebuild, replay_from
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
+from headrace.wal.ticks import TickScheduler
+from headrace.wal.validation import Validator, validate
 
-__all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner"]
+__all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner", "validate"]
 
-_SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))
-_U16_MAX = 0xFFFF
-_U64_MAX = (1 << 64) - 1
-_NOT_PLAIN = _SYSTEM | TXN_RELEVANT
-_PLAIN_SIZE = codec.HEADER_SIZE + 4
-"""Encoded size of a message without vchannel, payload, txn id and properties."""
-_GOOD_VCHANNELS_MAX = 65536
+_STAT_DEFAULTS: dict[str, object] = {"open_txns": 0, "growing_segments": 0}
+"""Stats every WAL reports, whichever interceptors it has (they report their own)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,61 +141,6 @@ def open_timeout(options: WALOptions, description: Mapping[str, object]) -> floa
     return float(stated) * OPEN_TIMEOUT_FACTOR
 
 
-def validate(msg: Message, max_bytes: int) -> int:
-    """Check a producer's message before anything is written; its encoded size."""
-    kind = msg.type
-    if not isinstance(kind, MessageType):
-        raise errors.InvalidArgument(f"unknown message type {kind!r}")
-    if kind in _SYSTEM:
-        raise errors.InvalidArgument(
-            f"{kind.name} messages are written by the WAL itself, not by producers"
-        )
-    validate_vchannel(msg.vchannel)
-    if not isinstance(msg.payload, bytes):
-        raise errors.InvalidArgument("message payload must be bytes")
-    if not 0 <= msg.txn_id <= _U64_MAX:
-        raise errors.InvalidArgument(f"txn_id out of range: {msg.txn_id}")
-    properties = msg.properties
-    if properties:
-        _check_properties(properties)
-    size = codec.encoded_size(msg)
-    if size > max_bytes:
-        raise errors.MessageTooLarge(
-            f"message of {size} bytes (payload {len(msg.payload)}) exceeds the maximum of "
-            f"{max_bytes} bytes; nothing was written"
-        )
-    return size
-
-
-def _ascii_properties_size(properties: Mapping[str, str]) -> int | None:
-    """Encoded size of ``properties`` if every key and value is a short ASCII
-    string (nothing for :func:`_check_properties` to refuse); else None."""
-    if len(properties) > _U16_MAX:
-        return None
-    size = 2
-    for key, value in properties.items():
-        if (
-            key.__class__ is not str
-            or value.__class__ is not str
-            or not key.isascii()
-            or not value.isascii()
-            or len(key) > _U16_MAX
-        ):
-            return None
-        size += 6 + len(key) + len(value)
-    return size
-
-
-def _check_properties(properties: Mapping[str, str]) -> None:
-    if len(properties) > _U16_MAX:
-        raise errors.InvalidArgument(f"too many properties: {len(properties)} (at most 65535)")
-    for key, value in properties.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise errors.InvalidArgument(f"property {key!r}: keys and values must be strings")
-        if len(key) > _U16_MAX // 4 and len(key.encode("utf-8", "replace")) > _U16_MAX:
-            raise errors.InvalidArgument(f"property key longer than 65535 bytes: {key[:40]!r}...")
-
-
 class WAL:
     """The write-ahead log of one pchannel under one owner term."""
 
@@ -215,7 +156,10 @@ class WAL:
         last: Position,
         dedup: DedupWindow,
         collections: tuple[CollectionHooks, SegmentTable] | None = None,
+        scheduler: TickScheduler | None = None,
     ) -> None:
+        """``scheduler``: the node's timer loop for its WALs' ticks and chores
+        (None: the WAL runs its own)."""
         self.pchannel = pchannel
         self.term = term
         self._backend = backend
@@ -239,40 +183,44 @@ class WAL:
             self._buffer,
             last,
         )
-        table = TxnTable(options.txn_keepalive_s, options.max_txn_bytes, options.max_open_txns)
-        self._txn = TxnInterceptor(table, tso, options.max_message_bytes, time.monotonic)
-        lock = LockInterceptor()
-        self._segments: SegmentInterceptor | None = None
-        if collections is not None:
-            self._segments = SegmentInterceptor(
-                collections[1],
-                collections[0],
-                SegmentContext(
-                    pchannel,
-                    term,
+        self._interceptors = stages.build(
+            stages.STAGES,
+            stages.StageContext(
+                pchannel,
+                term,
+                stages.StageLimits(
                     options.max_message_bytes,
-                    tso,
-                    self._appender.fail,
-                    time.time,
-                    lambda: self._appender.last_id,
+                    options.txn_keepalive_s,
+                    options.max_txn_bytes,
+                    options.max_open_txns,
+                    options.retention,
                 ),
-            )
-        backpressure = BackPressureInterceptor(pchannel, self.progress, options.retention)
-        chain: list[Interceptor] = [backpressure, lock, DedupInterceptor(dedup), self._txn]
-        if self._segments is not None:
-            chain.append(self._segments)
-        self._chain = build_chain(chain, self._appender.write)
-        self._plain_chain = build_chain([lock], self._appender.write)
-        """The chain for batches of plain messages: no properties (so no
-        dedup key, no collection: no back-pressure), no txn id, no DDL or
-        transaction control type."""
+                tso,
+                self.progress,
+                dedup,
+                collections,
+                self._appender.fail,
+                lambda: self._appender.last_id,
+                time.monotonic,
+                time.time,
+            ),
+            self._appender.write,
+        )
+        self._segments = next(
+            (i for i in self._interceptors.all if isinstance(i, SegmentInterceptor)), None
+        )
+        """The segments stage, if the WAL has collections (tests look at its table)."""
+        self._owns_scheduler = scheduler is None
         self._sync = TimetickSync(
             self._appender,
-            options.timetick_interval_ms / 1000.0,
-            [self._expire_txns, self._seal_due],
+            self._buffer,
+            self._interceptors,
+            write=self._write_system,
+            interval_s=options.timetick_interval_ms / 1000.0,
+            scheduler=TickScheduler(pchannel) if scheduler is None else scheduler,
+            serving=lambda: self._state is WALState.SERVING,
         )
-        self._good_vchannels: set[str] = set()
-        """Vchannel names that passed validation (well formed, hence ASCII)."""
+        self._validator = Validator(options.max_message_bytes)
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -293,16 +241,25 @@ class WAL:
         tso: TimestampAllocator,
         options: WALOptions = WALOptions(),
         collections: CollectionHooks | None = None,
+        scheduler: TickScheduler | None = None,
     ) -> WAL:
         """Open ``pchannel`` at ``term`` within :func:`open_timeout`.
 
         ``collections``: the node's lookups for collection messages; the
-        growing segments are rebuilt from its checkpoint."""
+        growing segments are rebuilt from its checkpoint. ``scheduler``: the
+        node's timer loop for the ticks and chores of its WALs (None: the WAL
+        runs its own)."""
         bound = open_timeout(options, backend.describe())
         try:
             async with asyncio.timeout(bound):
                 return await cls._open(
-                    backend, pchannel, term, tso, options, collections=collections
+                    backend,
+                    pchannel,
+                    term,
+                    tso,
+                    options,
+                    collections=collections,
+                    scheduler=scheduler,
                 )
         except TimeoutError:
             raise errors.Unavailable(
@@ -320,6 +277,7 @@ class WAL:
         options: WALOptions,
         *,
         collections: CollectionHooks | None,
+        scheduler: TickScheduler | None,
     ) -> WAL:
         writer = await backend.open_writer(pchannel, term)
         wal: WAL | None = None
@@ -359,6 +317,7 @@ class WAL:
                 collections=None
                 if collections is None or segments is None
                 else (collections, segments),
+                scheduler=scheduler,
             )
             wal.progress.opaque.note_history(unread)
             wal._appender.start()
@@ -384,9 +343,7 @@ class WAL:
         self._state = WALState.DRAINING
         await self._sync.stop()
         await self._idle.wait()
-        rollbacks = self._txn.abort_all()
-        if rollbacks:
-            await self._write_system(rollbacks)
+        await self._interceptors.drain(self._write_system)
         try:
             await self._appender.tick(sync=False)
         except errors.HeadraceError:
@@ -404,8 +361,10 @@ class WAL:
         if self._state is WALState.SERVING:
             await self._drain()
         await self._sync.stop()
+        if self._owns_scheduler:
+            await self._sync.scheduler.close()
         await self._appender.abort()
-        self._txn.abort_all()
+        self._interceptors.close()
         self._buffer.close()
         self._state = WALState.CLOSED
         try:
@@ -428,46 +387,22 @@ class WAL:
         refusal = self._refusal()
         if refusal is not None:
             return [refusal] * len(msgs)
-        max_bytes = self._opts.max_message_bytes
-        good = self._good_vchannels
+        check = self._validator.check
         contexts: list[AppendContext] = []
         valid: list[AppendContext] = []
         plain = True
         for msg in msgs:
-            kind, vchannel, payload = msg.type, msg.vchannel, msg.payload
-            if (
-                kind.__class__ is MessageType
-                and kind not in _NOT_PLAIN
-                and vchannel in good
-                and payload.__class__ is bytes
-                and msg.txn_id == 0
-            ):
-                # What validate() checks, for a message outside transactions
-                # and DDL on a known good, hence ASCII, vchannel, with no
-                # properties or only short ASCII ones (a producer's dedup key).
-                size = _PLAIN_SIZE + len(vchannel) + len(payload)
-                properties = msg.properties
-                if properties:
-                    plain = False
-                    extra = _ascii_properties_size(properties)
-                    size = max_bytes + 1 if extra is None else size + extra
-                if size <= max_bytes:
-                    ctx = AppendContext(msg, size)
-                    valid.append(ctx)
-                    contexts.append(ctx)
-                    continue
-            plain = False
-            try:
-                ctx = AppendContext(msg, validate(msg, max_bytes))
+            checked = check(msg)
+            if isinstance(checked, errors.HeadraceError):
+                ctx = AppendContext(msg, 0, error=checked)
+            else:
+                ctx = AppendContext(msg, checked[0])
+                plain = plain and checked[1]
                 valid.append(ctx)
-                if len(good) >= _GOOD_VCHANNELS_MAX:
-                    good.clear()
-                good.add(vchannel)
-            except errors.HeadraceError as exc:
-                ctx = AppendContext(msg, 0, error=exc)
             contexts.append(ctx)
-        # Dedup and transactions have nothing to do for plain messages.
-        chain = self._plain_chain if plain else self._chain
+        # Only the stages declared for them see plain messages.
+        interceptors = self._interceptors
+        chain = interceptors.plain_chain if plain else interceptors.chain
         self._inflight += 1
         self._idle.clear()
         try:
@@ -477,6 +412,8 @@ class WAL:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+            if not plain:
+                self._sync.attention()  # a transaction or segment may have a chore due
         if self._appender.failure is not None:
             self._mark_failed()
         return [_outcome(ctx) for ctx in contexts]
@@ -553,8 +490,9 @@ class WAL:
             "state": self.state.value,
             "term": self.term,
             "appended_total": self._appender.appended_total,
-            "open_txns": len(self._txn.table),
-            "growing_segments": 0 if self._segments is None else len(self._segments.table.growing),
+            "idle": self._state is WALState.SERVING and self._sync.idle,
+            **_STAT_DEFAULTS,
+            **self._interceptors.stats(),
         }
 
     # -- internals ---------------------------------------------------------
@@ -565,26 +503,13 @@ class WAL:
             self._buffer.close()
 
     def _tick_properties(self) -> dict[str, str]:
-        start = self._dedup.oldest_id() or self._appender.last_id
-        properties = {DEDUP_FROM: str(start)} if start is not None else {}
-        if self._segments is not None:
-            properties.update(self._segments.tick_properties())
-        return properties
+        return self._interceptors.tick_properties()
 
     async def _last_record(self) -> Record | None:
         return await self._backend.last_record(self.pchannel)
 
-    async def _expire_txns(self) -> None:
-        rollbacks = self._txn.abandoned()
-        if rollbacks:
-            await self._write_system(rollbacks)
-
-    async def _seal_due(self) -> None:
-        if self._segments is not None and self._state is WALState.SERVING:
-            await self._segments.chore(self._appender.write)
-
-    async def _write_system(self, msgs: list[Message]) -> None:
-        batch = [AppendContext(m, codec.encoded_size(m)) for m in msgs]
+    async def _write_system(self, batch: list[AppendContext]) -> None:
+        """Write what the WAL's interceptors write themselves (rollbacks, seals)."""
         await self._appender.write(batch)
         note_opaque(self.progress, batch, plain=False)
 

@@ -32,11 +32,9 @@ from headrace.wal.api import AppendResult
 from headrace.wal.buffer import Position
 from headrace.wal.contract import Backend, Record, StartPosition
 from headrace.wal.interceptors.backpressure import is_opaque
-from headrace.wal.interceptors.dedup import DedupWindow, ProducerKey, logged_pair
+from headrace.wal.interceptors.dedup import DEDUP_FROM, DedupWindow, ProducerKey, logged_pair
 from headrace.wal.progress import OpaqueLog, OpaqueSpan, OpaqueSummary, inherited
 
-DEDUP_FROM = "dedup_from"
-"""Property of the WAL's own ticks and fences: where a dedup rebuild starts."""
 READ_TIMEOUT_S = 5.0
 """One read of the rebuild may wait this long for records before the open fails."""
 FIRST_PROBE = 256

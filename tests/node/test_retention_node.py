@@ -293,7 +293,8 @@ async def test_opaque_pchannel_is_truncated_by_retention_bytes(cluster: Cluster)
     assert below is not None and below < results[-1].id
     assert node.manager is not None
     assert await moved(node.manager.backend, results[0].id) >= below
-    assert await bytes_after(node, below) >= 4096  # the newest 4 KiB stay
+    # What stays starts at the truncation point itself (it keeps ``below``).
+    assert await bytes_from(node, below) >= 4096  # the newest 4 KiB stay
 
 
 async def test_an_unreachable_metastore_truncates_nothing(cluster: Cluster) -> None:
@@ -379,10 +380,10 @@ async def test_appends_of_collection_data_slow_then_fail_until_the_checkpoint_mo
     assert found == 1
 
 
-async def bytes_after(node: StreamingNode, position: MessageID) -> int:
-    """Bytes of the records stored after ``position``."""
+async def bytes_from(node: StreamingNode, position: MessageID) -> int:
+    """Bytes of the records stored from ``position`` on (itself included)."""
     assert node.manager is not None
-    reader = await node.manager.backend.open_reader(P, StartPosition.after(position))
+    reader = await node.manager.backend.open_reader(P, StartPosition.at(position))
     total = 0
     try:
         while batch := await reader.next_batch(256, timeout=0.5):

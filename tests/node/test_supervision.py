@@ -17,6 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from headrace.cluster import Assignment, AssignmentState, Keys
+from headrace.message.types import Message, MessageType
 from headrace.metastore.contract import KeyValue
 from headrace.metastore.factory import open_metastore
 from headrace.node.server import StreamingNode
@@ -120,6 +121,8 @@ async def test_a_timetick_sync_that_fails_makes_the_wal_reopen(cluster: Cluster)
         return await real_tick(sync=sync)
 
     appender.tick = tick_once_broken
+    # An idle WAL is not ticked: data makes a tick due.
+    await wal.append_many([Message(MessageType.INSERT, "v", b"x")])
     await until(lambda: manager.held.get(P) not in (None, wal))
     reopened = manager.get(P)
     assert (reopened.term, reopened.state) == (1, WALState.SERVING)

@@ -116,10 +116,22 @@ class Appender:
         """After a failed append: finding out what the backend holds."""
         self._shared = False
         """Whether the last batch held requests of several producers."""
+        self.on_unticked: Callable[[], None] | None = None
+        """Called when data is planned after the last persisted tick (a tick
+        is due an interval later)."""
 
     @property
     def last_timetick(self) -> int:
         return self._stamp.last_timetick
+
+    @property
+    def pchannel(self) -> str:
+        return self._cfg.pchannel
+
+    @property
+    def unticked(self) -> bool:
+        """Data was planned since the last persisted tick or fence: a tick must follow."""
+        return self._stamp.dirty
 
     def start(self) -> None:
         self._task = guarded_task(
@@ -318,7 +330,11 @@ class Appender:
             settle_failed(taken, exc)
             resolve(taken)
             return
-        plan(batch, taken, first, self._stamp)
+        stamp = self._stamp
+        ticked = not stamp.dirty
+        plan(batch, taken, first, stamp)
+        if ticked and stamp.dirty and self.on_unticked is not None:
+            self.on_unticked()
         batch.requests += taken
         batch.count += count
 

@@ -12,13 +12,24 @@ Interceptors must not suspend between deciding about a message and passing
 it on when the decision depends on shared state that the order of the log
 must reflect (the txn interceptor relies on this): the inner stages reach the
 appender queue without suspending.
+
+Besides handling appends, an interceptor may have optional capabilities
+(Milvus's ``InterceptorWith...`` interfaces), each a Protocol found on it once,
+when its WAL builds the chain from its declared list
+(:mod:`.stages`): :class:`Drains` (writes what closes its state before the
+WAL's last tick), :class:`Closes` (forgets its state when the WAL closes),
+:class:`Chores` (periodic work, and when it is next due),
+:class:`TickProperties` (what the WAL's own ticks and fences carry) and
+:class:`Reports` (its figures in the WAL's stats). :class:`Interceptors` calls
+each capability on every interceptor that has it, in the declared order: the
+WAL runs one lifecycle and names no interceptor.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 from headrace import errors
 from headrace.message.types import Message
@@ -68,3 +79,88 @@ def _bind(interceptor: Interceptor, call_next: Handler) -> Handler:
             await interceptor(batch, call_next)
 
     return handle
+
+
+@runtime_checkable
+class Drains(Protocol):
+    async def drain(self, write: Handler) -> None:
+        """The WAL stops taking appends: write (with ``write``) what closes this
+        interceptor's state, before the WAL's last tick."""
+
+
+@runtime_checkable
+class Closes(Protocol):
+    def close(self) -> None:
+        """The WAL closed: forget the state (nothing more is written)."""
+
+
+@runtime_checkable
+class Chores(Protocol):
+    def chore_due_s(self) -> float | None:
+        """Seconds until :meth:`chore` has work (None: none pending)."""
+
+    async def chore(self, write: Handler) -> None:
+        """Do the periodic work (writing with ``write``) if it is due."""
+
+
+@runtime_checkable
+class TickProperties(Protocol):
+    def tick_properties(self) -> Mapping[str, str]:
+        """What the WAL's own ticks and fences carry for this interceptor."""
+
+
+@runtime_checkable
+class Reports(Protocol):
+    def stats(self) -> Mapping[str, object]:
+        """This interceptor's figures, merged into the WAL's stats."""
+
+
+class Interceptors:
+    """A WAL's interceptors in their declared order, with their capabilities
+    found once, and the chains built from them."""
+
+    def __init__(
+        self, interceptors: Sequence[Interceptor], plain: Sequence[Interceptor], innermost: Handler
+    ) -> None:
+        """``plain``: the ones that plain messages (no properties, no
+        transaction, no DDL) must pass; a subsequence of ``interceptors``."""
+        if any(p not in interceptors for p in plain):
+            raise errors.InvalidArgument(
+                "the plain chain must take its interceptors from the declared list"
+            )
+        self.all = tuple(interceptors)
+        self.chain = build_chain(self.all, innermost)
+        self.plain_chain = build_chain([i for i in self.all if i in plain], innermost)
+        self._drains = [i for i in self.all if isinstance(i, Drains)]
+        self._closes = [i for i in self.all if isinstance(i, Closes)]
+        self._chores = [i for i in self.all if isinstance(i, Chores)]
+        self._ticks = [i for i in self.all if isinstance(i, TickProperties)]
+        self._reports = [i for i in self.all if isinstance(i, Reports)]
+
+    async def drain(self, write: Handler) -> None:
+        for interceptor in self._drains:
+            await interceptor.drain(write)
+
+    def close(self) -> None:
+        for interceptor in self._closes:
+            interceptor.close()
+
+    def chore_due_s(self) -> float | None:
+        due = [d for d in (i.chore_due_s() for i in self._chores) if d is not None]
+        return min(due, default=None)
+
+    async def chores(self, write: Handler) -> None:
+        for interceptor in self._chores:
+            await interceptor.chore(write)
+
+    def tick_properties(self) -> dict[str, str]:
+        properties: dict[str, str] = {}
+        for interceptor in self._ticks:
+            properties.update(interceptor.tick_properties())
+        return properties
+
+    def stats(self) -> dict[str, object]:
+        figures: dict[str, object] = {}
+        for interceptor in self._reports:
+            figures.update(interceptor.stats())
+        return figures

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from headrace import errors
 from headrace.message.ids import MessageID
@@ -26,6 +26,10 @@ from headrace.wal.interceptors.chain import AppendContext, Handler
 
 ProducerKey = tuple[str, int]
 _InFlight = tuple[asyncio.Future[None], AppendContext]
+
+DEDUP_FROM = "dedup_from"
+"""Property of the WAL's own ticks and fences: the id a rebuild of the window
+starts reading from (:mod:`headrace.wal.rebuild`)."""
 """A key being written: the writing call's done future and the key's context."""
 
 
@@ -105,9 +109,19 @@ class DedupWindow:
 
 
 class DedupInterceptor:
-    def __init__(self, window: DedupWindow) -> None:
+    def __init__(
+        self, window: DedupWindow, last_id: Callable[[], MessageID | None] = lambda: None
+    ) -> None:
+        """``last_id``: the WAL's last record, where a rebuild starts when the
+        window is empty."""
         self.window = window
+        self._last_id = last_id
         self._inflight: dict[ProducerKey, _InFlight] = {}
+
+    def tick_properties(self) -> dict[str, str]:
+        """:data:`DEDUP_FROM`: where a rebuild of the window must start reading."""
+        start = self.window.oldest_id() or self._last_id()
+        return {DEDUP_FROM: str(start)} if start is not None else {}
 
     def _settle(
         self,

@@ -642,6 +642,18 @@ class SegmentInterceptor:
         start = self.table.read_from(self._last_id())
         return {} if start is None else {SEGMENTS_FROM: str(start)}
 
+    # -- capabilities (see .chain) -----------------------------------------
+
+    def stats(self) -> dict[str, object]:
+        return {"growing_segments": len(self.table.growing)}
+
+    def chore_due_s(self) -> float | None:
+        """Seconds until :meth:`chore` looks again (None: nothing grows and no
+        seal record waits)."""
+        if not self.table.growing and self._unrecorded is None:
+            return None
+        return max(0.0, self._next_check - self._clock())
+
     # -- the timetick chore ------------------------------------------------
 
     async def chore(self, write: Handler) -> None:

@@ -1,63 +1,104 @@
-"""Timetick sync: the WAL's own TIME_TICKs, on top of the appender.
+"""Timetick sync: the WAL's own TIME_TICKs and its interceptors' chores, on top of the appender.
 
 The appender (:mod:`.appender`) gives every message its timetick and writes
-it. The sync task asks it for a TIME_TICK every interval. The appender
-persists the tick only if data was persisted since the last persisted tick or
-fence; otherwise the tick goes only to the buffer, carrying the last persisted
-message's id, so tail readers see progress without the log filling with
-empty ticks.
+it. :class:`TimetickSync` is the WAL's client of the node's
+:class:`~headrace.wal.ticks.TickScheduler`: it is woken only while something
+is pending (:func:`~headrace.wal.ticks.next_due`), then runs the interceptors'
+chores and asks the appender for a TIME_TICK. The appender persists the tick
+only if data was persisted since the last persisted tick or fence; otherwise
+the tick goes only to the buffer, carrying the last persisted message's id,
+so tail readers see progress without the log filling with empty ticks. An
+idle WAL (nothing persisted since its last tick, no reader waiting, no chore
+pending) is not woken.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from headrace import errors
-from headrace.guarded import guarded_task
+from headrace.guarded import TaskFailure
+from headrace.wal.buffer import WriteAheadBuffer
 from headrace.wal.interceptors.appender import Appender, AppenderConfig, system_context
+from headrace.wal.interceptors.chain import Handler, Interceptors
+from headrace.wal.ticks import TICK_AFTER_DATA, Due, Needs, TickScheduler, next_due
 
 __all__ = ["Appender", "AppenderConfig", "TimetickSync", "system_context"]
 
 
 class TimetickSync:
-    """Asks the appender for a tick every interval and runs periodic chores."""
+    """One WAL's ticks and chores, woken by the node's scheduler when due."""
 
     def __init__(
         self,
         appender: Appender,
+        buffer: WriteAheadBuffer,
+        interceptors: Interceptors,
+        *,
+        write: Handler,
         interval_s: float,
-        chores: list[Callable[[], Awaitable[None]]],
+        scheduler: TickScheduler,
+        serving: Callable[[], bool],
     ) -> None:
+        self.name = appender.pchannel
         self._appender = appender
+        self._buffer = buffer
+        self._interceptors = interceptors
+        self._write = write
         self._interval = interval_s
-        self._chores = chores
-        self._task: asyncio.Task[None] | None = None
+        self.scheduler = scheduler
+        self._serving = serving
+        self._after_data = Due(interval_s, TICK_AFTER_DATA)
 
     def start(self) -> None:
-        # A sync task that fails stops the WAL's writing (it turns UNAVAILABLE
-        # and is reopened): without ticks, tail readers would wait forever.
-        self._task = guarded_task(
-            self._run(),
-            "wal-timetick-sync",
-            self._appender.on_task_failure,
-            finishable=True,  # it returns once the appender failed
-        )
+        self.scheduler.add(self)
+        self._buffer.on_wait = self.attention
+        self._appender.on_unticked = self._unticked
+        self.attention()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        self._buffer.on_wait = None
+        self._appender.on_unticked = None
+        await self.scheduler.forget(self)
 
-    async def _run(self) -> None:
-        while self._appender.failure is None:
-            await asyncio.sleep(self._interval)
-            for chore in self._chores:
-                await chore()
-            try:
+    def needs(self) -> Needs:
+        return Needs(
+            unticked=self._appender.unticked,
+            reader_waiting=self._buffer.waiting,
+            chore_s=self._interceptors.chore_due_s(),
+        )
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is pending: the timetick has nothing to catch up with."""
+        return next_due(self.needs(), self._interval) is None
+
+    def attention(self) -> None:
+        """Something may be pending now: be woken when it is due."""
+        due = next_due(self.needs(), self._interval)
+        if due is not None:
+            self.scheduler.wake(self, due)
+
+    def _unticked(self) -> None:
+        """Data was planned after the last persisted tick: a tick is due an interval later."""
+        self.scheduler.wake(self, self._after_data)
+
+    async def run_due(self) -> Due | None:
+        if self._appender.failure is not None or not self._serving():
+            return None
+        await self._interceptors.chores(self._write)
+        needs = self.needs()
+        if needs.unticked or needs.reader_waiting:
+            # A tick that fails means the appender failed or stopped: seen below.
+            with contextlib.suppress(errors.HeadraceError):
                 await self._appender.tick(sync=True)
-            except errors.HeadraceError:
-                continue
+            needs = self.needs()
+        if self._appender.failure is not None:
+            return None
+        return next_due(needs, self._interval)
+
+    async def on_task_failure(self, failure: TaskFailure) -> None:
+        # A failed sync stops the WAL's writing (it turns UNAVAILABLE and is
+        # reopened): without ticks, tail readers would wait forever.
+        await self._appender.on_task_failure(failure)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from headrace import errors
+from headrace.message import codec
 from headrace.message.types import Message, MessageType
 from headrace.tso import TimestampAllocator
 from headrace.wal.interceptors.chain import AppendContext, Handler
@@ -135,6 +136,16 @@ class TxnTable:
             del self._open[txn.txn_id]
         return gone
 
+    def expiry_s(self, now: float) -> float | None:
+        """Seconds from ``now`` until the oldest open transaction may expire
+        (0: orphans wait for their rollback; None: nothing open)."""
+        if self.orphans:
+            return 0.0
+        if not self._open:
+            return None
+        oldest = min(t.last_touch for t in self._open.values())
+        return max(0.0, oldest + self.keepalive_s - now)
+
     def abort_all(self) -> list[OpenTxn]:
         gone = list(self._open.values())
         self._open.clear()
@@ -236,3 +247,27 @@ class TxnInterceptor:
     def abort_all(self) -> list[Message]:
         """ROLLBACK_TXN messages for every open transaction (the WAL stops serving)."""
         return [rollback_message(t, "wal stopped") for t in self.table.abort_all()]
+
+    # -- capabilities (see .chain) -----------------------------------------
+
+    def chore_due_s(self) -> float | None:
+        return self.table.expiry_s(self._clock())
+
+    async def chore(self, write: Handler) -> None:
+        """Roll back expired and orphaned transactions."""
+        await _write_messages(write, self.abandoned())
+
+    async def drain(self, write: Handler) -> None:
+        """Roll back every open transaction: the WAL stops serving."""
+        await _write_messages(write, self.abort_all())
+
+    def close(self) -> None:
+        self.table.abort_all()
+
+    def stats(self) -> dict[str, object]:
+        return {"open_txns": len(self.table)}
+
+
+async def _write_messages(write: Handler, msgs: list[Message]) -> None:
+    if msgs:
+        await write([AppendContext(m, codec.encoded_size(m)) for m in msgs])
