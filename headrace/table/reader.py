@@ -102,8 +102,13 @@ class RowFilter:
             arrow = expression_to_pyarrow(bound, schema)
         except (ValueError, TypeError, ValidationError, ParseBaseException) as exc:
             fields = ", ".join(arrow_schema.names)
+            problem = (
+                f"does not parse at column {exc.col}"
+                if isinstance(exc, ParseBaseException)
+                else _first_line(exc)
+            )
             raise errors.InvalidArgument(
-                f"filter {text!r}: {_first_line(exc)} (an Iceberg row filter such as "
+                f"filter {text!r}: {problem} (an Iceberg row filter such as "
                 f"\"pk > 10 and name = 'x'\"; fields: {fields})"
             ) from None
         return cls(text, expression, arrow)

@@ -7,13 +7,17 @@ real flush job run in-process (``tests/client/reads.py``), pyiceberg reading.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from headrace import errors
+from headrace.cli.exits import EXIT_ERROR, EXIT_USAGE
+from headrace.cli.main import main
 from headrace.client import HeadraceClient
 from headrace.table import CatalogConfig, TableCatalog
 from headrace.table.expiry import RetentionOptions
@@ -113,7 +117,7 @@ async def test_reads_the_table_and_the_tail_each_key_once_and_time_travels(
 
 async def test_bad_arguments_are_clear_errors(client: HeadraceClient) -> None:
     cases: list[tuple[dict[str, object], str]] = [
-        ({"filter": "v >"}, "filter 'v >'"),
+        ({"filter": "v >"}, "filter 'v >': does not parse at column"),
         ({"filter": "nope = 3"}, "nope"),
         ({"filter": "name > 3"}, "name"),
         ({"filter": 3}, "Iceberg row-filter string"),
@@ -158,3 +162,66 @@ async def test_a_long_read_keeps_its_snapshot_across_expiry_and_orphan_collectio
             assert by_key(pa.Table.from_batches([first, *rest])) == expected
             assert catalog.reader_pins() == {}, "the pin outlived the read"
             assert by_key(await client.read("items")) == {}
+
+
+async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The exit status (argparse's own usage errors exit with 2), stdout, stderr."""
+    try:
+        code = await asyncio.to_thread(main, list(argv))
+    except SystemExit as exited:
+        code = int(exited.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+async def test_headrace_read_prints_a_table_json_and_writes_parquet(
+    served: Cluster, client: HeadraceClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with client.producer() as producer:
+        await producer.insert("items", rows([1, 2, 3]))
+        await flush_now(served, client, tmp_path / "warehouse", "items")
+        await producer.delete("items", [2])
+        written = await producer.insert("items", rows([4], version=1))
+    where = ["--metastore", served.url, "--cluster", served.keys.cluster, "--collection", "items"]
+
+    code, out, err = await cli(capsys, "read", *where, "--columns", "pk,v")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0].split() == ["PK", "V"]
+    assert sorted(tuple(line.split()) for line in lines[1:-1]) == [
+        ("1", "10"),
+        ("3", "30"),
+        ("4", "41"),
+    ]
+    assert lines[-1].startswith("(3 rows as of ")
+
+    as_of = str(written.results[0].timetick - 1)
+    code, out, err = await cli(
+        capsys, "read", *where, "--as-of", as_of, "--format", "json", "--filter", "pk >= 2"
+    )
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["as_of"] == int(as_of) and document["snapshot_id"] is not None
+    assert sorted(r["pk"] for r in document["rows"]) == [3]
+    assert document["rows"][0]["vec"] == [3.0, 0.0]
+
+    target = tmp_path / "out.parquet"
+    code, out, err = await cli(
+        capsys, "read", *where, "--format", "parquet", "--output", str(target)
+    )
+    assert code == 0, err
+    assert sorted(pq.read_table(target).column("pk").to_pylist()) == [1, 3, 4]
+
+    for bad, message in [
+        (["--filter", "pk >"], "filter 'pk >'"),
+        (["--columns", "pk,,v"], "empty field name"),
+        (["--format", "parquet"], "needs --output"),
+        (["--output", str(tmp_path / "no" / "such" / "dir")], "--output"),
+    ]:
+        code, out, err = await cli(capsys, "read", *where, *bad)
+        assert code == EXIT_USAGE, (bad, out, err)
+        assert message in err, (bad, err)
+    code, out, err = await cli(capsys, "read", *where, "--as-of", "-3")
+    assert code == EXIT_USAGE and "--as-of" in err, err
+    code, out, err = await cli(capsys, "read", *where[:-1], "nothing")
+    assert code == EXIT_ERROR and "nothing" in err, err
