@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from headrace import errors
-from headrace.cli.exits import EXIT_ERROR, EXIT_USAGE
+from headrace.cli.exits import EXIT_USAGE
 from headrace.cli.main import main
 from headrace.client import HeadraceClient
 from headrace.table import CatalogConfig, TableCatalog
@@ -224,4 +224,4 @@ async def test_headrace_read_prints_a_table_json_and_writes_parquet(
     code, out, err = await cli(capsys, "read", *where, "--as-of", "-3")
     assert code == EXIT_USAGE and "--as-of" in err, err
     code, out, err = await cli(capsys, "read", *where[:-1], "nothing")
-    assert code == EXIT_ERROR and "nothing" in err, err
+    assert code == EXIT_USAGE and "NOT_FOUND" in err and "nothing" in err, err
