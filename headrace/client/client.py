@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from collections.abc import Collection as Container
 
 import pyarrow as pa
@@ -329,7 +329,7 @@ class HeadraceClient:
         columns: Sequence[str] | None = None,
         filter: str | None = None,
         options: ReadOptions | None = None,
-    ) -> AsyncIterator[pa.RecordBatch]:
+    ) -> AsyncGenerator[pa.RecordBatch, None]:
         """:meth:`read` as record batches, for results larger than memory: the
         snapshot stays pinned until the iteration ends (or is closed)."""
         async with self.snapshot_read(

@@ -311,36 +311,36 @@ class SnapshotRead:
             TAIL_TYPES,
             ConsumerOptions(ready_timeout=timeout),
         )
-        async with consumer:
-            while True:
-                try:
+        try:
+            async with consumer:
+                while True:
                     entry = await consumer.next(timeout=timeout)
-                except errors.Truncated as exc:
-                    raise errors.Truncated(
-                        f"reading {collection.name} as of timetick {as_of} needs {vchannel}'s "
-                        f"WAL after {start or 'its beginning'}, which is truncated ({exc}); "
-                        "read a later as_of",
-                        earliest=exc.earliest,
-                    ) from None
-                if entry is None:
-                    raise errors.Unavailable(
-                        f"reading the WAL tail of {vchannel} up to timetick {as_of}: no message "
-                        f"for {timeout:g}s (last seen {consumer.last_id})"
-                    )
-                message = entry.message
-                if after is not None and not after < entry.id:
-                    continue
-                if message.timetick > as_of:
-                    return found
-                if message.type is MessageType.TIME_TICK:
-                    if message.timetick >= as_of:
+                    if entry is None:
+                        raise errors.Unavailable(
+                            f"reading the WAL tail of {vchannel} up to timetick {as_of}: no "
+                            f"message for {timeout:g}s (last seen {consumer.last_id})"
+                        )
+                    message = entry.message
+                    if after is not None and not after < entry.id:
+                        continue
+                    if message.timetick > as_of:
                         return found
-                    continue
-                data = messages.parse(message, known)
-                if isinstance(data, messages.Insert):
-                    found.append(TailInsert(data.rows, message.timetick))
-                elif isinstance(data, messages.Delete):
-                    found.append(TailDelete(data.keys.combine_chunks(), message.timetick))
+                    if message.type is MessageType.TIME_TICK:
+                        if message.timetick >= as_of:
+                            return found
+                        continue
+                    data = messages.parse(message, known)
+                    if isinstance(data, messages.Insert):
+                        found.append(TailInsert(data.rows, message.timetick))
+                    elif isinstance(data, messages.Delete):
+                        found.append(TailDelete(data.keys.combine_chunks(), message.timetick))
+        except errors.Truncated as exc:
+            raise errors.Truncated(
+                f"reading {collection.name} as of timetick {as_of} needs {vchannel}'s WAL "
+                f"after {start or 'its beginning'}, which is truncated ({exc}); read a later "
+                "as_of",
+                earliest=exc.earliest,
+            ) from None
 
 
 def _plan(

@@ -19,6 +19,7 @@ from headrace import errors
 from headrace.cli.exits import EXIT_USAGE
 from headrace.cli.main import main
 from headrace.client import HeadraceClient
+from headrace.client.sync import SyncClient
 from headrace.table import CatalogConfig, TableCatalog
 from headrace.table.expiry import RetentionOptions
 from headrace.table.maintenance import maintain
@@ -225,3 +226,27 @@ async def test_headrace_read_prints_a_table_json_and_writes_parquet(
     assert code == EXIT_USAGE and "--as-of" in err, err
     code, out, err = await cli(capsys, "read", *where[:-1], "nothing")
     assert code == EXIT_USAGE and "NOT_FOUND" in err and "nothing" in err, err
+
+
+async def test_the_sync_client_reads_and_closes_a_batched_read_early(
+    served: Cluster, client: HeadraceClient, tmp_path: Path
+) -> None:
+    async with client.producer() as producer:
+        await producer.insert("items", rows(list(range(10))))
+        await flush_now(served, client, tmp_path / "warehouse", "items")
+        await producer.insert("items", rows([10]))
+    config = CatalogConfig(served.url, str(tmp_path / "warehouse"), served.keys.cluster)
+
+    def work() -> tuple[dict[int, int], list[int], dict[str, frozenset[int]]]:
+        with SyncClient(served.url, served.keys.cluster) as sync, TableCatalog.open(config) as c:
+            whole = by_key(sync.read("items", filter="pk >= 5"))
+            batches = sync.read_batches("items", columns=["pk"])
+            first = next(batches)
+            assert c.reader_pins()["items"], "no pin while the read is open"
+            batches.close()  # ends the read early: its pin goes at once
+            return whole, first.column("pk").to_pylist(), c.reader_pins()
+
+    whole, first, pins = await asyncio.to_thread(work)
+    assert whole == {k: k * 10 for k in range(5, 11)}
+    assert first and set(first) <= set(range(11))
+    assert pins == {}
