@@ -18,7 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headrace.table.merge import TableRows, TailDelete, TailInsert, fold_tail, merge
+from headrace.table.merge import (
+    TableRows,
+    TailDelete,
+    TailInsert,
+    fold_tail,
+    has_duplicates,
+    merge,
+)
 from headrace.table.snapshots import Position, SnapshotFacts, plan_read
 
 SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("v", pa.int64())])
@@ -213,3 +220,19 @@ def test_no_table_reads_the_whole_log_or_from_the_checkpoint() -> None:
     assert plan_read([], {}, ["p0"], 5) == plan_read([], {}, ["p0"], 5)
     plan = plan_read([], {"p0": Position("local:3", 4)}, ["p0", "p1"], 5)
     assert (plan.snapshot_id, plan.starts) == (None, {"p0": "local:3", "p1": None})
+
+
+@pytest.mark.parametrize(
+    ("chunks", "twice"),
+    [
+        ([[]], False),
+        ([[5]], False),
+        ([[3, 1, 2], [9, 4]], False),
+        ([[3, 1, 2], [9, 1]], True),
+        ([[7, 7]], True),
+        ([["b", "a"], ["c"]], False),
+        ([["b", "a"], ["b"]], True),
+    ],
+)
+def test_has_duplicates(chunks: list[list[object]], twice: bool) -> None:
+    assert has_duplicates(pa.chunked_array(chunks)) is twice
