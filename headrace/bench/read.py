@@ -5,8 +5,10 @@ Iceberg table, in the same run, and the cost of the WAL-tail part.
    runner) takes ``rows`` rows (an int64 key, a 16-float32 vector, a short
    string) into a ``shards``-shard collection through the public producer,
    and the flush job (:mod:`spark_apps.timed`, the real job and commit)
-   flushes them all. A second collection gets ``tail_rows`` rows that are
-   never flushed: growing rows in the WAL.
+   flushes them all. A second collection then gets ``tail_rows`` rows that
+   are never flushed: growing rows in the WAL (inserted after the snapshot
+   reads and DuckDB's, so that the flushed collection's tail, which the node
+   scans from its checkpoint, is empty as in a quiet pchannel).
 2. ``rows_per_s``: a snapshot read (:meth:`HeadraceClient.snapshot_read`,
    what :meth:`HeadraceClient.read` does) of the flushed collection
    ("latest": plan, pin, the WAL tail after the checkpoint, which is empty,
@@ -157,13 +159,15 @@ async def bench_read(
                     "--end", str(end), "--master", master, "--read-idle-timeout", "300",
                 ]
             )  # fmt: skip
-            await _insert(client, "tail", tail_rows, batch_rows, shards)
             with TableCatalog.open(CatalogConfig(cfg.metastore_url, warehouse, cfg.cluster)) as c:
                 metadata = c.table("bench").metadata_location
             read_s = [await _timed_read(client, "bench", rows) for _ in range(repeats)]
             duck = [await asyncio.to_thread(_duckdb_scan, metadata) for _ in range(repeats)]
             if any(n != rows for n, _ in duck):
                 raise errors.HeadraceError(f"DuckDB read {duck} rows, expected {rows}")
+            # After those reads: the tail collection's rows would follow the
+            # flushed collection's checkpoint in the one pchannel.
+            await _insert(client, "tail", tail_rows, batch_rows, shards)
             tail_s = [await _timed_read(client, "tail", tail_rows) for _ in range(repeats)]
     finally:
         stop.set()

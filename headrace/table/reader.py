@@ -17,9 +17,12 @@ Storage failures are Headrace errors (:meth:`Warehouse.translate`).
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from itertools import islice
 from typing import TypeVar
 
 import pyarrow as pa
@@ -40,6 +43,11 @@ from headrace.table.snapshots import SnapshotFacts
 from headrace.table.storage import ObjectStoreOptions, Warehouse
 
 T = TypeVar("T")
+
+READ_AHEAD = 4
+"""Data files a scan reads at once (threads; pyarrow releases the GIL): with
+one at a time a 1,000,000-row read took 0.18-0.60 s in its file reads, with
+four 0.13-0.30 s on the benchmark machine under load."""
 
 
 def warehouse_of(metadata_location: str, object_store: ObjectStoreOptions) -> Warehouse:
@@ -128,7 +136,8 @@ def scan_files(
 ) -> Iterator[pa.Table]:
     """The snapshot's rows of ``fields`` matching the filter, in
     ``arrow_schema`` (the collection's, restricted to ``fields``), one data
-    file at a time, the newest file (highest data sequence number) first."""
+    file at a time, the newest file (highest data sequence number) first;
+    at most ``READ_AHEAD`` files are read ahead of the one given."""
     warehouse = warehouse_of(table.metadata_location, object_store)
     target = pa.schema([arrow_schema.field(name) for name in fields])
     scan = table.scan(
@@ -143,12 +152,22 @@ def scan_files(
 
     tasks = storage(warehouse, f"planning a scan of {table.metadata_location}", plan)
     reader = ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter)
-    for task in tasks:
-        rows = storage(
-            warehouse, f"reading {task.file.file_path}", partial(reader.to_table, [task])
-        )
-        if rows.num_rows:
-            yield conform(rows, target)
+
+    def read(task: FileScanTask) -> pa.Table:
+        fetch = partial(reader.to_table, [task])
+        return storage(warehouse, f"reading {task.file.file_path}", fetch)
+
+    # Files are read READ_AHEAD at a time in threads and given in order.
+    remaining = iter(tasks)
+    with concurrent.futures.ThreadPoolExecutor(READ_AHEAD, "headrace-scan") as pool:
+        pending = collections.deque(pool.submit(read, t) for t in islice(remaining, READ_AHEAD))
+        while pending:
+            rows = pending.popleft().result()
+            following = next(remaining, None)
+            if following is not None:
+                pending.append(pool.submit(read, following))
+            if rows.num_rows:
+                yield conform(rows, target)
 
 
 def _sequence_numbers(table: Table, snapshot_id: int) -> dict[str, int]:
