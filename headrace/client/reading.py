@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
@@ -99,11 +99,6 @@ class Planned:
     row_filter: RowFilter
     columns: tuple[str, ...]
     """The fields returned, in the collection's order."""
-
-    @property
-    def out_schema(self) -> pa.Schema:
-        schema = self.collection.schema
-        return pa.schema([schema.field(name) for name in self.columns])
 
     @property
     def scanned(self) -> tuple[str, ...]:
@@ -196,7 +191,7 @@ class SnapshotRead:
 
         if planned.table is None or planned.plan.snapshot_id is None:
             return
-        parts: Iterator[pa.Table] = scan_files(
+        parts: Generator[pa.Table, None, None] = scan_files(
             planned.table,
             snapshot_id=planned.plan.snapshot_id,
             row_filter=planned.row_filter,
@@ -204,11 +199,15 @@ class SnapshotRead:
             arrow_schema=planned.collection.schema,
             object_store=self._options.object_store,
         )
-        while True:
-            part = await asyncio.to_thread(next, parts, None)
-            if part is None:
-                return
-            yield part
+        try:
+            while True:
+                part = await asyncio.to_thread(next, parts, None)
+                if part is None:
+                    return
+                yield part
+        finally:
+            # A read ended early: stop the scan's threads (off the event loop).
+            await asyncio.to_thread(parts.close)
 
     # -- planning and pinning -------------------------------------------------
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from functools import partial
 from itertools import islice
 from typing import TypeVar
@@ -133,7 +133,7 @@ def scan_files(
     fields: Sequence[str],
     arrow_schema: pa.Schema,
     object_store: ObjectStoreOptions,
-) -> Iterator[pa.Table]:
+) -> Generator[pa.Table, None, None]:
     """The snapshot's rows of ``fields`` matching the filter, in
     ``arrow_schema`` (the collection's, restricted to ``fields``), one data
     file at a time, the newest file (highest data sequence number) first;
