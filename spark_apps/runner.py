@@ -371,7 +371,11 @@ def _maintain_tables(
     except errors.HeadraceError as exc:
         return [MaintenanceFailure("(every table)", exc)]
     with catalog:
-        return maintain_all(catalog, dropped, options.retention)
+        try:
+            pins = catalog.reader_pins()
+        except errors.HeadraceError as exc:
+            return [MaintenanceFailure("(every table: reading the reader pins)", exc)]
+        return maintain_all(catalog, dropped, options.retention, pins)
 
 
 def outcome_of(launch: Launch, job: asyncio.Future[FlushResult]) -> Result:

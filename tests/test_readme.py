@@ -87,7 +87,10 @@ NOT_RUN = {
     "insert, delete, flush --wait, read the Iceberg table) runs in the demo "
     "(test_demo_from_a_shadowing_working_directory), the CLI in "
     "tests/cli/test_collections_cli.py and the end to end check with DuckDB in "
-    "tests/spark_apps/test_collection_end_to_end.py",
+    "tests/spark_apps/test_collection_end_to_end.py; the snapshot read snippets need a "
+    "flushed collection and a `written` from an insert: the same calls (read with columns, "
+    "filter and as_of, read_batches, headrace read in every format) run in "
+    "tests/client/test_snapshot_read.py against real nodes and the real flush job",
     "On Kubernetes": "needs a Kubernetes cluster, Helm and docker; the manifests (the "
     "StreamingCluster and the UpgradePlan) are checked by tests/headrace_operator/test_readme.py "
     "against the models and a real API server; the upgrade workflow runs in e2e/test_upgrade.py",

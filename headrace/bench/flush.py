@@ -101,7 +101,7 @@ def baseline(table: pa.Table, shards: int, root: Path) -> float:
     return time.perf_counter() - started
 
 
-async def _run_job(argv: list[str]) -> dict[str, Any]:
+async def run_job(argv: list[str]) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-P",
@@ -150,7 +150,7 @@ async def bench_flush(
         assert kv is not None
         term = cluster.Assignment.from_json(kv.value).term
         warehouse = str((root / "warehouse").resolve())
-        job = await _run_job(
+        job = await run_job(
             [
                 "--metastore", cfg.metastore_url, "--cluster", cfg.cluster,
                 "--pchannel", pchannel, "--term", str(term), "--warehouse", warehouse,

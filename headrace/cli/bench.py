@@ -108,9 +108,32 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--json", action="store_true")
     b.set_defaults(handler=flush)
 
-    _add_flush_lag(sub)
+    _add_pipeline(sub)
     _add_upgrade(sub)
     _add_scale(sub)
+
+
+def _add_pipeline(sub: Any) -> None:
+    """The data pipeline's benchmarks past the flush: flush lag, reads."""
+    _add_flush_lag(sub)
+    _add_read(sub)
+
+
+def _add_read(sub: Any) -> None:
+    b = sub.add_parser(
+        "read",
+        help="snapshot reads of a flushed collection vs DuckDB scanning the same Iceberg table, "
+        "and reads of growing rows from the WAL (needs the pipeline extra and duckdb)",
+    )
+    b.add_argument("--rows", type=positive_int, default=1_000_000)
+    b.add_argument("--tail-rows", type=positive_int, default=100_000)
+    b.add_argument("--shards", type=positive_int, default=4)
+    b.add_argument("--batch-rows", type=positive_int, default=5000, help="rows per INSERT")
+    b.add_argument("--repeats", type=positive_int, default=3, help="reads of each kind (best)")
+    b.add_argument("--master", default="local[2]", help="Spark master of the flush job")
+    b.add_argument("--dir", default=None, help="parent of the run's directory (default: temp)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=read)
 
 
 def _add_scale(sub: Any) -> None:
@@ -307,6 +330,24 @@ async def flush(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="headrace-flush-", dir=args.dir) as tmp:
         result = await bench_flush.bench_flush(
             args.rows, Path(tmp), shards=args.shards, batch_rows=args.batch_rows, master=args.master
+        )
+    _emit(result, args.json)
+    return 0
+
+
+async def read(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("pyspark") is None:
+        raise errors.InvalidArgument("bench read needs pyspark (the pipeline extra)")
+    bench_read = importlib.import_module("headrace.bench.read")
+    with tempfile.TemporaryDirectory(prefix="headrace-read-", dir=args.dir) as tmp:
+        result = await bench_read.bench_read(
+            args.rows,
+            Path(tmp),
+            shards=args.shards,
+            tail_rows=args.tail_rows,
+            batch_rows=args.batch_rows,
+            repeats=args.repeats,
+            master=args.master,
         )
     _emit(result, args.json)
     return 0

@@ -1,4 +1,5 @@
-"""``headrace collections`` (list, describe, create, drop) and ``headrace flush``."""
+"""``headrace collections`` (list, describe, create, drop), ``headrace flush``
+and ``headrace read`` (:mod:`headrace.cli.read`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from typing import Any, TypeAlias
 
 from headrace import errors
+from headrace.cli import read as read_command
 from headrace.cli.argtypes import positive_float, positive_int
 from headrace.cli.schemas import parse_schema
 from headrace.client import api as client_api
@@ -80,6 +82,8 @@ def add_commands(sub: Sub) -> None:
         "--timeout", type=positive_float, default=300.0, help="seconds to wait (default 300)"
     )
     p.set_defaults(handler=flush)
+
+    read_command.add_command(sub)
 
 
 def _metastore(args: argparse.Namespace) -> str:

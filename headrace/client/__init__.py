@@ -11,6 +11,7 @@ from headrace.client.consumer import Consumer, ConsumerOptions
 from headrace.client.discovery import Owner
 from headrace.client.manager import ManagerClient, NodeWALs, WALStatus
 from headrace.client.producer import Producer, ProducerOptions
+from headrace.client.reading import ReadOptions
 from headrace.client.status import status
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Owner",
     "Producer",
     "ProducerOptions",
+    "ReadOptions",
     "WALStatus",
     "status",
 ]

@@ -14,13 +14,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
+
+import pyarrow as pa
 
 from headrace import errors, tso
 from headrace.client.client import HeadraceClient
 from headrace.client.discovery import ChannelPool
 from headrace.client.manager import ManagerClient, NodeWALs, WALStatus
+from headrace.client.reading import AsOf, ReadOptions
 from headrace.client.status import status, writes_report
 from headrace.cluster import DEFAULT_CLUSTER, Assignment, AssignmentState, Keys, TLSMode
 from headrace.coordinator import writestop
@@ -54,6 +57,7 @@ __all__ = [
     "drop_collection",
     "flush_collection",
     "list_collections",
+    "read_collection",
     "request_drain",
     "request_move",
     "request_undrain",
@@ -397,6 +401,28 @@ async def flush_collection(
     async with _connected(metastore_url, cluster) as client:
         outcome = await client.flush(collection, wait=wait, timeout=timeout)
     return outcome.describe()
+
+
+async def read_collection(
+    metastore_url: str,
+    collection: str,
+    cluster: str = DEFAULT_CLUSTER,
+    *,
+    as_of: AsOf = "latest",
+    columns: Sequence[str] | None = None,
+    filter: str | None = None,
+    options: ReadOptions | None = None,
+) -> tuple[dict[str, object], pa.Table]:
+    """See :meth:`HeadraceClient.read`; also what the read decided (``as_of``,
+    the snapshot, each pchannel's tail start)."""
+    async with (
+        _connected(metastore_url, cluster) as client,
+        client.snapshot_read(
+            collection, as_of=as_of, columns=columns, filter=filter, options=options
+        ) as reading,
+    ):
+        rows = await reading.table()
+        return reading.planned.describe(), rows
 
 
 @contextlib.asynccontextmanager

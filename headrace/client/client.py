@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import math
 import time
+from collections.abc import AsyncGenerator, Sequence
 from collections.abc import Collection as Container
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from headrace.client.discovery import ChannelPool, ClusterView, Owner
 from headrace.client.flushing import FlushOutcome, WaitOptions, wait_flushed
 from headrace.client.manager import ManagerClient
 from headrace.client.producer import Producer, ProducerOptions
+from headrace.client.reading import AsOf, ReadOptions, ReadRequest, SnapshotRead
 from headrace.client.session import Session
 from headrace.cluster import DEFAULT_CLUSTER, Keys
 from headrace.message.ids import MessageID
@@ -276,6 +278,72 @@ class HeadraceClient:
         )
         return FlushOutcome(target.name, targets, checkpoints, waited=True)
 
+    # -- snapshot reads ---------------------------------------------------------
+
+    def snapshot_read(
+        self,
+        collection: str,
+        *,
+        as_of: AsOf = "latest",
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        options: ReadOptions | None = None,
+    ) -> SnapshotRead:
+        """An open read to use as ``async with``: its plan (``planned``) and
+        its rows (``table()`` or ``batches()``); the snapshot stays pinned
+        until it ends. See :meth:`read`."""
+        request = ReadRequest(
+            arguments.instance(collection, str, "collection"),
+            _as_of(as_of),
+            _column_names(columns),
+            _filter_text(filter),
+        )
+        opts = arguments.instance(options or ReadOptions(), ReadOptions, "options")
+        return SnapshotRead(self.session, request, opts)
+
+    async def read(
+        self,
+        collection: str,
+        *,
+        as_of: AsOf = "latest",
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        options: ReadOptions | None = None,
+    ) -> pa.Table:
+        """The collection as of timetick ``as_of`` ("latest": everything
+        acknowledged before the call) as a pyarrow Table.
+
+        The committed Iceberg table at the snapshot whose checkpoints are the
+        newest at or before ``as_of``, plus the WAL's inserts after them up to
+        ``as_of``, deletes up to ``as_of`` applied, each primary key once (the
+        latest version wins). ``columns``: field names (default all);
+        ``filter``: an Iceberg row-filter string such as ``"pk > 10 and name =
+        'x'"`` (INVALID_ARGUMENT naming the problem otherwise). Needs the
+        ``pipeline`` extra (pyiceberg) once the collection has a table.
+        """
+        async with self.snapshot_read(
+            collection, as_of=as_of, columns=columns, filter=filter, options=options
+        ) as reading:
+            return await reading.table()
+
+    async def read_batches(
+        self,
+        collection: str,
+        *,
+        as_of: AsOf = "latest",
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        options: ReadOptions | None = None,
+    ) -> AsyncGenerator[pa.RecordBatch, None]:
+        """:meth:`read` as record batches, for results larger than memory: the
+        snapshot stays pinned until the iteration ends (or is closed)."""
+        async with self.snapshot_read(
+            collection, as_of=as_of, columns=columns, filter=filter, options=options
+        ) as reading:
+            async for part in reading.batches():
+                for batch in part.to_batches():
+                    yield batch
+
     async def _append_all(self, batch: list[Message]) -> list[AppendResult]:
         """Append ``batch`` with a producer of its own; the first error if any failed."""
         async with self.producer() as producer:
@@ -284,3 +352,35 @@ class HeadraceClient:
             if isinstance(outcome, errors.HeadraceError):
                 raise outcome
         return [o for o in outcomes if isinstance(o, AppendResult)]
+
+
+def _as_of(as_of: object) -> AsOf:
+    if as_of == "latest":
+        return "latest"
+    if isinstance(as_of, bool) or not isinstance(as_of, int) or as_of < 0:
+        raise errors.InvalidArgument(
+            f'as_of must be a timetick (an int >= 0) or "latest", got {as_of!r}'
+        )
+    return as_of
+
+
+def _column_names(columns: object) -> tuple[str, ...] | None:
+    if columns is None:
+        return None
+    if isinstance(columns, str) or not isinstance(columns, Sequence):
+        raise errors.InvalidArgument(
+            f"columns must be a list of field names, got {type(columns).__name__} {columns!r}"
+        )
+    names = tuple(columns)
+    if not all(isinstance(n, str) for n in names):
+        raise errors.InvalidArgument(f"columns must be field names (strings), got {names!r}")
+    return names
+
+
+def _filter_text(text: object) -> str | None:
+    if text is None or isinstance(text, str):
+        return text
+    raise errors.InvalidArgument(
+        f'filter must be an Iceberg row-filter string such as "pk > 10", got a '
+        f"{type(text).__name__}"
+    )

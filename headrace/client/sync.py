@@ -14,7 +14,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Collection, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    Collection,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -27,6 +35,7 @@ from headrace.client.consumer import Consumer, ConsumerOptions
 from headrace.client.discovery import Owner
 from headrace.client.flushing import FlushOutcome
 from headrace.client.producer import Producer, ProducerOptions, WriteResult
+from headrace.client.reading import AsOf, ReadOptions
 from headrace.cluster import DEFAULT_CLUSTER
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.table.collections import Collection as TableCollection
@@ -156,6 +165,46 @@ class SyncClient:
         """See :meth:`HeadraceClient.flush` (its own timeout bounds the wait)."""
         return self._run(self._client.flush(collection, wait=wait, timeout=timeout))
 
+    def read(
+        self,
+        collection: str,
+        *,
+        as_of: AsOf = "latest",
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        options: ReadOptions | None = None,
+    ) -> pa.Table:
+        """See :meth:`HeadraceClient.read`."""
+        return self._run(
+            self._client.read(
+                collection, as_of=as_of, columns=columns, filter=filter, options=options
+            )
+        )
+
+    def read_batches(
+        self,
+        collection: str,
+        *,
+        as_of: AsOf = "latest",
+        columns: Sequence[str] | None = None,
+        filter: str | None = None,
+        options: ReadOptions | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """See :meth:`HeadraceClient.read_batches`: the snapshot stays pinned
+        until the iteration ends or the iterator is closed."""
+        batches = self._client.read_batches(
+            collection, as_of=as_of, columns=columns, filter=filter, options=options
+        )
+        try:
+            while True:
+                batch = self._run(_next_or_none(batches))
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            if not self._loop.is_closed():
+                self._run(batches.aclose())
+
     def wait_ready(self, pchannel: str, timeout: float = 30.0) -> Owner:
         return self._run(self._client.wait_ready(pchannel, timeout))
 
@@ -213,3 +262,7 @@ class SyncClient:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+async def _next_or_none(batches: AsyncGenerator[pa.RecordBatch, None]) -> pa.RecordBatch | None:
+    return await anext(batches, None)

@@ -44,6 +44,7 @@ from headrace.metastore.factory import open_metastore
 from headrace.table.bridge import LoopThread, SyncStore
 from headrace.table.decide import AlreadyCommitted, Proceed, Refused, decide
 from headrace.table.iceberg import HeadraceIcebergCatalog, StagedPointer
+from headrace.table.pins import pinned_snapshots, pins_prefix
 from headrace.table.records import (
     CheckpointRecord,
     FlushCommit,
@@ -214,6 +215,12 @@ class TableCatalog:
         if found is None:
             raise errors.NotFound(f"no table for collection {collection}")
         return found[0]
+
+    def reader_pins(self) -> dict[str, frozenset[int]]:
+        """Collection -> the snapshot ids open snapshot reads hold
+        (:mod:`headrace.table.pins`): pass them as ``pinned`` to expiry and
+        compaction so that no file under a reader is deleted."""
+        return pinned_snapshots(self.keys, self._store.get_prefix(pins_prefix(self.keys)))
 
     def iceberg_table(self, collection: str) -> Table:
         """The collection's pyiceberg ``Table`` as of now (for readers and tools)."""

@@ -1,0 +1,48 @@
+"""Reader pins as records (pure): keys, the pin transaction, decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from headrace import errors
+from headrace.cluster import Keys
+from headrace.metastore.contract import Compare, KeyValue
+from headrace.table.pins import pin_key, pin_ops, pinned_snapshots, pins_prefix
+from headrace.table.records import table_key
+
+KEYS = Keys("c1")
+
+
+def kv(key: str, value: bytes) -> KeyValue:
+    return KeyValue(key=key, value=value, mod_revision=1, create_revision=1, version=1, lease=0)
+
+
+def test_the_pin_is_put_under_its_lease_only_if_the_pointer_did_not_move() -> None:
+    compares, puts = pin_ops(KEYS, "orders", 42, lease=0xABC, pointer_revision=17)
+    (compare,) = compares
+    assert compare == Compare.mod_revision_is(table_key(KEYS, "orders"), 17)
+    (put,) = puts
+    assert put.key == pin_key(KEYS, "orders", 0xABC) and put.lease == 0xABC
+    assert put.key.startswith(pins_prefix(KEYS) + "orders/")
+    assert pinned_snapshots(KEYS, [kv(put.key, put.value)]) == {"orders": frozenset({42})}
+
+
+def test_pins_of_several_readers_and_collections() -> None:
+    found = [
+        kv(put.key, put.value)
+        for collection, snapshot, lease in [("a", 1, 1), ("a", 2, 2), ("a", 1, 3), ("b", 9, 4)]
+        for put in pin_ops(KEYS, collection, snapshot, lease, 1)[1]
+    ]
+    assert pinned_snapshots(KEYS, found) == {"a": frozenset({1, 2}), "b": frozenset({9})}
+    assert pinned_snapshots(KEYS, []) == {}
+
+
+@pytest.mark.parametrize("value", [b"", b"{}", b'{"snapshot_id": "x"}', b"[1]"])
+def test_a_pin_that_does_not_decode_is_corrupt_not_ignored(value: bytes) -> None:
+    with pytest.raises(errors.CorruptData, match="reader pin"):
+        pinned_snapshots(KEYS, [kv(pin_key(KEYS, "a", 1), value)])
+
+
+def test_a_bad_collection_name_is_refused() -> None:
+    with pytest.raises(errors.InvalidArgument):
+        pin_key(KEYS, "a/b", 1)
