@@ -8,8 +8,9 @@ handshake, so rotated certificates apply to new connections while open
 streams go on. A rotated pair that does not load is logged and the previous
 one kept.
 
-Client side (:class:`ClientTLS`): the CA to trust, and the client's own
-certificate and key for mutual TLS; a bearer token (:class:`TokenFile`) goes
+Client side (:class:`ClientTLS`): the CA to trust, the client's own
+certificate and key for mutual TLS, and the name to check the nodes'
+certificates against (nodes advertise IP addresses); a bearer token (:class:`TokenFile`) goes
 with every call as ``authorization`` metadata, read again when its file
 changes, and only over TLS (gRPC refuses call credentials on plaintext).
 
@@ -36,6 +37,7 @@ ENV_CA = "HEADRACE_TLS_CA"
 ENV_CERT = "HEADRACE_TLS_CERT"
 ENV_KEY = "HEADRACE_TLS_KEY"
 ENV_TOKEN_FILE = "HEADRACE_TOKEN_FILE"
+ENV_SERVER_NAME = "HEADRACE_TLS_SERVER_NAME"
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -191,6 +193,10 @@ class ClientTLS:
     cert: Path | None = None
     key: Path | None = None
     token_file: Path | None = None
+    server_name: str = ""
+    """The name to check nodes' certificates against instead of the address
+    they advertise (a pod IP no certificate can name in advance): e.g. the
+    DNS name a cert-manager Certificate lists, ``<cluster>-nodes.<ns>.svc``."""
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
@@ -231,4 +237,8 @@ class ClientTLS:
             Path(cert) if cert else None,
             Path(key) if key else None,
             Path(token) if token else None,
+            env.get(ENV_SERVER_NAME, ""),
         )
+
+    def channel_options(self) -> list[tuple[str, str]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []

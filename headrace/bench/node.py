@@ -36,7 +36,7 @@ from headrace.client.client import ClientOptions, HeadraceClient
 from headrace.coordinator import coordinator as coord_mod
 from headrace.message.types import Message, MessageType
 from headrace.metastore import factory
-from headrace.tls import ENV_CA, ENV_CERT, ENV_KEY, ClientTLS, ServerTLS
+from headrace.tls import ENV_CA, ENV_CERT, ENV_KEY, ENV_SERVER_NAME, ClientTLS, ServerTLS
 from headrace.tso import LocalTSO
 from headrace.wal import registry
 from headrace.wal.framework import WAL
@@ -315,6 +315,8 @@ class NodeSetup:
             env[ENV_CA] = str(tls.ca)
             if tls.cert is not None and tls.key is not None:
                 env[ENV_CERT], env[ENV_KEY] = str(tls.cert), str(tls.key)
+            if tls.server_name:
+                env[ENV_SERVER_NAME] = tls.server_name
         return env
 
 

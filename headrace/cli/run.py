@@ -144,6 +144,13 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none)",
     )
+    p.add_argument(
+        "--health-listen",
+        default="",
+        metavar="HOST:PORT",
+        help="also serve the gRPC health service alone, in plaintext (for probes that "
+        "cannot speak TLS)",
+    )
     add_tls_args(p)
     p.add_argument("--wal", choices=WAL_BACKENDS, default="local", help="WAL backend")
     p.add_argument("--wal-dir", default=None, help="local backend: root directory")
@@ -288,6 +295,7 @@ async def node(args: argparse.Namespace) -> int:
         metrics_listen=args.metrics_listen,
         tls=server_tls(args),
         auth_file=Path(args.auth_file) if args.auth_file is not None else None,
+        health_listen=args.health_listen,
     )
     try:
         with logs.bound(node=args.node_id):

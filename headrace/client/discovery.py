@@ -306,7 +306,8 @@ class ChannelPool:
             )
         if self._credentials is None:
             self._credentials = self.tls.credentials()
-        return grpc.aio.secure_channel(address, self._credentials, options=self._options)
+        options = [*self._options, *self.tls.channel_options()]
+        return grpc.aio.secure_channel(address, self._credentials, options=options)
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}

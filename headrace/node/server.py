@@ -98,6 +98,9 @@ class NodeConfig:
     metrics are recorded or served."""
     tls: ServerTLS | None = None
     """Serve gRPC over TLS (mutual TLS with a client CA); None: plaintext."""
+    health_listen: str = ""
+    """host:port of a plaintext server with only the gRPC health service, for
+    probes that cannot speak TLS (kubelet's); empty: none."""
     auth_file: Path | None = None
     """Identities and roles (:mod:`headrace.node.auth`); None: no authorization.
     Needs ``tls``: tokens never go in plaintext."""
@@ -179,6 +182,7 @@ class StreamingNode:
         """Why the node stopped on its own: a long-running task of it failed, or
         another live process took its id."""
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
         self._session: Session | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.manager: WALManager | None = None
@@ -309,7 +313,22 @@ class StreamingNode:
         self._server = server
         await server.start()
         self.address = advertised_address(cfg.listen, port, cfg.advertise_host)
+        if cfg.health_listen:
+            await self._serve_health(cfg.health_listen)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def _serve_health(self, listen: str) -> None:
+        """The health service alone, in plaintext (the status of the main server)."""
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        try:
+            port = server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise errors.Unavailable(f"cannot listen on {listen} for health: {exc}") from None
+        if not port:
+            raise errors.Unavailable(f"cannot listen on {listen} for health")
+        self._health_server = server
+        await server.start()
 
     async def _on_task_failure(self, failure: TaskFailure) -> None:
         """A long-running task failed: stop serving for good (see the module doc)."""
@@ -416,6 +435,9 @@ class StreamingNode:
         if self._server is not None:
             server, self._server = self._server, None
             await server.stop(self.config.shutdown_grace)
+        if self._health_server is not None:
+            health_server, self._health_server = self._health_server, None
+            await health_server.stop(None)
         if self.metrics_server is not None:
             metrics_server, self.metrics_server = self.metrics_server, None
             metrics_server.close()

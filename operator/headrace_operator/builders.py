@@ -42,6 +42,12 @@ from headrace_operator.models import StreamingClusterSpec
 GRPC_PORT = 19530
 METRICS_PORT = 9400
 """Prometheus endpoint of each node pod (``/metrics``), apart from gRPC."""
+HEALTH_PORT = 19531
+"""Plaintext gRPC health of a node whose main port speaks TLS (kubelet's gRPC
+probes cannot do TLS)."""
+NODE_TLS_MOUNT = "/etc/headrace/tls"
+IDENTITIES_MOUNT = "/etc/headrace/identities"
+"""Prometheus endpoint of each node pod (``/metrics``), apart from gRPC."""
 WAL_MOUNT = "/var/lib/headrace/wal"
 KAFKA_TLS_MOUNT = "/etc/headrace/kafka-tls"
 TMP_MOUNT = "/tmp"
@@ -338,6 +344,26 @@ def node_args(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> list
         args += _kafka_tls_args(spec)
     else:
         args += ["--pulsar-url", "$(HEADRACE_PULSAR_URL)"]
+    return args + _node_tls_args(spec)
+
+
+def _node_tls_args(spec: StreamingClusterSpec) -> list[str]:
+    """Flags of the node's own TLS from its mounted Secrets (none without TLS)."""
+    tls = spec.tls
+    if tls is None:
+        return []
+    args = [
+        "--tls-cert",
+        f"{NODE_TLS_MOUNT}/tls.crt",
+        "--tls-key",
+        f"{NODE_TLS_MOUNT}/tls.key",
+        "--health-listen",
+        f"$(POD_IP):{HEALTH_PORT}",
+    ]
+    if tls.require_client_certificates:
+        args += ["--tls-client-ca", f"{NODE_TLS_MOUNT}/ca.crt"]
+    if tls.identities_secret_name is not None:
+        args += ["--auth-file", f"{IDENTITIES_MOUNT}/identities.json"]
     return args
 
 
@@ -372,6 +398,15 @@ def _volumes(
     if kafka is not None and kafka.tls is not None:
         volumes.append({"name": "kafka-tls", "secret": {"secretName": kafka.tls.secret_name}})
         mounts.append({"name": "kafka-tls", "mountPath": KAFKA_TLS_MOUNT, "readOnly": True})
+    if spec.tls is not None:
+        # A Secret volume is updated in place when the Secret changes (cert-manager
+        # renewals); the node reads the files again at its next handshake.
+        volumes.append({"name": "node-tls", "secret": {"secretName": spec.tls.secret_name}})
+        mounts.append({"name": "node-tls", "mountPath": NODE_TLS_MOUNT, "readOnly": True})
+        if spec.tls.identities_secret_name is not None:
+            secret = {"secretName": spec.tls.identities_secret_name}
+            volumes.append({"name": "identities", "secret": secret})
+            mounts.append({"name": "identities", "mountPath": IDENTITIES_MOUNT, "readOnly": True})
     return volumes, mounts
 
 
@@ -399,7 +434,8 @@ def pre_stop_drain(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) ->
 
 def _container(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dict[str, Any]:
     _, mounts = _volumes(ref, spec)
-    probe = {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5, "failureThreshold": 3}
+    health_port = GRPC_PORT if spec.tls is None else HEALTH_PORT
+    probe = {"grpc": {"port": health_port}, "periodSeconds": 5, "failureThreshold": 3}
     # Readiness is probed every second so a started node counts as Ready (and the
     # cluster goes Ready) within about a second; liveness keeps the slower period.
     readiness = {**probe, "periodSeconds": 1}
@@ -413,6 +449,11 @@ def _container(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> dic
         "ports": [
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+            *(
+                [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}]
+                if spec.tls is not None
+                else []
+            ),
         ],
         "readinessProbe": readiness,
         "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},

@@ -235,6 +235,31 @@ class Resources(_Model):
     limits: ResourceList | None = None
 
 
+class NodeTLS(_Model):
+    """TLS of the node pods' gRPC server, from a Secret of type kubernetes.io/tls
+    (``tls.crt``, ``tls.key``, and ``ca.crt`` for client certificates), such as
+    the ones cert-manager issues, used as they are."""
+
+    secret_name: str = pydantic.Field(
+        min_length=1,
+        max_length=253,
+        pattern=_NAME,
+        description="Secret with tls.crt and tls.key (and ca.crt with requireClientCertificates).",
+    )
+    require_client_certificates: bool = pydantic.Field(
+        default=False,
+        description="Mutual TLS: clients need a certificate signed by the Secret's ca.crt.",
+    )
+    identities_secret_name: str | None = pydantic.Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=_NAME,
+        description="Secret whose identities.json gives callers their roles (producer, "
+        "consumer, admin); see docs/security.md. Unset: any caller the TLS admits.",
+    )
+
+
 class StreamingClusterSpec(_Model):
     """A Headrace streaming cluster: node pods, their WAL storage, coordination."""
 
@@ -258,6 +283,9 @@ class StreamingClusterSpec(_Model):
         default_factory=WALSpec, json_schema_extra={"default": {"backend": "local"}}
     )
     resources: Resources | None = None
+    tls: NodeTLS | None = pydantic.Field(
+        default=None, description="Serve the nodes' gRPC over TLS (unset: plaintext)."
+    )
     lease_ttl_seconds: int = pydantic.Field(
         default=5,
         ge=1,

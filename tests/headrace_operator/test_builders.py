@@ -303,3 +303,35 @@ def test_max_unavailable_annotation() -> None:
             assert builders.MAX_UNAVAILABLE in exc.message and repr(bad) in exc.message
         else:
             raise AssertionError(f"{bad!r} accepted")
+
+
+def test_node_tls_from_secrets_mounts_them_and_probes_the_plaintext_health_port() -> None:
+    tls = {
+        "secretName": "demo-node-tls",
+        "requireClientCertificates": True,
+        "identitiesSecretName": "demo-identities",
+    }
+    pod = builders.node_pod(REF, spec(tls=tls), 0)
+    container = pod["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--tls-cert") + 1] == f"{builders.NODE_TLS_MOUNT}/tls.crt"
+    assert args[args.index("--tls-key") + 1] == f"{builders.NODE_TLS_MOUNT}/tls.key"
+    assert args[args.index("--tls-client-ca") + 1] == f"{builders.NODE_TLS_MOUNT}/ca.crt"
+    assert args[args.index("--auth-file") + 1] == f"{builders.IDENTITIES_MOUNT}/identities.json"
+    assert args[args.index("--health-listen") + 1] == "$(POD_IP):19531"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["node-tls"]["secret"] == {"secretName": "demo-node-tls"}
+    assert volumes["identities"]["secret"] == {"secretName": "demo-identities"}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["node-tls"]["readOnly"] and mounts["identities"]["readOnly"]
+    assert container["readinessProbe"]["grpc"]["port"] == builders.HEALTH_PORT
+    assert container["livenessProbe"]["grpc"]["port"] == builders.HEALTH_PORT
+    plain = builders.node_pod(REF, spec(tls={"secretName": "demo-node-tls"}), 0)
+    plain_args = plain["spec"]["containers"][0]["args"]
+    assert "--tls-client-ca" not in plain_args and "--auth-file" not in plain_args
+    assert "--tls-cert" not in builders.node_pod(REF, spec(), 0)["spec"]["containers"][0]["args"]
+
+
+def test_an_invalid_tls_secret_name_is_refused_naming_the_field() -> None:
+    with pytest.raises(InvalidSpec, match="secretName"):
+        spec(tls={"secretName": "Not_A_Name"})
