@@ -47,6 +47,12 @@ class Reason(enum.StrEnum):
     UPGRADE_BLOCKED = "UpgradeBlocked"
     UPGRADE_SUCCEEDED = "UpgradeSucceeded"
     UPGRADE_ROLLED_BACK = "UpgradeRolledBack"
+    SPARK_RUN_CREATED = "SparkRunCreated"
+    SPARK_RUN_COMPLETED = "SparkRunCompleted"
+    SPARK_RUN_FAILED = "SparkRunFailed"
+    SPARK_RUN_TIMED_OUT = "SparkRunTimedOut"
+    SPARK_RUN_VANISHED = "SparkRunVanished"
+    FLUSH_BLOCKED = "FlushBlocked"
 
 
 def involved_ref(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from headrace.coordinator.snapshot import ClusterSnapshot
 from headrace_operator.models import StreamingClusterSpec
+from spark_apps.schedule import Channel, Unreadable
 
 Object = dict[str, Any]
 
@@ -54,6 +55,9 @@ class KubeApi(Protocol):
     async def create(self, obj: Mapping[str, Any]) -> Object:
         """Create (``metadata.generateName`` allowed), e.g. an Event."""
 
+    async def served(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves ``kind`` in ``api_version`` (discovery)."""
+
 
 class ClusterControl(Protocol):
     """A cluster's coordination state in the metastore, and requests to its
@@ -69,6 +73,9 @@ class ClusterControl(Protocol):
     async def undrain(self, node: str) -> None: ...
 
     async def move(self, pchannel: str, node: str) -> None: ...
+
+    async def flush_channels(self) -> Sequence[Channel | Unreadable]:
+        """Per pchannel with a seal: its seal, checkpoint and Assignment."""
 
     def coordinator_error(self) -> str:
         """Why the in-process coordinator cannot run ("" when it can)."""
