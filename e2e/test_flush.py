@@ -1,0 +1,136 @@
+"""Flush runs as SparkApplications on the real API server (scenario 10).
+
+The Kubeflow SparkApplication CRD is installed and the test bed's stand-in
+Spark operator (``e2e/spark_standin.py``) plays its controller, running each
+run's main file (``spark_apps/flush.py``) with spark-submit in local mode
+against the session's SeaweedFS S3 store. A StreamingCluster with a flush
+section gets rows inserted into a collection; the nodes seal them (seal
+lifetime 2 s); the operator launches flush runs. The first run is made to
+hang in SUBMITTED and the second to fail: both are reported (Events,
+``FlushHealthy`` False, ``runsFailed``) and retried, and a later run
+completes, moves the checkpoint past the seal and shows in the status.
+Compaction runs are not part of it: the compaction job (``spark_apps/compact.py``)
+is not on this branch.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from e2e.conftest import E2E
+from e2e.harness import API_VERSION, Kube, cluster_manifest, condition, until
+from e2e.spark_standin import KUBEFLOW_API, SparkStandIn, kubeflow_crd
+from headrace.client import HeadraceClient
+from tests.fixtures_s3 import S3Store
+
+pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("name", pa.string())])
+DEADLINE_S = 150
+
+
+async def _events(kube: Kube, namespace: str, name: str) -> list[str]:
+    events = await kube.list("v1", "Event", namespace)
+    return [e["reason"] for e in events if e["involvedObject"].get("name") == name]
+
+
+async def test_flush_runs_complete_and_failed_or_hung_runs_are_retried(
+    e2e: E2E, s3_store: S3Store
+) -> None:
+    kube = e2e.admin()
+    ns, name = e2e.namespace, f"flow-{uuid.uuid4().hex[:4]}"
+    stand_in = SparkStandIn(kube, KUBEFLOW_API, ns, e2e.work / "spark")
+    try:
+        await kube.apply(kubeflow_crd())
+        await until(lambda: _served(kube), "SparkApplication served", limit=60)
+        keys = {
+            "AWS_ACCESS_KEY_ID": s3_store.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3_store.secret_key,
+        }
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "lake-keys", "namespace": ns},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in keys.items()},
+        }
+        await kube.apply(secret)
+        stand_in.inject("hang", "fail")
+        stand_in.start()
+        body = cluster_manifest(name, ns, e2e.etcd_endpoint, nodes=1, pchannels=1)
+        body["spec"]["flush"] = {
+            "objectStore": {
+                "endpoint": s3_store.endpoint,
+                "bucket": s3_store.bucket,
+                "prefix": f"e2e-{name}",
+                "credentials": {"secretName": "lake-keys"},
+            },
+            "image": "headrace-spark:e2e",
+            "seal": {"lifetimeSeconds": 2},
+            "deadlineSeconds": DEADLINE_S,
+            "backoffSeconds": 2,
+            "maxBackoffSeconds": 4,
+            "ttlSeconds": 600,
+        }
+        await kube.apply(body)
+        await until(lambda: _ready(kube, ns, name), f"{name} Ready", limit=180)
+        async with HeadraceClient(e2e.etcd_url, f"{ns}.{name}") as client:
+            await client.create_collection("items", SCHEMA, primary_key="pk", shards=1)
+            producer = client.producer()
+            rows = pa.table(
+                {"pk": pa.array(range(100), pa.int64()), "name": [f"n{i}" for i in range(100)]},
+                schema=SCHEMA,
+            )
+            await producer.insert("items", rows)
+            await producer.close()
+
+        async def flushed() -> bool:
+            flush = ((await _body(kube, ns, name)).get("status") or {}).get("flush") or {}
+            return int(flush.get("runsCompleted", 0)) >= 1
+
+        await until(flushed, "a flush run completed", limit=900, every=1.0)
+        status = (await _body(kube, ns, name))["status"]
+        flush = status["flush"]
+        assert flush["sparkApi"] == KUBEFLOW_API
+        assert flush["runsFailed"] >= 2, flush
+        reasons = await _events(kube, ns, name)
+        for reason in (
+            "SparkRunCreated",
+            "SparkRunTimedOut",
+            "SparkRunFailed",
+            "SparkRunCompleted",
+        ):
+            assert reason in reasons, reasons
+        (run,) = [r for r in flush["runs"] if r["job"] == "flush"]
+        assert run["phase"] == "Completed" and run["failures"] == 0
+        assert run["run"].startswith(f"{name}-flush-pchannel-000-") and len(run["run"]) <= 63
+        assert condition(await _body(kube, ns, name), "FlushHealthy")["status"] == "True"
+        apps = await kube.list(KUBEFLOW_API, "SparkApplication", ns)
+        owners = {a["metadata"]["ownerReferences"][0]["name"] for a in apps}
+        assert owners == {name}
+        assert all(
+            a["status"]["applicationState"]["state"] in ("COMPLETED", "FAILED") for a in apps
+        )
+    finally:
+        await stand_in.stop()
+        await kube.delete(API_VERSION, "StreamingCluster", ns, name)
+        kube.close()
+
+
+async def _served(kube: Kube) -> bool:
+    listing = await kube.call("GET", f"/apis/{KUBEFLOW_API}")
+    return any(r.get("kind") == "SparkApplication" for r in (listing or {}).get("resources", []))
+
+
+async def _body(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+    body = await kube.get(API_VERSION, "StreamingCluster", ns, name)
+    assert body is not None
+    return dict(body)
+
+
+async def _ready(kube: Kube, ns: str, name: str) -> bool:
+    return condition(await _body(kube, ns, name), "Ready").get("status") == "True"
