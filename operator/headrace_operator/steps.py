@@ -387,7 +387,10 @@ async def write_status(p: Pass, result: PassResult) -> dict[str, Any]:
     if result.paused:
         status = paused_status(previous, status)
     if status != previous:
-        patch = {"status": status}
+        # A merge patch keeps what it does not name: a part that went (the
+        # flush status of a cluster whose flush section was removed) is nulled.
+        gone = {key: None for key in previous if key not in status}
+        patch = {"status": {**gone, **status}}
         await p.kube.patch_merge(
             models.API_VERSION,
             "StreamingCluster",
