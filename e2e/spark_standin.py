@@ -178,7 +178,11 @@ def kubeflow_crd() -> dict[str, Any]:
             "submissionAttempts": _INT,
         },
     }
-    return _crd("sparkoperator.k8s.io", "v1beta2", spec, status)
+    crd = _crd("sparkoperator.k8s.io", "v1beta2", spec, status)
+    # *.k8s.io groups are protected: the published CRD carries this approval.
+    approval = "https://github.com/kubeflow/spark-operator/pull/1298"
+    crd["metadata"]["annotations"] = {"api-approved.kubernetes.io": approval}
+    return crd
 
 
 def apache_crd() -> dict[str, Any]:
