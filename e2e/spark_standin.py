@@ -348,6 +348,8 @@ class SparkStandIn:
             return
         elif state in ("SUBMITTED", "Submitted"):
             run.process = self._launch(app, run)
+            if run.process is None:
+                return  # a Secret it needs is missing: the driver cannot start yet
             if kubeflow:
                 await self._transition(app, "RUNNING")
             else:
@@ -396,16 +398,21 @@ class SparkStandIn:
         millis = (spec.get("applicationTolerations") or {}).get("ttlAfterStopMillis", -1)
         return float(millis) / 1000.0 if millis >= 0 else -1.0
 
-    def _launch(self, app: Mapping[str, Any], run: _Run) -> subprocess.Popen[bytes]:
+    def _launch(self, app: Mapping[str, Any], run: _Run) -> subprocess.Popen[bytes] | None:
+        """The driver process; None while a Secret key it needs is missing (a
+        real driver pod stays in CreateContainerConfigError until it exists)."""
         spec = app.get("spec") or {}
         name = app["metadata"]["name"]
         if self.api == KUBEFLOW_API:
             main, args = spec["mainApplicationFile"], list(spec.get("arguments") or [])
             env_list = (spec.get("driver") or {}).get("env") or []
-            env = {e["name"]: self._value(e) for e in env_list}
+            resolved = {e["name"]: self._value(e) for e in env_list}
         else:
             main, args = spec["pyFiles"], list(spec.get("driverArgs") or [])
-            env = self._apache_env(spec.get("sparkConf") or {})
+            resolved = self._apache_env(spec.get("sparkConf") or {})
+        if any(value is None for value in resolved.values()):
+            return None
+        env = {key: value for key, value in resolved.items() if value is not None}
         path = main.removeprefix("local://")
         if path.startswith(IMAGE_ROOT):
             path = str(REPO / path.removeprefix(IMAGE_ROOT))
@@ -426,20 +433,21 @@ class SparkStandIn:
         log = (self.logs / f"{name}.log").open("ab")
         return subprocess.Popen(argv, env=child, stdout=log, stderr=subprocess.STDOUT)
 
-    def _secret(self, name: str, key: str) -> str:
+    def _secret(self, name: str, key: str) -> str | None:
+        """A Secret's key (None when the Secret or the key does not exist)."""
         path = f"/api/v1/namespaces/{self.namespace}/secrets/{name}"
         secret = self.kube.request("GET", path) or {}
-        raw = (secret.get("data") or {}).get(key, "")
-        return base64.b64decode(raw).decode() if raw else ""
+        raw = (secret.get("data") or {}).get(key)
+        return None if raw is None else base64.b64decode(raw).decode()
 
-    def _value(self, entry: Mapping[str, Any]) -> str:
+    def _value(self, entry: Mapping[str, Any]) -> str | None:
         ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
         if ref:
             return self._secret(ref["name"], ref["key"])
         return str(entry.get("value", ""))
 
-    def _apache_env(self, conf: Mapping[str, str]) -> dict[str, str]:
-        env: dict[str, str] = {}
+    def _apache_env(self, conf: Mapping[str, str]) -> dict[str, str | None]:
+        env: dict[str, str | None] = {}
         for key, value in conf.items():
             if key.startswith("spark.kubernetes.driver.secretKeyRef."):
                 secret, _, item = value.partition(":")
