@@ -21,11 +21,14 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.table import StaticTable
 
 from e2e.conftest import E2E
 from e2e.harness import API_VERSION, Kube, cluster_manifest, condition, until
 from e2e.spark_standin import KUBEFLOW_API, SparkStandIn, kubeflow_crd
 from headrace.client import HeadraceClient
+from headrace.table import CatalogConfig, ObjectStoreOptions, TableCatalog
+from headrace.table.storage import Warehouse
 from tests.fixtures_s3 import S3Store
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -109,6 +112,8 @@ async def test_flush_runs_complete_and_failed_or_hung_runs_are_retried(
         assert run["phase"] == "Completed" and run["failures"] == 0
         assert run["run"].startswith(f"{name}-flush-pchannel-000-") and len(run["run"]) <= 63
         assert condition(await _body(kube, ns, name), "FlushHealthy")["status"] == "True"
+        # The rows are in the Iceberg table on S3, read back independently.
+        assert sorted(_flushed_pks(s3_store, e2e.etcd_url, ns, name)) == list(range(100))
         apps = await kube.list(KUBEFLOW_API, "SparkApplication", ns)
         owners = {a["metadata"]["ownerReferences"][0]["name"] for a in apps}
         assert owners == {name}
@@ -134,3 +139,16 @@ async def _body(kube: Kube, ns: str, name: str) -> dict[str, Any]:
 
 async def _ready(kube: Kube, ns: str, name: str) -> bool:
     return condition(await _body(kube, ns, name), "Ready").get("status") == "True"
+
+
+def _flushed_pks(s3_store: S3Store, etcd_url: str, ns: str, name: str) -> list[int]:
+    """The primary keys of the committed ``items`` table (pyiceberg, not Spark)."""
+    options = ObjectStoreOptions(
+        endpoint=s3_store.endpoint, access_key=s3_store.access_key, secret_key=s3_store.secret_key
+    )
+    warehouse = f"s3://{s3_store.bucket}/e2e-{name}"
+    with TableCatalog.open(CatalogConfig(etcd_url, warehouse, f"{ns}.{name}", options)) as catalog:
+        location = catalog.table("items").metadata_location
+    io = Warehouse.parse(warehouse, options).io_properties()
+    table = StaticTable.from_metadata(location, properties=io).scan().to_arrow()
+    return [int(pk) for pk in table.column("pk").to_pylist()]
