@@ -34,7 +34,9 @@ from tests.headrace_operator.fake_kube import FakeKube
 from tests.headrace_operator.op_harness import install_crds
 from tests.headrace_operator.test_models import flush_section, valid
 
-T0 = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0)
 
 
 @dataclasses.dataclass
@@ -42,6 +44,9 @@ class Server:
     kube: KubeApi
     ns: str
     fake: FakeKube | None
+    t0: datetime.datetime = dataclasses.field(default_factory=_now)
+    """The time of the test's first pass (a real API server stamps objects
+    with its own clock: the passes' times are counted from it)."""
 
     async def serve_spark(self) -> None:
         """Install both SparkApplication APIs."""
@@ -80,8 +85,9 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
     ns = f"flush-{uuid.uuid4().hex[:8]}"
     if request.param == "fake":
         fake = FakeKube()
-        fake.clock = lambda: T0
-        yield Server(fake, ns, fake)
+        server = Server(fake, ns, fake)
+        fake.clock = lambda: server.t0
+        yield server
         return
     testbed: KubeTestbed = request.getfixturevalue("kube_cluster")
     api = KubernetesApi(testbed.api_client())
@@ -144,10 +150,10 @@ class Events:
 async def run(
     server: Server, records: Records, events: Events, after_s: float = 0.0
 ) -> dict[str, Any]:
-    """One flush step (and the status write) ``after_s`` after T0."""
+    """One flush step (and the status write) ``after_s`` after the first."""
     body = await server.kube.get(models.API_VERSION, "StreamingCluster", server.ns, "lake")
     assert body is not None
-    now = T0 + datetime.timedelta(seconds=after_s)
+    now = server.t0 + datetime.timedelta(seconds=after_s)
     p = Pass(body=body, kube=server.kube, events=events, probe=None, connect=None, now=now)  # type: ignore[arg-type]
     await parse_spec(p)
     p.control = records  # type: ignore[assignment]
