@@ -35,7 +35,7 @@ from headrace_operator.flushplan import (
     plan_run,
 )
 from headrace_operator.models import FlushRunStatus, FlushSpec, FlushStatus, RunJob
-from headrace_operator.results import DONE, StepResult, failed
+from headrace_operator.results import DONE, StepResult, failed, waiting_on
 from headrace_operator.sparkapps import AppView, app_view
 from spark_apps.schedule import Channel, RetryPolicy, Unreadable
 
@@ -110,9 +110,8 @@ async def reconcile_flush(p: Pass) -> StepResult:
         p.flush = _blocked(previous, problem)
         await _announce_blocked(p, problem)
         return failed(problem, retryable=True)
-    if p.control is None:
-        p.flush = _blocked(previous, "flush waits for the metastore connection", api)
-        return DONE
+    if p.control is None:  # nothing observed: the last flush status and condition stay
+        return waiting_on("flush runs wait for the metastore connection")
     try:
         channels = await p.control.flush_channels()
     except errors.HeadraceError as exc:

@@ -148,7 +148,7 @@ class Events:
 
 
 async def run(
-    server: Server, records: Records, events: Events, after_s: float = 0.0
+    server: Server, records: Records | None, events: Events, after_s: float = 0.0
 ) -> dict[str, Any]:
     """One flush step (and the status write) ``after_s`` after the first."""
     body = await server.kube.get(models.API_VERSION, "StreamingCluster", server.ns, "lake")
@@ -158,6 +158,8 @@ async def run(
     await parse_spec(p)
     p.control = records  # type: ignore[assignment]
     result = await reconcile_flush(p)
+    if records is None:
+        assert result.waiting == ("flush runs wait for the metastore connection",)
     return await write_status(p, PassResult((("flush", result),)))
 
 
@@ -241,3 +243,14 @@ async def test_apache_api_when_asked_and_no_flush_section_no_status(server: Serv
     assert body is not None
     assert "flush" not in body["status"], "the stored status loses the flush part"
     assert all(c["type"] != "FlushHealthy" for c in body["status"]["conditions"])
+
+
+async def test_without_the_metastore_the_last_flush_status_stays(server: Server) -> None:
+    records, events = Records(), Events()
+    await server.serve_spark()
+    await cluster(server)
+    records.channels = [channel("pchannel-000", 20, 10)]
+    first = await run(server, records, events)
+    later = await run(server, None, events, 30)
+    assert later["flush"] == first["flush"]
+    assert condition(later) == condition(first)
