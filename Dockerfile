@@ -8,6 +8,7 @@ RUN python -m venv /opt/headrace
 COPY pyproject.toml README.md ./
 COPY headrace ./headrace
 COPY operator ./operator
+COPY spark_apps ./spark_apps
 RUN /opt/headrace/bin/pip install ".[operator]" \
     && /opt/headrace/bin/python -c "import headrace_operator.handlers"
 

@@ -52,23 +52,13 @@ from headrace.table import (
 )
 from headrace.table.collections import Collection, CollectionRecord, collections_prefix
 from spark_apps.commits import plan_commits
+from spark_apps.schedule import EXIT_CODES
 from spark_apps.shard import RangeJob, ShardFailure, ShardResult, ShardTask, flush_shard
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("spark_apps.flush")
-
-EXIT_CODES = {
-    errors.ErrorCode.INVALID_ARGUMENT: 2,
-    errors.ErrorCode.CORRUPT: 2,
-    errors.ErrorCode.TRUNCATED: 2,
-    errors.ErrorCode.NOT_FOUND: 2,
-    errors.ErrorCode.FENCED: 3,
-    errors.ErrorCode.CONFLICT: 4,
-    errors.ErrorCode.UNAVAILABLE: 5,
-    errors.ErrorCode.STORAGE_FULL: 5,
-}
 
 
 async def shard_tasks(job: RangeJob) -> list[ShardTask]:
@@ -189,9 +179,9 @@ def spark_session(master: str) -> SparkSession:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master) if master else SparkSession.builder
     spark = (
-        SparkSession.builder.master(master)
-        .appName("headrace-flush")
+        builder.appName("headrace-flush")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
@@ -221,7 +211,11 @@ def parse_args(argv: Sequence[str]) -> tuple[RangeJob, str]:
         "--start", default="", help="the last checkpoint (exclusive); empty: the beginning"
     )
     parser.add_argument("--end", required=True, help="the last seal (inclusive)")
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--master",
+        default="local[2]",
+        help="the Spark master; empty: the one spark-submit was given (a SparkApplication)",
+    )
     parser.add_argument("--rows-per-file", type=int, default=1_000_000)
     parser.add_argument("--read-idle-timeout", type=float, default=60.0)
     parser.add_argument("--s3-endpoint", default=os.environ.get("HEADRACE_S3_ENDPOINT", ""))

@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING
 
 from headrace import errors
 from headrace.client import HeadraceClient
-from headrace.cluster import Assignment, Keys
 from headrace.logs import LogFormat, configure
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
@@ -53,16 +52,15 @@ from headrace.table import CatalogConfig, FlushResult, ObjectStoreOptions, Table
 from headrace.table.collections import CollectionStore
 from headrace.table.expiry import RetentionOptions
 from headrace.table.maintenance import MaintenanceFailure, MaintenanceReport, maintain_all
-from headrace.table.records import CheckpointRecord, SealRecord, seals_prefix
+from headrace.table.records import seals_prefix
+from spark_apps.channels import read_channels
 from spark_apps.flush import run_in, spark_session
 from spark_apps.schedule import (
     Attempts,
-    Channel,
     Launch,
     Outcome,
     Result,
     RetryPolicy,
-    Unreadable,
     Wait,
     after,
     is_poison,
@@ -108,31 +106,6 @@ class RunnerOptions:
 
 class Stuck(errors.HeadraceError):
     """A cancelled flush did not end: only a new process recovers."""
-
-
-async def read_channels(metastore: Metastore, keys: Keys) -> list[Channel | Unreadable]:
-    """The seal, checkpoint and Assignment of every pchannel with a seal; a
-    pchannel whose records do not decode is Unreadable (the others go on)."""
-    channels: list[Channel | Unreadable] = []
-    for kv in await metastore.get_prefix(seals_prefix(keys)):
-        pchannel = kv.key.removeprefix(seals_prefix(keys))
-        checkpoint = await metastore.get(keys.checkpoint(pchannel))
-        assignment = await metastore.get(keys.pchannel(pchannel))
-        try:
-            channel = Channel(
-                pchannel,
-                SealRecord.from_json(kv.value),
-                None if checkpoint is None else CheckpointRecord.from_json(checkpoint.value),
-                None if assignment is None else Assignment.from_json(assignment.value),
-            )
-            for record in (channel.seal, channel.checkpoint):
-                if record is not None:
-                    record.position_id()  # a position of an unknown backend fails here
-        except errors.HeadraceError as exc:
-            channels.append(Unreadable(pchannel, str(exc)))
-            continue
-        channels.append(channel)
-    return channels
 
 
 class FlushRunner:

@@ -32,6 +32,32 @@ POISON_CODES = frozenset(
 """Errors that say the range itself (or its input) is bad: retrying soon
 gives the same error."""
 
+EXIT_CODES = {
+    errors.ErrorCode.INVALID_ARGUMENT: 2,
+    errors.ErrorCode.CORRUPT: 2,
+    errors.ErrorCode.TRUNCATED: 2,
+    errors.ErrorCode.NOT_FOUND: 2,
+    errors.ErrorCode.FENCED: 3,
+    errors.ErrorCode.CONFLICT: 4,
+    errors.ErrorCode.UNAVAILABLE: 5,
+    errors.ErrorCode.STORAGE_FULL: 5,
+}
+"""The flush job's exit status per error (``python -m spark_apps.flush``); 1
+for anything else."""
+
+
+def exit_error(status: int, message: str) -> errors.HeadraceError:
+    """The error a flush job that exited with ``status`` reported, as the
+    launcher sees it (a job run elsewhere, e.g. a SparkApplication's driver):
+    2 bad data, 3 FENCED, 4 CONFLICT; anything else is retryable UNAVAILABLE."""
+    if status == 2:
+        return errors.InvalidArgument(message)
+    if status == 3:
+        return errors.Fenced(message)
+    if status == 4:
+        return errors.Conflict(message)
+    return errors.Unavailable(message)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RetryPolicy:

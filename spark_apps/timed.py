@@ -18,7 +18,8 @@ import time
 from collections.abc import Sequence
 
 from headrace import errors
-from spark_apps.flush import EXIT_CODES, parse_args, run_in, spark_session
+from spark_apps.flush import parse_args, run_in, spark_session
+from spark_apps.schedule import EXIT_CODES
 
 
 def _warm(_: int) -> bool:

@@ -81,13 +81,16 @@ class HeadraceIcebergCatalog(MetastoreCatalog):
         return (self._keys.cluster, collection)
 
     def _collection(self, identifier: str | Identifier) -> str:
+        # pyiceberg splits dotted strings into levels; the one namespace is the
+        # cluster name, which may hold dots itself (the operator's clusters are
+        # ``<namespace>.<name>``), so it is compared joined again.
         parts = Catalog.identifier_to_tuple(identifier)
-        if len(parts) != 2 or parts[0] != self._keys.cluster:
+        if len(parts) < 2 or ".".join(parts[:-1]) != self._keys.cluster:
             raise NoSuchTableError(f"no table {'.'.join(parts)} in namespace {self._keys.cluster}")
-        return parts[1]
+        return parts[-1]
 
     def _check_namespace(self, namespace: str | Identifier) -> None:
-        if Catalog.identifier_to_tuple(namespace) != (self._keys.cluster,):
+        if ".".join(Catalog.identifier_to_tuple(namespace)) != self._keys.cluster:
             raise NoSuchNamespaceError(f"the only namespace is {self._keys.cluster}")
 
     # -- tables -------------------------------------------------------------

@@ -344,6 +344,9 @@ def node_args(ref: ClusterRef, spec: StreamingClusterSpec, ordinal: int) -> list
         args += _kafka_tls_args(spec)
     else:
         args += ["--pulsar-url", "$(HEADRACE_PULSAR_URL)"]
+    seal = spec.flush.seal if spec.flush is not None else None
+    if seal is not None and seal.lifetime_seconds is not None:
+        args += ["--segment-lifetime-s", str(seal.lifetime_seconds)]
     return args + _node_tls_args(spec)
 
 

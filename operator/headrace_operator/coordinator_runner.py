@@ -35,8 +35,11 @@ from headrace.coordinator.formats import FormatSwitch, set_cluster_format
 from headrace.coordinator.snapshot import ClusterSnapshot
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
+from headrace.wal.registry import load_id_classes
 from headrace_operator.builders import ClusterRef
 from headrace_operator.models import StreamingClusterSpec
+from spark_apps.channels import read_channels
+from spark_apps.schedule import Channel, Unreadable
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +124,10 @@ class MetastoreControl:
 
     async def resume_writes(self) -> bool:
         return await writestop.resume_writes(self.metastore, self.keys)
+
+    async def flush_channels(self) -> list[Channel | Unreadable]:
+        load_id_classes()  # the seals' positions are ids of the cluster's WAL backend
+        return await read_channels(self.metastore, self.keys)
 
     def coordinator_error(self) -> str:
         return "" if self.runner is None else self.runner.error

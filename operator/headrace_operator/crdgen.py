@@ -81,6 +81,7 @@ def _printer_columns(kind: str) -> list[dict[str, Any]]:
             {"name": "WAL", "type": "string", "jsonPath": ".spec.wal.backend"},
             {"name": "Version", "type": "string", "jsonPath": ".status.runningVersion"},
             {"name": "Ready", "type": "string", "jsonPath": ready},
+            {"name": "Flush-Lag", "type": "string", "jsonPath": ".status.flush.lag"},
             {"name": "Image", "type": "string", "jsonPath": ".status.runningImage", "priority": 1},
             {"name": "Spec-Version", "type": "string", "jsonPath": ".spec.version", "priority": 1},
             age,

@@ -50,6 +50,12 @@ class Reason(enum.StrEnum):
     UPGRADE_FORMAT_SWITCHED = "UpgradeFormatSwitched"
     UPGRADE_WRITES_STOPPED = "UpgradeWritesStopped"
     UPGRADE_WRITES_RESUMED = "UpgradeWritesResumed"
+    SPARK_RUN_CREATED = "SparkRunCreated"
+    SPARK_RUN_COMPLETED = "SparkRunCompleted"
+    SPARK_RUN_FAILED = "SparkRunFailed"
+    SPARK_RUN_TIMED_OUT = "SparkRunTimedOut"
+    SPARK_RUN_VANISHED = "SparkRunVanished"
+    FLUSH_BLOCKED = "FlushBlocked"
 
 
 def involved_ref(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from headrace.coordinator.formats import FormatSwitch
 from headrace.coordinator.snapshot import ClusterSnapshot
 from headrace.coordinator.writestop import StopState
 from headrace_operator.models import StreamingClusterSpec
+from spark_apps.schedule import Channel, Unreadable
 
 Object = dict[str, Any]
 
@@ -56,6 +57,9 @@ class KubeApi(Protocol):
     async def create(self, obj: Mapping[str, Any]) -> Object:
         """Create (``metadata.generateName`` allowed), e.g. an Event."""
 
+    async def served(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves ``kind`` in ``api_version`` (discovery)."""
+
 
 class ClusterControl(Protocol):
     """A cluster's coordination state in the metastore, and requests to its
@@ -87,6 +91,9 @@ class ClusterControl(Protocol):
 
     async def resume_writes(self) -> bool:
         """Let writes flow again; whether they were stopped."""
+
+    async def flush_channels(self) -> Sequence[Channel | Unreadable]:
+        """Per pchannel with a seal: its seal, checkpoint and Assignment."""
 
     def coordinator_error(self) -> str:
         """Why the in-process coordinator cannot run ("" when it can)."""

@@ -31,7 +31,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from headrace_operator import models
+from headrace_operator import models, sparkapps
 from headrace_operator.builders import FIELD_MANAGER
 from headrace_operator.errors import (
     KubeConflict,
@@ -64,6 +64,8 @@ PLURALS: dict[tuple[str, str], str] = {
     (models.API_VERSION, "StreamingCluster"): "streamingclusters",
     (models.API_VERSION, "PChannelAssignment"): "pchannelassignments",
     (models.API_VERSION, "UpgradePlan"): "upgradeplans",
+    (sparkapps.KUBEFLOW_API, sparkapps.KIND): "sparkapplications",
+    (sparkapps.APACHE_API, sparkapps.KIND): "sparkapplications",
 }
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
 REQUEST_TIMEOUT_S = 30.0
@@ -257,6 +259,18 @@ class KubernetesApi:
         if status == 404 or not isinstance(data, dict):
             raise KubeNotFound(f"cannot create {obj['kind']}: the API or namespace is missing")
         return data
+
+    async def served(self, api_version: str, kind: str) -> bool:
+        """API discovery: whether ``api_version`` lists ``kind`` (a missing
+        group or version answers 404, i.e. False)."""
+        base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+        status, data = await self._run("GET", base)
+        if status == 404 or not isinstance(data, dict):
+            return False
+        return any(
+            r.get("kind") == kind and "/" not in str(r.get("name", ""))
+            for r in data.get("resources") or []
+        )
 
     async def dry_run_apply(self, obj: Mapping[str, Any]) -> Object:
         """Server-side apply with ``dryRun=All`` (validation only, nothing stored)."""

@@ -260,6 +260,171 @@ class NodeTLS(_Model):
     )
 
 
+_SPARK_MEMORY = r"^[0-9]+[kmgtKMGT]?$"
+_BUCKET = r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$"
+_ENDPOINT = r"^https?://[^/\s]+(:[0-9]{1,5})?/?$"
+
+
+class ObjectStoreCredentials(_Model):
+    """The Secret holding the object store's access key (never read by the
+    operator: the Spark driver and executors get it as environment)."""
+
+    secret_name: str = pydantic.Field(min_length=1, max_length=253, pattern=_NAME)
+    access_key_id_key: str = pydantic.Field(
+        default="AWS_ACCESS_KEY_ID", min_length=1, max_length=253, description="Key of the id."
+    )
+    secret_access_key_key: str = pydantic.Field(
+        default="AWS_SECRET_ACCESS_KEY",
+        min_length=1,
+        max_length=253,
+        description="Key of the secret.",
+    )
+
+
+class ObjectStoreSpec(_Model):
+    """The S3-compatible object store the collection tables are written to."""
+
+    endpoint: str = pydantic.Field(
+        max_length=512, pattern=_ENDPOINT, description="S3 endpoint, http(s)://host[:port]."
+    )
+    bucket: str = pydantic.Field(pattern=_BUCKET, description="S3 bucket name.")
+    prefix: str = pydantic.Field(
+        default="warehouse",
+        max_length=512,
+        pattern=r"^[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*$",
+        description="Key prefix of the tables inside the bucket.",
+    )
+    credentials: ObjectStoreCredentials
+
+    @property
+    def warehouse(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+class SealPolicy(_Model):
+    """When the nodes seal growing segments (a sealed range is what a flush takes)."""
+
+    lifetime_seconds: int | None = pydantic.Field(
+        default=None,
+        ge=1,
+        le=86400,
+        description="Seal a segment this long after it opened (the nodes' "
+        "--segment-lifetime-s); unset keeps the nodes' default.",
+    )
+
+
+class CompactionPolicy(_Model):
+    """When compaction runs are launched and what they aim at."""
+
+    enabled: bool = False
+    interval_seconds: int = pydantic.Field(
+        default=3600,
+        ge=10,
+        le=7 * 86400,
+        description="Launch a compaction run of a pchannel this long after its last one ended.",
+    )
+    min_small_files: int = pydantic.Field(
+        default=8, ge=2, le=100000, description="Compact a shard once it has this many small files."
+    )
+    max_delete_ratio: float = pydantic.Field(
+        default=0.2, ge=0.0, le=1.0, description="Compact once this share of rows is deleted."
+    )
+    target_file_bytes: int = pydantic.Field(
+        default=128 * 1024 * 1024, ge=1024 * 1024, le=16 * 1024**3
+    )
+
+
+class SparkDriverSpec(_Model):
+    cores: int = pydantic.Field(default=1, ge=1, le=64)
+    memory: str = pydantic.Field(default="1g", pattern=_SPARK_MEMORY, description="e.g. 512m, 2g.")
+    service_account: str | None = pydantic.Field(
+        default=None, max_length=253, pattern=_NAME, description="The driver pod's ServiceAccount."
+    )
+
+
+class SparkExecutorSpec(_Model):
+    instances: int = pydantic.Field(default=1, ge=1, le=1000)
+    cores: int = pydantic.Field(default=1, ge=1, le=64)
+    memory: str = pydantic.Field(default="1g", pattern=_SPARK_MEMORY, description="e.g. 512m, 2g.")
+
+
+class SparkOperatorKind(enum.StrEnum):
+    AUTO = "auto"
+    """Kubeflow's ``sparkoperator.k8s.io/v1beta2`` if the cluster serves it, else
+    Apache's ``spark.apache.org/v1``."""
+    KUBEFLOW = "kubeflow"
+    APACHE = "apache"
+
+
+class FlushSpec(_Model):
+    """Flush and compaction of the cluster's collections, run as SparkApplications."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_cel_extra(
+            cel(
+                "self.maxBackoffSeconds >= self.backoffSeconds",
+                "flush.maxBackoffSeconds must be at least flush.backoffSeconds",
+                ".maxBackoffSeconds",
+            ),
+        )
+    )
+
+    object_store: ObjectStoreSpec
+    image: str = pydantic.Field(
+        min_length=1, max_length=512, description="Spark image holding Headrace and spark_apps/."
+    )
+    spark_version: str = pydantic.Field(
+        default="4.1.1", min_length=1, max_length=32, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"
+    )
+    apps_dir: str = pydantic.Field(
+        default="local:///opt/headrace/spark_apps",
+        min_length=1,
+        max_length=512,
+        pattern=r"^(local|file|s3a?)://\S+$",
+        description="Where the image holds spark_apps/ (the flush.py and compact.py main files).",
+    )
+    spark_operator: SparkOperatorKind = pydantic.Field(
+        default=SparkOperatorKind.AUTO,
+        description="auto (Kubeflow's v1beta2 if served, else Apache's v1), kubeflow or apache.",
+    )
+    driver: SparkDriverSpec = pydantic.Field(
+        default_factory=SparkDriverSpec, json_schema_extra={"default": {}}
+    )
+    executor: SparkExecutorSpec = pydantic.Field(
+        default_factory=SparkExecutorSpec, json_schema_extra={"default": {}}
+    )
+    seal: SealPolicy | None = None
+    compaction: CompactionPolicy = pydantic.Field(
+        default_factory=CompactionPolicy, json_schema_extra={"default": {}}
+    )
+    deadline_seconds: int = pydantic.Field(
+        default=1800,
+        ge=10,
+        le=86400,
+        description="A run not finished this long after its creation (hung in SUBMITTED, "
+        "stuck) is deleted and retried.",
+    )
+    ttl_seconds: int = pydantic.Field(
+        default=3600,
+        ge=60,
+        le=30 * 86400,
+        description="The Spark operator deletes a finished run this long after it ended.",
+    )
+    backoff_seconds: int = pydantic.Field(
+        default=10, ge=1, le=3600, description="Wait after a failed run; doubled per failure."
+    )
+    max_backoff_seconds: int = pydantic.Field(default=600, ge=1, le=86400)
+
+    @pydantic.model_validator(mode="after")
+    def _backoff(self) -> FlushSpec:
+        if self.max_backoff_seconds < self.backoff_seconds:
+            raise InvalidSpec(
+                "flush.maxBackoffSeconds must be at least flush.backoffSeconds",
+                field="spec.flush.maxBackoffSeconds",
+            )
+        return self
+
+
 class StreamingClusterSpec(_Model):
     """A Headrace streaming cluster: node pods, their WAL storage, coordination."""
 
@@ -306,6 +471,11 @@ class StreamingClusterSpec(_Model):
         "the pod's termination grace period is this plus 30 s. A node with no peer (a "
         "single-node cluster) waits all of it, so keep it short there.",
     )
+    flush: FlushSpec | None = pydantic.Field(
+        default=None,
+        description="Flush (and compaction) of the collections to Iceberg tables in an object "
+        "store, launched as SparkApplications; unset: no flush.",
+    )
 
     @property
     def pchannel_names(self) -> list[str]:
@@ -317,6 +487,7 @@ class ConditionType(enum.StrEnum):
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
     PAUSED = "ReconciliationPaused"
+    FLUSH_HEALTHY = "FlushHealthy"
 
 
 class Condition(_Model):
@@ -354,6 +525,70 @@ class NodeStatus(_Model):
     )
 
 
+class RunJob(enum.StrEnum):
+    FLUSH = "flush"
+    COMPACT = "compact"
+
+
+class RunPhase(enum.StrEnum):
+    """A run's state as the operator sees it, from either Spark operator's states."""
+
+    PENDING = "Pending"
+    """Created; the Spark operator has not reported on it yet."""
+    SUBMITTED = "Submitted"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    TIMED_OUT = "TimedOut"
+    """Not finished by its deadline: the operator deleted it."""
+    VANISHED = "Vanished"
+    """Deleted by someone else before it finished."""
+
+
+TERMINAL_PHASES = frozenset(
+    {RunPhase.COMPLETED, RunPhase.FAILED, RunPhase.TIMED_OUT, RunPhase.VANISHED}
+)
+
+
+class FlushRunStatus(_Model):
+    """The last run of one job (flush or compaction) of one pchannel, and its
+    retry history since its last success."""
+
+    pchannel: str
+    job: RunJob
+    run: str = pydantic.Field(default="", description="Name of the last SparkApplication.")
+    phase: RunPhase | None = None
+    app_state: str = pydantic.Field(default="", description="The Spark operator's own state.")
+    created: str = pydantic.Field(default="", description="When the run was created (RFC 3339).")
+    term: int = 0
+    start: str = ""
+    end: str = ""
+    failures: int = pydantic.Field(default=0, ge=0, description="Failed runs in a row.")
+    retry_at: str = pydantic.Field(default="", description="No new run before (RFC 3339).")
+    fenced_term: int = 0
+    poisoned: bool = False
+    last_error: str = pydantic.Field(default="", max_length=4096)
+    last_success: str = pydantic.Field(default="", description="When a run last completed.")
+    waiting: str = pydantic.Field(default="", max_length=4096, description="Why no run is due.")
+
+
+class FlushStatus(_Model):
+    spark_api: str = pydantic.Field(
+        default="", description="The SparkApplication API the runs use ('' when none is served)."
+    )
+    lag_seconds: int = pydantic.Field(
+        default=0, ge=0, description="Age of the oldest sealed data not yet flushed."
+    )
+    lag: str = pydantic.Field(default="", description="lagSeconds, for kubectl get.")
+    runs_completed: int = pydantic.Field(default=0, ge=0)
+    runs_failed: int = pydantic.Field(
+        default=0, ge=0, description="Runs that failed, timed out or vanished (all time)."
+    )
+    runs: list[FlushRunStatus] = pydantic.Field(
+        default_factory=list, json_schema_extra={"maxItems": MAX_PCHANNELS * 2}
+    )
+
+
 class StreamingClusterStatus(_Model):
     observed_generation: int = 0
     nodes_desired: int = 0
@@ -376,6 +611,7 @@ class StreamingClusterStatus(_Model):
     node_statuses: list[NodeStatus] = pydantic.Field(
         default_factory=list, json_schema_extra={"maxItems": MAX_NODES * 2}
     )
+    flush: FlushStatus | None = None
     conditions: list[Condition] = pydantic.Field(
         default_factory=list, json_schema_extra=_CONDITIONS_EXTRA
     )

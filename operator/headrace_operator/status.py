@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from headrace.cluster import Assignment, AssignmentState
 from headrace.coordinator import state
 from headrace.coordinator.snapshot import ClusterSnapshot
 from headrace_operator import builders
+from headrace_operator.flushplan import FlushReport
 from headrace_operator.models import (
     AssignmentStateName,
     Condition,
     ConditionType,
+    FlushStatus,
     NodeStatus,
     PChannelAssignmentStatus,
     StreamingClusterStatus,
@@ -107,6 +109,9 @@ class ClusterObservation:
     coordinator_error: str = ""
     completed: bool = False
     """Every step ran (so ``observedGeneration`` may advance)."""
+    flush: FlushReport | None = None
+    """The flush step's report; None when it did not run this pass (the
+    previous flush status and ``FlushHealthy`` stay)."""
 
 
 def _condition(
@@ -223,6 +228,9 @@ def cluster_status(
             else "reconciliation is active",
         ),
     ]
+    flush_status, flush_condition = _flush_part(obs.flush, previous, cond)
+    if flush_condition is not None:
+        conditions.append(flush_condition)
     registered = {} if obs.snapshot is None else obs.snapshot.nodes
     nodes = [
         NodeStatus(
@@ -252,8 +260,39 @@ def cluster_status(
         running_image=tally([n.image for n in nodes if n.phase != "Terminating"]),
         node_statuses=nodes,
         conditions=conditions,
+        flush=flush_status,
     )
     return status.to_api()
+
+
+def _flush_part(
+    report: FlushReport | None,
+    previous: Mapping[str, Any],
+    cond: Callable[[ConditionType, bool, str, str], Condition],
+) -> tuple[FlushStatus | None, Condition | None]:
+    """The flush status and ``FlushHealthy``: from this pass's report, or as
+    the previous status had them when the flush step did not run."""
+    if report is None:
+        kept = previous.get("flush")
+        before = next(
+            (
+                c
+                for c in previous.get("conditions") or []
+                if c.get("type") == ConditionType.FLUSH_HEALTHY.value
+            ),
+            None,
+        )
+        try:
+            return (
+                None if kept is None else FlushStatus.model_validate(kept),
+                None if before is None else Condition.model_validate(before),
+            )
+        except ValueError:  # a status written by hand: the next flush step rebuilds it
+            return None, None
+    if report.status is None:
+        return None, None
+    healthy = cond(ConditionType.FLUSH_HEALTHY, report.healthy, report.reason, report.message)
+    return report.status, healthy
 
 
 def pchannel_status(

@@ -20,7 +20,8 @@ Order: pause gate, spec, coordinator connection, metastore observation,
 standby gate (another operator replica's coordinator leads the cluster), node
 RBAC, ConfigMap and Services, backend reachability, the shared local-WAL
 volume, node pods (create, drain-then-delete, restarts), disruption budget,
-PChannelAssignments; then the status.
+PChannelAssignments, flush and compaction runs (:mod:`.flush_steps`); then the
+status.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from headrace_operator import builders, models
 from headrace_operator.builders import ClusterRef
 from headrace_operator.errors import InvalidSpec
 from headrace_operator.events import Reason
+from headrace_operator.flush_steps import reconcile_flush
+from headrace_operator.flushplan import FlushReport
 from headrace_operator.interfaces import BackendProbe, ClusterControl, EventSink, KubeApi
 from headrace_operator.models import StreamingClusterSpec
 from headrace_operator.nodeplan import Action, ActionKind, DrainReason, PodView, plan_nodes
@@ -117,6 +120,8 @@ class Pass:
     pods: dict[int, PodView] = dataclasses.field(default_factory=dict)
     snapshot: ClusterSnapshot | None = None
     leader: str = ""
+    flush: FlushReport | None = None
+    """The flush runs' status and health (None: the flush step did not run)."""
 
     def __post_init__(self) -> None:
         self.ref = cluster_ref(self.body)
@@ -369,6 +374,7 @@ def observation(p: Pass, result: PassResult) -> ClusterObservation:
         progress=result.waiting,
         coordinator_error="; ".join(result.failures_of(FailureKind.COORDINATOR)),
         completed=result.completed,
+        flush=p.flush,
     )
 
 
@@ -407,7 +413,10 @@ async def write_status(p: Pass, result: PassResult) -> dict[str, Any]:
     if result.paused:
         status = paused_status(previous, status)
     if status != previous:
-        patch = {"status": status}
+        # A merge patch keeps what it does not name: a part that went (the
+        # flush status of a cluster whose flush section was removed) is nulled.
+        gone = {key: None for key in previous if key not in status}
+        patch = {"status": {**gone, **status}}
         await p.kube.patch_merge(
             models.API_VERSION,
             "StreamingCluster",
@@ -513,6 +522,7 @@ STEPS: Sequence[tuple[str, Step]] = (
     ("pods", reconcile_pods),
     ("disruption-budget", apply_disruption_budget),
     ("pchannels", sync_pchannels),
+    ("flush", reconcile_flush),
 )
 
 

@@ -4,19 +4,22 @@ It behaves like the API server for what the operator uses: server-side apply
 creates or updates, removing the fields the same manager applied before and
 dropped now; ``metadata.generation`` moves when the spec changes; merge patch
 (``None`` deletes a key) on the object or its ``status`` subresource;
-``generateName``; label-selected lists; deletion of a missing object reports
+``generateName`` (a name taken answers 409); label-selected lists; discovery of
+the operator's own kinds and of ``served_kinds``; deletion of a missing object reports
 ``False``. Pods are deleted at once (there is no kubelet to wait for).
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import itertools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from headrace_operator.errors import KubeNotFound
+from headrace_operator import models
+from headrace_operator.errors import KubeConflict, KubeNotFound
 
 Key = tuple[str, str, str, str]
 
@@ -50,6 +53,11 @@ class FakeKube:
         self.requests: list[tuple[str, str, str]] = []
         """(verb, kind, name) of every write."""
         self._versions = itertools.count(1)
+        self.served_kinds: set[tuple[str, str]] = set()
+        """(apiVersion, kind) of the custom resources discovery lists beyond the
+        operator's own (e.g. a Spark operator's SparkApplication)."""
+        self.clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)
+        """Gives ``metadata.creationTimestamp`` of created objects."""
 
     @staticmethod
     def _key(api_version: str, kind: str, namespace: str, name: str) -> Key:
@@ -146,8 +154,14 @@ class FakeKube:
         if not meta.get("name"):
             meta["name"] = f"{meta.get('generateName', 'obj-')}{uuid.uuid4().hex[:8]}"
         meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
         self._stamp(body)
         key = self._key(body["apiVersion"], body["kind"], meta.get("namespace", ""), meta["name"])
+        if key in self.objects:
+            raise KubeConflict(f"{body['kind']} {meta['name']} already exists")
         self.objects[key] = body
         self.requests.append(("create", body["kind"], meta["name"]))
         return copy.deepcopy(body)
+
+    async def served(self, api_version: str, kind: str) -> bool:
+        return api_version == models.API_VERSION or (api_version, kind) in self.served_kinds

@@ -180,6 +180,11 @@ def test_rbac_is_least_privilege(helm: Helm) -> None:
     for status in ("streamingclusters", "pchannelassignments", "upgradeplans"):
         assert granted[("streaming.headrace.io", f"{status}/status")] == {"patch"}
     assert granted[("", "events")] == {"create"}, "events are posted, never patched"
+    for group in ("sparkoperator.k8s.io", "spark.apache.org"):
+        assert granted[(group, "sparkapplications")] == {"list", "create", "delete"}, (
+            "runs are listed, created and deleted past their deadline; never edited (an edit "
+            "re-runs one) nor read one by one"
+        )
     assert ("events.k8s.io", "events") not in granted
 
 

@@ -115,7 +115,7 @@ async def test_status_subresource_and_printer_columns(kube: tuple[KubernetesApi,
     table = json.loads(response.read())
     columns = table["columnDefinitions"]
     standard = [c["name"] for c in columns if c.get("priority", 0) == 0]
-    assert standard == ["Name", "Nodes", "PChannels", "WAL", "Version", "Ready", "Age"]
+    assert standard == ["Name", "Nodes", "PChannels", "WAL", "Version", "Ready", "Flush-Lag", "Age"]
     # -o wide adds the image and the version asked for.
     assert [c["name"] for c in columns if c.get("priority", 0) > 0] == ["Image", "Spec-Version"]
     assert table["rows"][0]["cells"][1:4] == ["1/1", "4/4", "local"]

@@ -117,3 +117,14 @@ async def test_calls_on_a_real_server(real: tuple[KubernetesApi, str]) -> None:
         await api.patch_merge("v1", "ConfigMap", ns, "absent", {"data": {"x": "y"}})
     assert await api.delete("v1", "ConfigMap", ns, "cm") is True
     assert await api.get("v1", "ConfigMap", ns, "cm") is None
+
+
+@pytest.mark.kube
+async def test_discovery_says_what_the_server_serves(real: tuple[KubernetesApi, str]) -> None:
+    api, _ns = real
+    assert await api.served("v1", "Pod") is True
+    assert await api.served("apps/v1", "Deployment") is True
+    assert await api.served("apps/v1", "SparkApplication") is False
+    assert await api.served("nosuch.example.com/v1", "SparkApplication") is False, (
+        "a group the server does not know is not served (404), not an error"
+    )

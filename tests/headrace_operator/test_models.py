@@ -26,6 +26,19 @@ def valid(**overrides: Any) -> dict[str, Any]:
     return spec
 
 
+OBJECT_STORE: dict[str, Any] = {
+    "endpoint": "http://seaweed.storage:8333",
+    "bucket": "lake",
+    "credentials": {"secretName": "lake-keys"},
+}
+
+
+def flush_section(**overrides: Any) -> dict[str, Any]:
+    section: dict[str, Any] = {"objectStore": OBJECT_STORE, "image": "headrace-spark:0.1.0"}
+    section.update(overrides)
+    return section
+
+
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("kafka-without-settings", valid(wal={"backend": "kafka"}), "spec.wal.kafka"),
     ("pulsar-without-settings", valid(wal={"backend": "pulsar"}), "spec.wal.pulsar"),
@@ -46,6 +59,26 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("bad-volume-size", valid(wal={"backend": "local", "local": {"size": "ten"}}), "spec.wal"),
     ("zero-lease-ttl", valid(leaseTTLSeconds=0), "spec.leaseTTLSeconds"),
+    (
+        "flush-backoff-above-its-cap",
+        valid(flush=flush_section(backoffSeconds=60, maxBackoffSeconds=30)),
+        "spec.flush.maxBackoffSeconds",
+    ),
+    (
+        "flush-endpoint-without-scheme",
+        valid(flush=flush_section(objectStore={**OBJECT_STORE, "endpoint": "s3:9000"})),
+        "spec.flush.objectStore.endpoint",
+    ),
+    (
+        "flush-without-credentials",
+        valid(flush=flush_section(objectStore={"endpoint": "http://s3:9000", "bucket": "lake"})),
+        "spec.flush.objectStore.credentials",
+    ),
+    (
+        "flush-unknown-spark-operator",
+        valid(flush=flush_section(sparkOperator="yarn")),
+        "spec.flush.sparkOperator",
+    ),
 ]
 
 
@@ -121,3 +154,16 @@ def test_every_cel_rule_of_wal_has_a_model_twin() -> None:
         with pytest.raises(InvalidSpec) as raised:
             models.parse_cluster_spec(spec)
         assert raised.value.message in messages, case
+
+
+def test_flush_section_defaults() -> None:
+    spec = models.parse_cluster_spec(valid(flush=flush_section()))
+    assert spec.flush is not None
+    flush = spec.flush
+    assert flush.object_store.warehouse == "s3://lake/warehouse"
+    assert flush.object_store.credentials.access_key_id_key == "AWS_ACCESS_KEY_ID"
+    assert flush.spark_operator is models.SparkOperatorKind.AUTO
+    assert (flush.driver.cores, flush.executor.instances) == (1, 1)
+    assert flush.compaction.enabled is False
+    assert flush.deadline_seconds < flush.ttl_seconds
+    assert models.parse_cluster_spec(valid()).flush is None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 from headrace.cluster import Assignment, AssignmentState, NodeInfo
 from headrace.coordinator.control import MoveRequest, NodeControl
 from headrace.coordinator.snapshot import ClusterSnapshot
+from headrace_operator.flushplan import FlushReport
+from headrace_operator.models import FlushRunStatus, FlushStatus, RunJob
 from headrace_operator.nodeplan import PodView
 from headrace_operator.status import (
     ClusterObservation,
@@ -231,3 +234,24 @@ def test_pin_step() -> None:
     assert "frozen" in pin_step("p0", "c", snap).message
     pending = snapshot({"p0": "a"}, ["a", "b"], moves={"p0": MoveRequest(to="b")})
     assert not pin_step("p0", "b", pending).move
+
+
+def test_flush_status_and_condition_follow_the_flush_step() -> None:
+    base = ClusterObservation(cluster="c", generation=1, desired_nodes=0, total_pchannels=1)
+    failing = FlushRunStatus(pchannel="p0", job=RunJob.FLUSH, failures=1, last_error="boom")
+    report = FlushReport(
+        FlushStatus(spark_api="x/v1", lag="7s", runs=[failing]), False, "RunsFailing", "p0"
+    )
+    first = cluster_status(dataclasses.replace(base, flush=report), None, T0)
+    assert first["flush"]["lag"] == "7s"
+    assert conditions(first)["FlushHealthy"]["status"] == "False"
+    # A pass whose flush step did not run (a halt) keeps both as they were.
+    kept = cluster_status(base, first, T1)
+    assert kept["flush"] == first["flush"]
+    assert conditions(kept)["FlushHealthy"] == conditions(first)["FlushHealthy"]
+    # Healthy again: a new transition time; no flush section: both go.
+    healthy = FlushReport(FlushStatus(spark_api="x/v1"), True, "RunsSucceeding", "ok")
+    again = cluster_status(dataclasses.replace(base, flush=healthy), first, T1)
+    assert conditions(again)["FlushHealthy"]["lastTransitionTime"] == "2026-01-01T12:05:00Z"
+    gone = cluster_status(dataclasses.replace(base, flush=FlushReport(None)), again, T1)
+    assert "flush" not in gone and "FlushHealthy" not in conditions(gone)

@@ -350,3 +350,20 @@ def test_the_largest_commit_fits_one_transaction(metastore_url: str, tmp_path: P
         )
         assert result.outcome is Outcome.COMMITTED
     assert len(bed.get_prefix(f"{bed.keys.root}/segments/")) == MAX_KEYS_PER_COMMIT - 1
+
+
+def test_a_cluster_named_like_the_operators_commits(tmp_path: Path) -> None:
+    """The operator's clusters are ``<namespace>.<name>`` in the metastore:
+    the dot must not split the Iceberg namespace (it did: every flush of an
+    operator-managed cluster failed with NoSuchNamespaceError)."""
+    config = CatalogConfig(
+        f"sqlite:///{tmp_path / 'meta.db'}", str(tmp_path / "warehouse"), cluster="data.lake"
+    )
+    bed = Bed(config, None)
+    bed.assign(P, term=1)
+    with bed.open() as catalog:
+        catalog.create_table("orders", SCHEMA, "pk")
+        result = catalog.commit_flush(flush(catalog, 1, None, 10, [1, 2, 3]))
+        assert result.outcome is Outcome.COMMITTED
+        assert catalog.table("orders").metadata_location == result.metadata_locations["orders"]
+    assert bed.duckdb_rows(result.metadata_locations["orders"]) == expected([1, 2, 3])

@@ -88,4 +88,7 @@ operator holds itself (RBAC forbids granting more than one holds).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: ["sparkoperator.k8s.io", "spark.apache.org"]
+  resources: ["sparkapplications"]
+  verbs: ["list", "create", "delete"]
 {{- end -}}
