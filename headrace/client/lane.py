@@ -165,7 +165,14 @@ class Lane:
                 self._fail_all(exc)
                 continue
             self.owner = owner
-            stream = await self._stream(owner)
+            try:
+                stream = await self._stream(owner)
+            except errors.InvalidArgument as exc:
+                # This client cannot talk to the owner as configured (it needs
+                # TLS or a client certificate): no retry can change that.
+                self.owner = None
+                self._fail_all(exc)
+                continue
             self.owner = None
             error = stream.error or errors.Unavailable(f"{owner.address} ended the stream")
             if not error.retryable:
