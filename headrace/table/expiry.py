@@ -85,8 +85,7 @@ def snapshots_to_expire(
     newest_first = sorted(snapshots, key=lambda s: (s.timestamp_s, s.snapshot_id), reverse=True)
     newest = {s.snapshot_id for s in newest_first[: options.min_snapshots]}
     replaced_at = {
-        older.snapshot_id: newer.timestamp_s
-        for newer, older in itertools.pairwise(newest_first)
+        older.snapshot_id: newer.timestamp_s for newer, older in itertools.pairwise(newest_first)
     }
     kept: dict[int, Kept] = {}
     for snapshot in newest_first:
