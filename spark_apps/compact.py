@@ -329,6 +329,7 @@ def run(job: CompactJob, master: str) -> CompactionResult:
 def run_in(spark: SparkSession, job: CompactJob, group: str = "") -> CompactionResult:
     """The job in a running session (the runner keeps one); ``group``: the
     Spark job group its tasks run in (so that a runner can cancel them)."""
+    started = time.monotonic()
     shards, _ = asyncio.run(_shard_facts(job))
     cache: dict[str, int] = {}
     reason = ""
@@ -358,7 +359,15 @@ def run_in(spark: SparkSession, job: CompactJob, group: str = "") -> CompactionR
                 group=group,
             )
             if isinstance(result, CompactionResult):
+                recorded = time.monotonic()
                 _after_commit(catalog, job, shards, cache)
+                log.info(
+                    "compact %s-%d: %.1fs in all, recording the shard %.1fs",
+                    job.collection,
+                    job.shard,
+                    time.monotonic() - started,
+                    time.monotonic() - recorded,
+                )
                 return result
             reason = result
             log.info("compact %s-%d: %s; planning again", job.collection, job.shard, reason)
@@ -389,15 +398,17 @@ def _attempt(
     context = spark.sparkContext
     if group:
         context.setJobGroup(group, f"compact {job.collection}-{job.shard}", True)
+    started = time.monotonic()
     outputs = context.parallelize(tasks, len(tasks)).map(compact_bin).collect()
+    written = time.monotonic()
     failures = [o for o in outputs if isinstance(o, BinFailure)]
     if failures:
         raise failures[0].error()
     results = sorted((o for o in outputs if isinstance(o, BinResult)), key=lambda r: r.index)
-    for b, written in zip(bins, results, strict=True):
-        if written.rows != b.rows:
+    for b, result in zip(bins, results, strict=True):
+        if result.rows != b.rows:
             raise errors.CorruptData(
-                f"bin {written.index} of {job.collection}-{job.shard}: read {written.rows} "
+                f"bin {result.index} of {job.collection}-{job.shard}: read {result.rows} "
                 f"rows from files whose manifests count {b.rows}"
             )
     inputs = [f.path for b in bins for f in b.inputs]
@@ -407,6 +418,17 @@ def _attempt(
     }
     outputs_paths = [r.path for r in results]
     replaced = replace_files(catalog, job.collection, inputs, outputs_paths, properties)
+    log.info(
+        "compact %s-%d plan %d: %d bins, tasks %.1fs (slowest %.1fs), commit %.1fs: %s",
+        job.collection,
+        job.shard,
+        plan,
+        len(bins),
+        written - started,
+        max(r.seconds for r in results),
+        time.monotonic() - written,
+        replaced.outcome.value,
+    )
     if replaced.outcome is not ReplaceOutcome.COMMITTED:
         return replaced.reason
     return CompactionResult(

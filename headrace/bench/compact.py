@@ -34,6 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import headrace.wal.local.message_id  # noqa: F401 - registers the local:<lsn> positions the commit uses
 from headrace import errors, standalone
 from headrace.bench import report
 from headrace.bench.flush import SCHEMA, make_rows, ratio
@@ -125,6 +126,11 @@ async def _run_job(argv: list[str]) -> dict[str, Any]:
         tail = "\n".join(err.decode(errors="replace").splitlines()[-20:])
         raise errors.HeadraceError(f"the compaction job exited with {proc.returncode}:\n{tail}")
     summary: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    summary["log"] = [
+        line.split(" spark_apps.compact ", 1)[1]
+        for line in err.decode(errors="replace").splitlines()
+        if " spark_apps.compact compact " in line
+    ]
     return summary
 
 
@@ -175,6 +181,7 @@ async def bench_compact(root: Path, options: CompactBench) -> dict[str, Any]:
         "compact_s": job["compact_s"],
         "baseline_s": round(baseline_s, 3),
         "outcome": job["outcome"],
+        "job_log": job["log"],
         "master": options.master,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
