@@ -282,3 +282,32 @@ def test_replaced_files_stay_for_a_pinned_reader_and_go_after_the_grace(
         assert bed.duckdb(catalog.table(NAME).metadata_location) == expected(
             {pk: f"n{pk}" for pk in range(30)}
         )
+
+
+def test_a_flush_staged_before_the_compaction_commits_deletes_from_the_compacted_file(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other order of the race: a flush stages its delete on the table
+    before the compaction, the compaction commits, then the flush's
+    transaction finds the pointer moved, stages the delete again on the
+    compacted file and commits: the key stays deleted."""
+    bed = make_bed(tmp_path, shards=1)
+    with bed.open() as catalog:
+        for batch in range(4):
+            bed.flush(catalog, rows(list(range(batch * 10, batch * 10 + 10))))
+        real = TableCatalog._try_commit
+        compacted: list[CompactionResult] = []
+
+        def try_commit(self: TableCatalog, *args: Any, **kwargs: Any) -> Any:
+            if not compacted:
+                compacted.append(compact.run_in(spark, job(bed, 0)))
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(TableCatalog, "_try_commit", try_commit)
+        bed.flush(catalog, None, deletes=(12, 33))
+        assert [r.outcome for r in compacted] == [Outcome.COMMITTED]
+        assert bed.duckdb(catalog.table(NAME).metadata_location) == expected(
+            {pk: f"n{pk}" for pk in range(40) if pk not in (12, 33)}
+        )
+        (path,) = shard_files(bed, catalog, 0)
+        assert "compact-" not in path  # the delete rewrote the compacted file
