@@ -82,17 +82,22 @@ class Facts:
     """Vchannel -> rows its flushes wrote."""
 
 
-async def read_facts(metastore: Metastore, keys: Keys) -> Facts:
-    collections = tuple(
-        CollectionRecord.from_json(kv.value).collection()
-        for kv in await metastore.get_prefix(collections_prefix(keys))
-        if not json.loads(kv.value).get("dropped")
-    )
+async def read_requests(metastore: Metastore, keys: Keys) -> dict[str, KeyValue]:
+    """Collection -> its PENDING request's key-value."""
     requests = {}
     for kv in await metastore.get_prefix(compaction_requests_prefix(keys)):
         request = CompactionRequest.from_json(kv.value)
         if request.state is CompactionState.PENDING:
             requests[request.collection] = kv
+    return requests
+
+
+async def read_facts(metastore: Metastore, keys: Keys, requests: dict[str, KeyValue]) -> Facts:
+    collections = tuple(
+        CollectionRecord.from_json(kv.value).collection()
+        for kv in await metastore.get_prefix(collections_prefix(keys))
+        if not json.loads(kv.value).get("dropped")
+    )
     compactions = {}
     for kv in await metastore.get_prefix(shard_compactions_prefix(keys)):
         record = ShardCompaction.from_json(kv.value)
@@ -162,14 +167,16 @@ class Compactor:
         session: Callable[[], Awaitable[SparkSession]],
         guarded: Guarded,
     ) -> list[CompactionResult]:
-        """One round if due (see the module docstring); the compactions it ran."""
+        """One round if due or requested (see the module docstring); the
+        compactions it ran (NOTHING_TO_DO included)."""
         try:
-            facts = await read_facts(self.metastore, self.keys)
+            requests = await read_requests(self.metastore, self.keys)
+            if time.monotonic() < self.due and not requests:
+                return []
+            facts = await read_facts(self.metastore, self.keys, requests)
         except errors.HeadraceError as exc:
             log.warning("compaction: cannot read the records (next round): %s", exc)
             self.due = time.monotonic() + self.options.interval_s
-            return []
-        if time.monotonic() < self.due and not facts.requests:
             return []
         self.due = time.monotonic() + self.options.interval_s
         self.rounds += 1
@@ -198,7 +205,8 @@ class Compactor:
                     ran.append(result)
                 else:
                     failed.setdefault(step.collection, result)
-        busy = {s.collection for s in steps if isinstance(s, Compact)}
+        # A request is served once a round commits nothing more in its collection.
+        busy = {r.collection for r in ran if r.outcome is Outcome.COMMITTED}
         for collection, kv in facts.requests.items():
             if collection in failed:
                 await self._settle(kv, CompactionState.FAILED, failed[collection])

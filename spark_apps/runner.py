@@ -59,6 +59,7 @@ from headrace.table.records import (
     compaction_requests_prefix,
     seals_prefix,
 )
+from spark_apps import compact
 from spark_apps.compact_schedule import CompactionPolicy
 from spark_apps.compactor import Compactor, CompactorOptions
 from spark_apps.flush import run_in, spark_session
@@ -190,12 +191,13 @@ class FlushRunner:
                     await self._flush(launch, stop)
                 if not stop.is_set():
                     await self._maintain()
-                compacted = []
+                compacted = False
                 if not stop.is_set():
-                    compacted = await self.compactor.round(
+                    ran = await self.compactor.round(
                         self.session,
                         lambda work, group, what: self.guarded(work, group, what, stop),
                     )
+                    compacted = any(r.outcome is compact.Outcome.COMMITTED for r in ran)
                 if not launches and not compacted:
                     await self._sleep(steps, stop)
         finally:
