@@ -10,8 +10,8 @@ hang in SUBMITTED and the second to fail: both are reported (Events,
 ``FlushHealthy`` False, ``runsFailed``) and retried, and a later run
 completes, moves the checkpoint past the seal and shows in the status.
 A second scenario runs the same flush on Apache's ``spark.apache.org/v1`` API.
-Compaction runs are not part of them: the compaction job
-(``spark_apps/compact.py``) is not on this branch.
+Compaction runs are not part of them (``spark_apps/compact_pchannel.py`` is
+tested on its own in ``tests/spark_apps/test_compact_pchannel.py``).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -41,7 +42,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from headrace import errors
 from headrace.client import HeadraceClient
@@ -52,8 +53,14 @@ from headrace.table import CatalogConfig, FlushResult, ObjectStoreOptions, Table
 from headrace.table.collections import CollectionStore
 from headrace.table.expiry import RetentionOptions
 from headrace.table.maintenance import MaintenanceFailure, MaintenanceReport, maintain_all
-from headrace.table.records import seals_prefix
+from headrace.table.records import (
+    compaction_requests_prefix,
+    seals_prefix,
+)
+from spark_apps import compact
 from spark_apps.channels import read_channels
+from spark_apps.compact_schedule import CompactionPolicy
+from spark_apps.compactor import Compactor, CompactorOptions
 from spark_apps.flush import run_in, spark_session
 from spark_apps.schedule import (
     Attempts,
@@ -74,6 +81,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("spark_apps.runner")
 
 EXIT_STUCK = 6
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,6 +107,7 @@ class RunnerOptions:
     """How often every table's old snapshots are expired and orphan files deleted."""
     retention: RetentionOptions = dataclasses.field(default_factory=RetentionOptions)
     log_format: LogFormat = LogFormat.TEXT
+    compaction: CompactorOptions = dataclasses.field(default_factory=CompactorOptions)
 
     @property
     def catalog(self) -> CatalogConfig:
@@ -132,12 +142,14 @@ class FlushRunner:
         self.maintenance_due = 0.0
         """``time.monotonic()`` at which the next maintenance round is due."""
         self.maintenance_rounds = 0
+        self.compactor = Compactor(options.compaction, options.catalog, metastore, self.keys)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Flush until ``stop`` is set."""
         watchers = [
             asyncio.create_task(self._watch(seals_prefix(self.keys), stop)),
             asyncio.create_task(self._watch(self.keys.pchannels, stop)),
+            asyncio.create_task(self._watch(compaction_requests_prefix(self.keys), stop)),
         ]
         try:
             while not stop.is_set():
@@ -152,7 +164,14 @@ class FlushRunner:
                     await self._flush(launch, stop)
                 if not stop.is_set():
                     await self._maintain()
-                if not launches:
+                compacted = False
+                if not stop.is_set():
+                    ran = await self.compactor.round(
+                        self.session,
+                        lambda work, group, what: self.guarded(work, group, what, stop),
+                    )
+                    compacted = any(r.outcome is compact.Outcome.COMMITTED for r in ran)
+                if not launches and not compacted:
                     await self._sleep(steps, stop)
         finally:
             for watcher in watchers:
@@ -179,7 +198,7 @@ class FlushRunner:
 
     async def _sleep(self, steps: Sequence[Launch | Wait], stop: asyncio.Event) -> None:
         ends = [s.until for s in steps if isinstance(s, Wait) and s.until is not None]
-        ends.append(self.maintenance_due)
+        ends.extend((self.maintenance_due, self.compactor.due))
         timeout = self.options.poll_s
         if ends:
             timeout = max(0.0, min(timeout, min(ends) - time.monotonic()))
@@ -314,26 +333,49 @@ class FlushRunner:
             spark = await self.session()
         except errors.Unavailable as exc:
             return Result(launch, Outcome.FAILED, exc)
-        group = f"headrace-flush-{launch.pchannel}-{uuid.uuid4().hex[:8]}"
-        job = asyncio.ensure_future(asyncio.to_thread(run_in, spark, self._job(launch), group))
+        job = self._job(launch)
+        ran = await self.guarded(
+            functools.partial(run_in, spark, job),
+            f"headrace-flush-{launch.pchannel}-{uuid.uuid4().hex[:8]}",
+            f"the flush of ({launch.start or 'beginning'}, {launch.end}] of {launch.pchannel}",
+            stop,
+        )
+        result = outcome_of(launch, ran.future)
+        if ran.cancelled and result.outcome is not Outcome.COMMITTED:
+            return Result(launch, Outcome.TIMED_OUT)
+        return result
+
+    async def guarded(
+        self, work: Callable[[str], T], group: str, what: str, stop: asyncio.Event
+    ) -> Ran[T]:
+        """``work(group)`` in a worker thread, its Spark jobs in ``group``; past
+        the deadline (or on stop) the group is cancelled; Stuck if it does not
+        end ``abandon_grace_s`` after that."""
+        future = asyncio.ensure_future(asyncio.to_thread(work, group))
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait(
-            {job, stopped}, timeout=self.options.deadline_s, return_when=asyncio.FIRST_COMPLETED
+            {future, stopped}, timeout=self.options.deadline_s, return_when=asyncio.FIRST_COMPLETED
         )
         stopped.cancel()
-        if job.done():
-            return outcome_of(launch, job)
-        spark.sparkContext.cancelJobGroup(group)
-        await asyncio.wait({job}, timeout=self.options.abandon_grace_s)
-        if not job.done():
+        if future.done():
+            return Ran(future, cancelled=False)
+        assert self._spark is not None
+        self._spark.sparkContext.cancelJobGroup(group)
+        await asyncio.wait({future}, timeout=self.options.abandon_grace_s)
+        if not future.done():
             raise Stuck(
-                f"{launch.pchannel}: the flush of ({launch.start or 'beginning'}, {launch.end}] "
-                f"did not end {self.options.abandon_grace_s:.0f}s after its cancellation"
+                f"{what} did not end {self.options.abandon_grace_s:.0f}s after its cancellation"
             )
-        result = outcome_of(launch, job)
-        if result.outcome is Outcome.COMMITTED:
-            return result
-        return Result(launch, Outcome.TIMED_OUT)
+        return Ran(future, cancelled=True)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ran(Generic[T]):
+    """A finished piece of work run under the deadline."""
+
+    future: asyncio.Future[T]
+    cancelled: bool
+    """It passed its deadline (or the runner stopped) and was cancelled."""
 
 
 def _maintain_tables(
@@ -421,8 +463,28 @@ def parse_args(argv: Sequence[str]) -> RunnerOptions:
     parser.add_argument("--min-snapshots", type=int, default=5)
     parser.add_argument("--orphan-grace", type=float, default=3_600.0, help="seconds")
     parser.add_argument("--log-format", type=LogFormat, choices=list(LogFormat), default="text")
+    policy = CompactionPolicy()
+    parser.add_argument(
+        "--compaction-interval", type=float, default=60.0, help="seconds between rounds"
+    )
+    parser.add_argument("--target-file-bytes", type=int, default=policy.target_file_bytes)
+    parser.add_argument("--small-file-bytes", type=int, default=policy.small_file_bytes)
+    parser.add_argument("--min-small-files", type=int, default=policy.min_small_files)
+    parser.add_argument("--max-delete-ratio", type=float, default=policy.max_delete_ratio)
+    parser.add_argument(
+        "--max-small-file-age", type=float, default=policy.max_small_file_age_s, help="seconds"
+    )
+    parser.add_argument("--max-input-files", type=int, default=policy.max_input_files)
     args = parser.parse_args(argv)
-    for name in ("deadline", "poll", "rows_per_file", "read_idle_timeout", "maintenance_interval"):
+    positive = (
+        "deadline",
+        "poll",
+        "rows_per_file",
+        "read_idle_timeout",
+        "maintenance_interval",
+        "compaction_interval",
+    )
+    for name in positive:
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     try:
@@ -430,6 +492,14 @@ def parse_args(argv: Sequence[str]) -> RunnerOptions:
             max_snapshot_age_s=args.max_snapshot_age,
             min_snapshots=args.min_snapshots,
             orphan_grace_s=args.orphan_grace,
+        )
+        policy = CompactionPolicy(
+            target_file_bytes=args.target_file_bytes,
+            small_file_bytes=args.small_file_bytes,
+            min_small_files=args.min_small_files,
+            max_delete_ratio=args.max_delete_ratio,
+            max_small_file_age_s=args.max_small_file_age,
+            max_input_files=args.max_input_files,
         )
     except errors.InvalidArgument as exc:
         parser.error(str(exc))
@@ -451,6 +521,7 @@ def parse_args(argv: Sequence[str]) -> RunnerOptions:
         maintenance_interval_s=args.maintenance_interval,
         retention=retention,
         log_format=args.log_format,
+        compaction=CompactorOptions(interval_s=args.compaction_interval, policy=policy),
     )
 
 

@@ -114,8 +114,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_pipeline(sub: Any) -> None:
-    """The data pipeline's benchmarks past the flush: flush lag, reads."""
+    """The data pipeline's benchmarks past the flush: flush lag, compaction, reads."""
     _add_flush_lag(sub)
+    _add_compact(sub)
     _add_read(sub)
 
 
@@ -183,6 +184,21 @@ def _add_upgrade(sub: Any) -> None:
     b.add_argument("--dir", default=None, help="parent of the test bed's directory (default: temp)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(handler=upgrade)
+
+
+def _add_compact(sub: Any) -> None:
+    b = sub.add_parser(
+        "compact",
+        help="the Spark compaction job vs pyarrow reading, sorting and rewriting the same "
+        "files (needs the pipeline extra)",
+    )
+    b.add_argument("--rows", type=positive_int, default=200_000)
+    b.add_argument("--files", type=positive_int, default=200, help="small input files")
+    b.add_argument("--target-file-mb", type=positive_int, default=32)
+    b.add_argument("--master", default="local[2]")
+    b.add_argument("--dir", default=None, help="parent of the run's directory (default: temp)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(handler=compact)
 
 
 def _add_flush_lag(sub: Any) -> None:
@@ -331,6 +347,19 @@ async def flush(args: argparse.Namespace) -> int:
         result = await bench_flush.bench_flush(
             args.rows, Path(tmp), shards=args.shards, batch_rows=args.batch_rows, master=args.master
         )
+    _emit(result, args.json)
+    return 0
+
+
+async def compact(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("pyspark") is None:
+        raise errors.InvalidArgument("bench compact needs pyspark (the pipeline extra)")
+    bench_compact = importlib.import_module("headrace.bench.compact")
+    options = bench_compact.CompactBench(
+        rows=args.rows, files=args.files, target_file_mb=args.target_file_mb, master=args.master
+    )
+    with tempfile.TemporaryDirectory(prefix="headrace-compact-", dir=args.dir) as tmp:
+        result = await bench_compact.bench_compact(Path(tmp), options)
     _emit(result, args.json)
     return 0
 

@@ -1,5 +1,5 @@
-"""``headrace collections`` (list, describe, create, drop), ``headrace flush``
-and ``headrace read`` (:mod:`headrace.cli.read`)."""
+"""``headrace collections`` (list, describe, create, drop), ``headrace flush``,
+``headrace compact`` and ``headrace read`` (:mod:`headrace.cli.read`)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,17 @@ def add_commands(sub: Sub) -> None:
     )
     p.set_defaults(handler=flush)
 
+    p = sub.add_parser(
+        "compact",
+        help="compact a collection's small files now (the standalone's flush runner does it)",
+    )
+    _add_cluster(p, inherited=False)
+    p.add_argument("--collection", required=True)
+    p.add_argument("--wait", action="store_true", help="wait until nothing is left to compact")
+    p.add_argument(
+        "--timeout", type=positive_float, default=300.0, help="seconds to wait (default 300)"
+    )
+    p.set_defaults(handler=compact)
     read_command.add_command(sub)
 
 
@@ -148,6 +159,19 @@ async def flush(args: argparse.Namespace) -> int:
     for pchannel, state in outcome["pchannels"].items():
         at = f" checkpoint={state['checkpoint']}" if state["checkpoint"] else ""
         print(f"  {pchannel} requested={state['requested']}{at}")
+    return 0
+
+
+async def compact(args: argparse.Namespace) -> int:
+    outcome = await client_api.compact_collection(
+        _metastore(args), args.collection, args.cluster, wait=args.wait, timeout=args.timeout
+    )
+    if args.json:
+        print(json.dumps(outcome))
+        return 0
+    done = "compacted" if outcome["waited"] else "compaction requested"
+    message = f" ({outcome['message']})" if outcome["message"] else ""
+    print(f"{done}: {outcome['collection']} request={outcome['request_id']}{message}")
     return 0
 
 

@@ -425,6 +425,20 @@ async def read_collection(
         return reading.planned.describe(), rows
 
 
+async def compact_collection(
+    metastore_url: str,
+    collection: str,
+    cluster: str = DEFAULT_CLUSTER,
+    *,
+    wait: bool = False,
+    timeout: float | None = 300.0,
+) -> dict[str, Any]:
+    """See :meth:`HeadraceClient.compact`."""
+    async with _connected(metastore_url, cluster) as client:
+        outcome = await client.compact(collection, wait=wait, timeout=timeout)
+    return outcome.describe()
+
+
 @contextlib.asynccontextmanager
 async def _connected(metastore_url: str, cluster: str) -> AsyncIterator[HeadraceClient]:
     """A connected client of ``cluster``, NotFound at once if there is none."""

@@ -14,6 +14,7 @@ import pyarrow as pa
 from headrace import errors
 from headrace.client import arguments
 from headrace.client.arguments import Start
+from headrace.client.compacting import CompactOutcome, request_compaction, wait_compacted
 from headrace.client.consumer import Consumer, ConsumerOptions
 from headrace.client.discovery import ChannelPool, ClusterView, Owner
 from headrace.client.flushing import FlushOutcome, WaitOptions, wait_flushed
@@ -343,6 +344,28 @@ class HeadraceClient:
             async for part in reading.batches():
                 for batch in part.to_batches():
                     yield batch
+
+    async def compact(
+        self, collection: str, *, wait: bool = True, timeout: float | None = 300.0
+    ) -> CompactOutcome:
+        """Ask the flush runner to compact every shard of ``collection`` now.
+
+        With ``wait``, return once the runner found nothing left to compact
+        (its small files merged, in bounded steps), or raise Unavailable with
+        the runner's error or after ``timeout`` seconds.
+        """
+        target = await self.describe_collection(collection)
+        if target.dropped is not None:
+            raise errors.NotFound(f"collection {target.name} was dropped")
+        limit = arguments.timeout(timeout)
+        view = self.view
+        request = await request_compaction(view.metastore, view.keys, target.name)
+        if not wait:
+            return CompactOutcome(
+                target.name, request.request_id, request.state, request.message, waited=False
+            )
+        done = await wait_compacted(view.metastore, view.keys, request, limit)
+        return CompactOutcome(target.name, done.request_id, done.state, done.message, waited=True)
 
     async def _append_all(self, batch: list[Message]) -> list[AppendResult]:
         """Append ``batch`` with a producer of its own; the first error if any failed."""

@@ -31,6 +31,7 @@ from headrace import errors
 from headrace.client import arguments
 from headrace.client.arguments import Start
 from headrace.client.client import ClientOptions, HeadraceClient
+from headrace.client.compacting import CompactOutcome
 from headrace.client.consumer import Consumer, ConsumerOptions
 from headrace.client.discovery import Owner
 from headrace.client.flushing import FlushOutcome
@@ -204,6 +205,12 @@ class SyncClient:
         finally:
             if not self._loop.is_closed():
                 self._run(batches.aclose())
+
+    def compact(
+        self, collection: str, *, wait: bool = True, timeout: float | None = 300.0
+    ) -> CompactOutcome:
+        """See :meth:`HeadraceClient.compact` (its own timeout bounds the wait)."""
+        return self._run(self._client.compact(collection, wait=wait, timeout=timeout))
 
     def wait_ready(self, pchannel: str, timeout: float = 30.0) -> Owner:
         return self._run(self._client.wait_ready(pchannel, timeout))

@@ -31,7 +31,12 @@ from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+    ValidationException,
+)
 from pyiceberg.expressions import In
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
@@ -188,7 +193,7 @@ class TableCatalog:
         schema = self._iceberg_schema(collection, arrow_schema, primary_key)
         identifier = self._iceberg.identifier(collection)
         try:
-            table = self._storage(
+            table = self.storage(
                 f"creating table {collection}",
                 lambda: self._iceberg.create_table(identifier, schema),
             )
@@ -229,7 +234,7 @@ class TableCatalog:
     def scan(self, collection: str) -> pa.Table:
         """The committed rows (pyiceberg's own reader; tests use DuckDB as well)."""
         table = self._load(collection)
-        return self._storage(f"reading {collection}", lambda: table.scan().to_arrow())
+        return self.storage(f"reading {collection}", lambda: table.scan().to_arrow())
 
     def write_data_file(self, collection: str, rows: pa.Table, name: str) -> str:
         """Write ``rows`` as ``<table location>/data/<name>.parquet``; its path.
@@ -252,7 +257,7 @@ class TableCatalog:
             with table.io.new_output(path).create(overwrite=True) as stream:
                 pq.write_table(rows, stream)
 
-        self._storage(f"writing {path}", write)
+        self.storage(f"writing {path}", write)
         return path
 
     def change_table(
@@ -275,7 +280,7 @@ class TableCatalog:
                     return table
                 commit = functools.partial(self._iceberg.commit_table, table, *change)
                 try:
-                    self._storage(f"committing a change of {collection}", commit)
+                    self.storage(f"committing a change of {collection}", commit)
                 except CommitFailedException:
                     log.info("%s: change attempt %d raced; trying again", collection, attempt)
                     continue
@@ -285,6 +290,21 @@ class TableCatalog:
             f"({self.config.commit_attempts} attempts); try again",
             retryable=True,
         )
+
+    def commit(self, collection: str, action: Callable[[], Table]) -> Table | None:
+        """Run ``action``, a pyiceberg commit of ``collection`` (one pointer swap
+        compared on its ``mod_revision``), under the catalog's commit lock; the
+        table after, or None when another commit moved the table first.
+
+        pyiceberg retries a transaction on the moved table by itself and
+        validates it there (``ValidationException`` when, say, a file it removes
+        is gone or another commit added files); both mean nothing landed."""
+        with self._commit_lock:
+            try:
+                return self.storage(f"committing a change of {collection}", action)
+            except (CommitFailedException, ValidationException) as exc:
+                log.info("%s: commit raced: %s", collection, exc)
+                return None
 
     # -- flush commit -------------------------------------------------------
 
@@ -410,7 +430,7 @@ class TableCatalog:
             txn.commit_transaction()
 
         try:
-            self._storage(f"staging the commit of {changes.collection}", stage)
+            self.storage(f"staging the commit of {changes.collection}", stage)
         except (ValueError, TypeError) as exc:
             raise errors.InvalidArgument(
                 f"flush of {changes.collection} refused by the table: {exc}"
@@ -436,7 +456,7 @@ class TableCatalog:
 
     def _load(self, collection: str) -> Table:
         try:
-            return self._storage(
+            return self.storage(
                 f"loading table {collection}",
                 lambda: self._iceberg.load_table(self._iceberg.identifier(collection)),
             )
@@ -479,7 +499,7 @@ class TableCatalog:
         except (ValueError, TypeError) as exc:
             raise errors.InvalidArgument(f"no Iceberg type for {arrow_schema}: {exc}") from None
 
-    def _storage(self, doing: str, action: Callable[[], T]) -> T:
+    def storage(self, doing: str, action: Callable[[], T]) -> T:
         """Run a storage action; its OSError as a Headrace error."""
         try:
             return action()

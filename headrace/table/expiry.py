@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 from collections.abc import Iterable
 
 from headrace import errors
@@ -56,6 +57,7 @@ class Kept(enum.Enum):
     PINNED = "pinned (a branch or tag head, or held by a reader)"
     YOUNG = "younger than max_snapshot_age_s"
     NEWEST = "one of the min_snapshots newest"
+    REPLACED_RECENTLY = "the current snapshot less than orphan_grace_s ago"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,12 +74,23 @@ def snapshots_to_expire(
     now_s: float,
     options: RetentionOptions,
 ) -> SnapshotPlan:
-    """Which snapshots to keep (and why) and which to expire."""
+    """Which snapshots to keep (and why) and which to expire.
+
+    A snapshot replaced by the next one less than ``orphan_grace_s`` ago is
+    kept whatever its own age: a reader that loaded the table just before a
+    compaction (or a delete's rewrite) replaced its files is still reading
+    them, so files are deleted only a grace period after they stopped being
+    current (and never while a reader pins the snapshot).
+    """
     newest_first = sorted(snapshots, key=lambda s: (s.timestamp_s, s.snapshot_id), reverse=True)
     newest = {s.snapshot_id for s in newest_first[: options.min_snapshots]}
+    replaced_at = {
+        older.snapshot_id: newer.timestamp_s for newer, older in itertools.pairwise(newest_first)
+    }
     kept: dict[int, Kept] = {}
     for snapshot in newest_first:
         sid = snapshot.snapshot_id
+        replaced = replaced_at.get(sid)
         if sid == current:
             kept[sid] = Kept.CURRENT
         elif sid in pinned:
@@ -86,6 +99,8 @@ def snapshots_to_expire(
             kept[sid] = Kept.YOUNG
         elif sid in newest:
             kept[sid] = Kept.NEWEST
+        elif replaced is not None and now_s - replaced < options.orphan_grace_s:
+            kept[sid] = Kept.REPLACED_RECENTLY
     expire = frozenset(s.snapshot_id for s in newest_first if s.snapshot_id not in kept)
     return SnapshotPlan(kept, expire)
 

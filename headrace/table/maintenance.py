@@ -29,8 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import TypeVar
+from collections.abc import Mapping
 
 from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
@@ -51,8 +50,6 @@ from headrace.table.expiry import (
 )
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 TABLE_DIRS = ("data", "metadata")
 
@@ -166,7 +163,7 @@ def _referenced(catalog: TableCatalog, table: Table, previous: str) -> frozenset
                 for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
                     uris.add(entry.data_file.file_path)
 
-    _storage(catalog, f"reading the manifests of {table.name()}", read)
+    catalog.storage(f"reading the manifests of {table.name()}", read)
     return frozenset(_fs_path(uri) for uri in uris)
 
 
@@ -183,7 +180,7 @@ def _list(catalog: TableCatalog, location: str) -> list[Listed]:
                     found.append(Listed(info.path, mtime))
         return found
 
-    return _storage(catalog, f"listing {location}", listing)
+    return catalog.storage(f"listing {location}", listing)
 
 
 def _delete(catalog: TableCatalog, location: str, decided: OrphanPlan) -> tuple[str, ...]:
@@ -212,13 +209,6 @@ def _filesystem(catalog: TableCatalog, location: str) -> tuple[pafs.FileSystem, 
 
 def _fs_path(uri: str) -> str:
     return PyArrowFileIO.parse_location(uri)[2]
-
-
-def _storage(catalog: TableCatalog, doing: str, action: Callable[[], T]) -> T:
-    try:
-        return action()
-    except OSError as exc:
-        raise catalog.warehouse.translate(exc, doing) from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

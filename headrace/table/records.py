@@ -17,6 +17,7 @@ and reads them.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Sequence
 
 import pydantic
@@ -238,3 +239,64 @@ def segment_keys(keys: Keys, commit: FlushCommit) -> Sequence[str]:
         for table in commit.tables
         for segment in table.segments
     ]
+
+
+class CompactionState(enum.Enum):
+    PENDING = "PENDING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+
+
+class CompactionRequest(JsonRecord):
+    """``headrace compact --collection C``: compact every shard of ``collection``
+    now, whatever the triggers say. Written by the client (a new
+    ``request_id`` each time, replacing any earlier request of the collection);
+    the runner that serves it sets ``state`` (comparing the record's revision,
+    so a newer request is never marked done by an older run)."""
+
+    collection: str
+    request_id: str
+    requested_at: float
+    """Wall clock (seconds)."""
+    state: CompactionState = CompactionState.PENDING
+    message: str = ""
+    done_at: float = 0.0
+
+
+class ShardCompaction(JsonRecord):
+    """The last compaction of one shard of a collection (for the delete-ratio
+    trigger): ``deleted`` = rows the shard's flushes wrote minus its live rows,
+    at that compaction. Rows deleted since = the same difference now minus it."""
+
+    collection: str
+    shard: int
+    at: float
+    """Wall clock (seconds) of the commit."""
+    snapshot_id: int
+    deleted: int
+    live_rows: int
+
+
+def compaction_request_key(keys: Keys, collection: str) -> str:
+    if not collection or "/" in collection:
+        raise errors.InvalidArgument(f"invalid collection name {collection!r}")
+    return f"{compaction_requests_prefix(keys)}{collection}"
+
+
+def compaction_requests_prefix(keys: Keys) -> str:
+    return f"{keys.root}/compactions/requests/"
+
+
+def shard_compaction_key(keys: Keys, collection: str, shard: int) -> str:
+    if not collection or "/" in collection or shard < 0:
+        raise errors.InvalidArgument(f"invalid collection shard {collection!r} {shard}")
+    return f"{keys.root}/compactions/shards/{collection}/{shard:05d}"
+
+
+def shard_compactions_prefix(keys: Keys) -> str:
+    return f"{keys.root}/compactions/shards/"
+
+
+def segments_root(keys: Keys) -> str:
+    """The prefix of every pchannel's segment records."""
+    return f"{keys.root}/segments/"

@@ -381,7 +381,8 @@ class FlushSpec(_Model):
         min_length=1,
         max_length=512,
         pattern=r"^(local|file|s3a?)://\S+$",
-        description="Where the image holds spark_apps/ (the flush.py and compact.py main files).",
+        description="Where the image holds spark_apps/ (main files flush.py and "
+        "compact_pchannel.py).",
     )
     spark_operator: SparkOperatorKind = pydantic.Field(
         default=SparkOperatorKind.AUTO,

@@ -46,9 +46,9 @@ LABEL_JOB = f"{models.GROUP}/job"
 TERM = f"{models.GROUP}/term"
 RANGE_START = f"{models.GROUP}/range-start"
 RANGE_END = f"{models.GROUP}/range-end"
-MAIN_FILES = {RunJob.FLUSH: "flush.py", RunJob.COMPACT: "compact.py"}
+MAIN_FILES = {RunJob.FLUSH: "flush.py", RunJob.COMPACT: "compact_pchannel.py"}
 """Main files under ``flush.appsDir``: ``spark_apps/flush.py`` and
-``spark_apps/compact.py``."""
+``spark_apps/compact_pchannel.py`` (one compaction round of a pchannel)."""
 ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
 ENDPOINT_ENV = "HEADRACE_S3_ENDPOINT"

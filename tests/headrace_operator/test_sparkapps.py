@@ -88,7 +88,7 @@ def test_apache_compaction_app() -> None:
     app = sparkapps.spark_app(sparkapps.APACHE_API, REF, cluster, request)
     body = app["spec"]
     assert app["apiVersion"] == "spark.apache.org/v1"
-    assert body["pyFiles"] == "local:///opt/headrace/spark_apps/compact.py"
+    assert body["pyFiles"] == "local:///opt/headrace/spark_apps/compact_pchannel.py"
     assert "--min-small-files" in body["driverArgs"] and "--term" not in body["driverArgs"]
     conf = body["sparkConf"]
     assert conf["spark.kubernetes.container.image"] == "headrace-spark:0.1.0"

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -193,15 +193,6 @@ async def test_a_runner_killed_mid_flush_is_resumed_by_the_next_without_duplicat
     finally:
         await second.stop()
     assert table_rows(cluster, warehouse) == expected(set(pks) - {7, 4001})
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    from spark_apps.flush import spark_session  # noqa: PLC0415 - starts a JVM
-
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
 
 
 async def test_fenced_then_the_new_term_and_a_hung_job_past_its_deadline(

@@ -40,7 +40,8 @@ def test_young_snapshots_are_kept_beyond_min_snapshots() -> None:
 
 def test_pinned_snapshots_are_kept_whatever_their_age() -> None:
     snapshots = ages(30, 20, 10, 0)
-    options = RetentionOptions(min_snapshots=1, max_snapshot_age_s=0)
+    # no grace: snapshot 3, replaced just now, is not kept for its readers either
+    options = RetentionOptions(min_snapshots=1, max_snapshot_age_s=0, orphan_grace_s=0)
     plan = snapshots_to_expire(snapshots, 4, frozenset({1}), NOW, options)
     assert plan.kept == {4: Kept.CURRENT, 1: Kept.PINNED}
     assert plan.expire == frozenset({2, 3})
@@ -53,6 +54,18 @@ def test_the_current_snapshot_is_kept_even_when_not_the_newest() -> None:
     plan = snapshots_to_expire(snapshots, 1, frozenset(), NOW, options)
     assert plan.kept == {1: Kept.CURRENT, 3: Kept.NEWEST}
     assert plan.expire == frozenset({2})
+
+
+def test_a_snapshot_replaced_within_the_grace_period_is_kept_however_old() -> None:
+    """A compaction replaced the files of a two-day-old snapshot 10 s ago: a
+    reader that loaded it just before may still read those files, so the
+    snapshot (and so its files) stays until the grace period has passed."""
+    snapshots = [SnapshotAge(1, NOW - 2 * DAY), SnapshotAge(2, NOW - 10)]
+    options = RetentionOptions(min_snapshots=1, max_snapshot_age_s=DAY, orphan_grace_s=3600)
+    plan = snapshots_to_expire(snapshots, 2, frozenset(), NOW, options)
+    assert plan.kept == {2: Kept.CURRENT, 1: Kept.REPLACED_RECENTLY}
+    later = snapshots_to_expire(snapshots, 2, frozenset(), NOW + 3600, options)
+    assert later.expire == frozenset({1})
 
 
 def test_no_snapshots_expires_nothing() -> None:

@@ -170,7 +170,8 @@ def test_expiry_racing_a_flush_is_planned_again_and_keeps_the_flush(bed: Bed) ->
             plans.append(table.metadata.current_snapshot_id)
             if len(plans) == 1:  # a flush commits between our read and our swap
                 flusher.commit_flush(flush(flusher, 3, 20, 30, [4], segment_id=3))
-            options = RetentionOptions(max_snapshot_age_s=0, min_snapshots=1)
+            # no grace either: the snapshots replaced just now expire too
+            options = RetentionOptions(max_snapshot_age_s=0, min_snapshots=1, orphan_grace_s=0)
             expiry = plan_expiry(table, frozenset(), time.time(), options)
             assert expiry is not None
             return expiry.change
