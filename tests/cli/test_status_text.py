@@ -32,6 +32,7 @@ async def test_status_text_names_the_format_and_why_a_pchannel_waits(
             "message_format": 1,
             "nodes": [node],
             "pchannels": [row, served],
+            "writes": {"stopped": False},
         }
 
     monkeypatch.setattr(client_api, "cluster_status", report)
@@ -41,3 +42,4 @@ async def test_status_text_names_the_format_and_why_a_pchannel_waits(
     assert "message format 1" in out.splitlines()[0]
     assert f"pchannel-000 waits: {WHY}" in out.splitlines()
     assert "pchannel-001 waits" not in out
+    assert out.splitlines()[-1] == "writes: flowing"
