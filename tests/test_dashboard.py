@@ -7,7 +7,8 @@ import re
 import types
 from pathlib import Path
 
-from headrace.node.metrics import NodeMetrics, WALCollector
+from headrace.node.housekeeping import Kept
+from headrace.node.metrics import HousekeepingCollector, NodeMetrics, WALCollector
 from headrace.standalone import ProcessCollector
 from headrace_operator.metrics import OperatorMetrics
 from headrace_operator.results import PassResult, failed
@@ -37,6 +38,9 @@ def exported_samples() -> set[str]:
     operator.failed("StreamingCluster", retryable=True, seconds=0.1)
     broken = PassResult(steps=(("pods", failed("x", retryable=True)),))
     operator.observed("StreamingCluster", broken, 0.1)
+    kept = Kept(unflushed_bytes=10, checkpoint_timetick=1, tail_timetick=2, truncations=1)
+    housekeeper = types.SimpleNamespace(kept={"p": kept}, manager=manager)
+    node.registry.register(HousekeepingCollector(housekeeper))  # type: ignore[arg-type]
     processes = ProcessCollector([])
     names = {
         sample.name

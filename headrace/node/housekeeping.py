@@ -109,6 +109,18 @@ def owns(assignment: Assignment | None, node_id: str, term: int) -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Kept:
+    """What the last pass saw of a pchannel, for metrics."""
+
+    unflushed_bytes: int
+    checkpoint_timetick: int | None
+    """None: no flush checkpoint yet."""
+    tail_timetick: int
+    truncations: int
+    """Truncations of the backend by this node (every term)."""
+
+
 class Housekeeper:
     """The housekeeping loop of one node (see the module docstring)."""
 
@@ -123,6 +135,9 @@ class Housekeeper:
         """The tail each pchannel's previous pass saw, under its term."""
         self.decisions: dict[str, Truncation] = {}
         """The last decision per pchannel (for tests and logs)."""
+        self.kept: dict[str, Kept] = {}
+        """What the last pass saw per pchannel (metrics)."""
+        self._truncations: dict[str, int] = {}
 
     async def run(self) -> None:
         while True:
@@ -217,6 +232,12 @@ class Housekeeper:
         self.decisions[pchannel] = decision
         applied = await self._truncate(pchannel, wal.term, decision)
         summary = self._summary(pchannel, wal)
+        self.kept[pchannel] = Kept(
+            unflushed_bytes=progress.unflushed_bytes(),
+            checkpoint_timetick=None if checkpoint is None else checkpoint.timetick,
+            tail_timetick=wal.last_timetick,
+            truncations=self._truncations.get(pchannel, 0),
+        )
         record = RetentionRecord(
             pchannel=pchannel,
             node=self.node_id,
@@ -265,6 +286,7 @@ class Housekeeper:
             )
             return applied
         log.info("truncated %s below %s (%s)", pchannel, below, decision.reason)
+        self._truncations[pchannel] = self._truncations.get(pchannel, 0) + 1
         applied = self._applied[pchannel] = Applied(term, below)
         return applied
 

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from headrace import tso
 from headrace.metrics import LATENCY_BUCKETS, SIZE_BUCKETS
+from headrace.node.housekeeping import Housekeeper
 from headrace.node.walmanager import WALManager
 from headrace.wal.api import WALState
 
@@ -102,6 +103,10 @@ class NodeMetrics:
     def watch(self, manager: WALManager) -> None:
         """Export the state of ``manager``'s WALs at each scrape."""
         self.registry.register(WALCollector(manager))
+
+    def watch_housekeeping(self, housekeeper: Housekeeper) -> None:
+        """Export what the housekeeping passes saw: flush lag, truncations."""
+        self.registry.register(HousekeepingCollector(housekeeper))
 
     def appended(
         self, pchannel: str, *, messages: int, size: int, failed: dict[str, int], seconds: float
@@ -190,3 +195,43 @@ class WALCollector(Collector):
         for pchannel, failure in sorted(self.manager.failures.items()):
             failures.add_metric([pchannel], failure.attempts)
         yield from (term, state, buffer_bytes, buffer_entries, appended, txns, segments, failures)
+
+
+class HousekeepingCollector(Collector):
+    """Flush lag, unflushed bytes and truncations, as the last housekeeping
+    pass of each pchannel this node serves saw them (every 10 s by default)."""
+
+    def __init__(self, housekeeper: Housekeeper) -> None:
+        self.housekeeper = housekeeper
+
+    def collect(self) -> Iterator[Metric]:
+        unflushed = GaugeMetricFamily(
+            "headrace_wal_unflushed_bytes",
+            "Bytes of collection data in the WAL past the flush checkpoint",
+            labels=["pchannel"],
+        )
+        lag = GaugeMetricFamily(
+            "headrace_flush_lag_seconds",
+            "How far the flush checkpoint is behind the WAL's tail (0 when nothing is "
+            "unflushed; absent before the first checkpoint)",
+            labels=["pchannel"],
+        )
+        truncations = CounterMetricFamily(
+            "headrace_wal_truncations",
+            "Times this node truncated the pchannel's log below its retention bound",
+            labels=["pchannel"],
+        )
+        held = self.housekeeper.manager.held
+        for pchannel, kept in sorted(self.housekeeper.kept.items()):
+            if pchannel not in held:
+                continue
+            unflushed.add_metric([pchannel], kept.unflushed_bytes)
+            truncations.add_metric([pchannel], kept.truncations)
+            if kept.checkpoint_timetick is not None:
+                behind = (
+                    lag_seconds(kept.checkpoint_timetick, kept.tail_timetick)
+                    if kept.unflushed_bytes
+                    else 0.0
+                )
+                lag.add_metric([pchannel], behind)
+        yield from (unflushed, lag, truncations)

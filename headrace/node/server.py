@@ -237,6 +237,8 @@ class StreamingNode:
             )
             await self._register()
             self.housekeeper = Housekeeper(cfg.node_id, self.metastore, self.keys, self.manager)
+            if self.metrics is not None:
+                self.metrics.watch_housekeeping(self.housekeeper)
             self._tasks = [
                 guarded_task(
                     self.reactor.run(),

@@ -12,11 +12,13 @@ import asyncio
 import dataclasses
 import json
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from headrace.cluster import NEW_CLUSTER_ROUTING, Assignment, AssignmentState, ClusterConfig, Keys
 from headrace.message.formats import RELEASE_FORMATS, FormatSupport
@@ -50,6 +52,17 @@ async def until(condition: Callable[[], bool], timeout: float = HANG_GUARD) -> N
             if condition():
                 return
             await asyncio.sleep(0.01)
+
+
+def scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample a node's metrics endpoint at ``address`` returns, by name and labels."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
 
 
 def record(

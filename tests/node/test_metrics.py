@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from headrace import errors
 from headrace.client import HeadraceClient
@@ -15,19 +13,9 @@ from headrace.metrics import parse_listen
 from headrace.node.metrics import lag_seconds
 from headrace.proto import streaming_pb2 as pb
 from headrace.tso import compose
-from tests.node.harness import Cluster, until
+from tests.node.harness import Cluster, scrape, until
 
 P = "pchannel-000"
-
-
-def scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
 
 
 async def test_a_scrape_after_producing_and_consuming(cluster: Cluster) -> None:

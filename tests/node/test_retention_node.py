@@ -35,7 +35,7 @@ from headrace.wal.contract import Backend, StartPosition
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.local import LocalBackend, files
 from headrace.wal.progress import RetentionOptions
-from tests.node.harness import Cluster, make_cluster, until
+from tests.node.harness import Cluster, make_cluster, scrape, until
 
 P = "pchannel-000"
 SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("v", pa.string())])
@@ -63,7 +63,10 @@ def rows(start: int, count: int = 4) -> pa.Table:
 
 
 async def start_node(
-    cluster: Cluster, options: RetentionOptions, backend: Backend | None = None
+    cluster: Cluster,
+    options: RetentionOptions,
+    backend: Backend | None = None,
+    metrics_listen: str = "",
 ) -> StreamingNode:
     if backend is None:
         return await cluster.start_node(
@@ -77,6 +80,7 @@ async def start_node(
         wal_options=WALOptions(timetick_interval_ms=20, retention=options),
         session_ttl=3.0,
         shutdown_grace=0.5,
+        metrics_listen=metrics_listen,
     )
     node = StreamingNode(config, backend=backend)
     await node.start()
@@ -116,7 +120,7 @@ async def test_local_segments_below_the_checkpoint_are_deleted(
     backend = LocalBackend(str(tmp_path / "wal"), segment_bytes=2048)
     await cluster.configure([P])
     collection = await orders(cluster)
-    node = await start_node(cluster, FAST, backend)
+    node = await start_node(cluster, FAST, backend, metrics_listen="127.0.0.1:0")
     await cluster.assign(P, "node-a", 1)
     wal = held(node)
     results = await insert_many(wal, collection, 60)
@@ -170,6 +174,17 @@ async def test_local_segments_below_the_checkpoint_are_deleted(
     text = out.getvalue()
     assert "CHECKPOINT" in text and "UNFLUSHED" in text and "TRUNCATED_BELOW" in text
     assert str(target.id) in text
+    await check_scraped(node)
+
+
+async def check_scraped(node: StreamingNode) -> None:
+    """The node's metrics say what ``headrace status`` says: truncated, unflushed."""
+    assert node.metrics_server is not None
+    samples = await asyncio.to_thread(scrape, node.metrics_server.address)
+    on_p = (("pchannel", P),)
+    assert samples[("headrace_wal_truncations_total", on_p)] >= 1
+    assert samples[("headrace_wal_unflushed_bytes", on_p)] > 0
+    assert samples[("headrace_flush_lag_seconds", on_p)] >= 0
 
 
 async def moved(backend: Backend, first: MessageID | None) -> MessageID | None:
