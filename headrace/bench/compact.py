@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,9 +33,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import headrace.wal.local.message_id  # noqa: F401 - registers the local:<lsn> positions the commit uses
-from headrace import errors, standalone
+from headrace import errors
 from headrace.bench import report
-from headrace.bench.flush import SCHEMA, make_rows, ratio
+from headrace.bench.flush import SCHEMA, SparkJob, make_rows, ratio, run_job
 from headrace.cluster import Assignment, AssignmentState, Keys
 from headrace.metastore.factory import open_metastore
 from headrace.table import CatalogConfig, Checkpoint, FlushCommit, TableCatalog, TableChanges
@@ -45,6 +43,7 @@ from headrace.table.collections import CollectionSpec, CollectionStore
 from headrace.table.records import WalRange
 
 NAME = "bench"
+COMPACT_JOB = SparkJob("spark_apps.compact", "the compaction job", "spark_apps.compact", "compact")
 PCHANNEL = "pchannel-000"
 
 
@@ -110,30 +109,6 @@ def baseline(paths: list[str], target_file_bytes: int, root: Path) -> float:
     return time.perf_counter() - started
 
 
-async def _run_job(argv: list[str]) -> dict[str, Any]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-P",
-        "-m",
-        "spark_apps.compact",
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=standalone.node_environment(os.environ),
-    )
-    out, err = await proc.communicate()
-    if proc.returncode != 0:
-        tail = "\n".join(err.decode(errors="replace").splitlines()[-20:])
-        raise errors.HeadraceError(f"the compaction job exited with {proc.returncode}:\n{tail}")
-    summary: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-    summary["log"] = [
-        line.split(" spark_apps.compact ", 1)[1]
-        for line in err.decode(errors="replace").splitlines()
-        if " spark_apps.compact compact " in line
-    ]
-    return summary
-
-
 def _table_state(config: CatalogConfig) -> tuple[int, int]:
     """Rows and live data files of the table's current snapshot."""
     with TableCatalog.open(config) as catalog:
@@ -152,13 +127,14 @@ async def bench_compact(root: Path, options: CompactBench) -> dict[str, Any]:
     paths = await asyncio.to_thread(_write_files, config, options)
     target = options.target_file_mb * 2**20
     baseline_s = await asyncio.to_thread(baseline, paths, target, root / "baseline")
-    job = await _run_job(
+    job = await run_job(
         [
             "--metastore", config.metastore_url, "--cluster", config.cluster,
             "--warehouse", config.warehouse, "--collection", NAME, "--shard", "0",
             "--target-file-bytes", str(target), "--small-file-bytes", str(target),
             "--max-input-files", str(max(options.files, 2)), "--master", options.master,
-        ]
+        ],
+        COMPACT_JOB,
     )  # fmt: skip
     rows, files = await asyncio.to_thread(_table_state, config)
     if rows != options.rows or not files < options.files:

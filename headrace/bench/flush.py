@@ -55,13 +55,13 @@ SCHEMA = pa.schema(
 )
 
 
-def make_rows(start: int, count: int) -> pa.Table:
-    """``count`` rows from key ``start``: random vectors (so Parquet cannot
-    shrink them to nothing), names ``n<key>``."""
+def make_rows(start: int, count: int, dim: int = DIM) -> pa.Table:
+    """``count`` rows from key ``start``: random vectors of ``dim`` floats (so
+    Parquet cannot shrink them to nothing), names ``n<key>``."""
     values = pa.Array.from_buffers(
-        pa.float32(), count * DIM, [None, pa.py_buffer(os.urandom(4 * DIM * count))]
+        pa.float32(), count * dim, [None, pa.py_buffer(os.urandom(4 * dim * count))]
     )
-    offsets = pa.array(range(0, count * DIM + 1, DIM), pa.int32())
+    offsets = pa.array(range(0, count * dim + 1, dim), pa.int32())
     keys = pa.array(range(start, start + count), pa.int64())
     return pa.table(
         {
@@ -101,12 +101,27 @@ def baseline(table: pa.Table, shards: int, root: Path) -> float:
     return time.perf_counter() - started
 
 
-async def run_job(argv: list[str]) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class SparkJob:
+    """A job run by a benchmark as its own process: the module, what its
+    error says, and the logger whose ``<logger> <word> ...`` lines to keep."""
+
+    module: str
+    what: str
+    logger: str
+    word: str
+
+
+FLUSH_JOB = SparkJob("spark_apps.timed", "the flush job", "spark_apps.flush", "flush")
+
+
+async def run_job(argv: list[str], job: SparkJob = FLUSH_JOB) -> dict[str, Any]:
+    """Run ``job`` with ``argv``; its JSON summary, with its ``log`` lines."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-P",
         "-m",
-        "spark_apps.timed",
+        job.module,
         *argv,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -115,12 +130,12 @@ async def run_job(argv: list[str]) -> dict[str, Any]:
     out, err = await proc.communicate()
     if proc.returncode != 0:
         tail = "\n".join(err.decode(errors="replace").splitlines()[-20:])
-        raise errors.HeadraceError(f"the flush job exited with {proc.returncode}:\n{tail}")
+        raise errors.HeadraceError(f"{job.what} exited with {proc.returncode}:\n{tail}")
     summary: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     summary["log"] = [
-        line.split(" spark_apps.flush ", 1)[1]
+        line.split(f" {job.logger} ", 1)[1]
         for line in err.decode(errors="replace").splitlines()
-        if " spark_apps.flush flush " in line
+        if f" {job.logger} {job.word} " in line
     ]
     return summary
 

@@ -42,34 +42,17 @@ import pyarrow.compute as pc
 
 from headrace import cluster, errors, standalone
 from headrace.bench import report
-from headrace.bench.flush import ratio, ready, run_job
+from headrace.bench.flush import SCHEMA, ratio, ready, run_job
+from headrace.bench.flush import make_rows as flush_rows
 from headrace.client.client import HeadraceClient
 from headrace.table import CatalogConfig, TableCatalog
 
 DIM = 16
-SCHEMA = pa.schema(
-    [
-        pa.field("pk", pa.int64(), nullable=False),
-        pa.field("vector", pa.list_(pa.float32())),
-        pa.field("name", pa.string()),
-    ]
-)
+"""Floats per vector: smaller than the flush bench's, reads are what is measured."""
 
 
 def make_rows(start: int, count: int) -> pa.Table:
-    values = pa.Array.from_buffers(
-        pa.float32(), count * DIM, [None, pa.py_buffer(os.urandom(4 * DIM * count))]
-    )
-    offsets = pa.array(range(0, count * DIM + 1, DIM), pa.int32())
-    keys = pa.array(range(start, start + count), pa.int64())
-    return pa.table(
-        {
-            "pk": keys,
-            "vector": pa.ListArray.from_arrays(offsets, values),
-            "name": pc.binary_join_element_wise("n", pc.cast(keys, pa.string()), ""),
-        },
-        schema=SCHEMA,
-    )
+    return flush_rows(start, count, DIM)
 
 
 async def _insert(
