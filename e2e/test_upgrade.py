@@ -30,15 +30,11 @@ import headrace
 from e2e.conftest import E2E
 from e2e.harness import (
     API_VERSION,
-    CLUSTER_LABEL,
-    Kube,
-    cluster_manifest,
-    is_ready,
-    live_pods,
-    pod_ready,
     until,
 )
 from e2e.streams import AssignmentHistory, Traffic, consume, delivery_problems, produce, seal
+from e2e.upgrades import Shape, UpgradeBed, cluster_for
+from e2e.upgrades import plan_manifest as upgrade_plan
 from headrace.client import HeadraceClient
 
 pytestmark = [
@@ -60,92 +56,33 @@ async def _true(value: bool) -> bool:
 
 
 @dataclasses.dataclass
-class Roll:
-    e2e: E2E
-    kube: Kube
+class Roll(UpgradeBed):
     history: AssignmentHistory
 
-    @property
-    def ns(self) -> str:
-        return self.e2e.namespace
 
-    async def cluster(self) -> dict[str, Any]:
-        body = await self.kube.get(API_VERSION, "StreamingCluster", self.ns, NAME)
-        assert body is not None
-        return dict(body)
-
-    async def pods(self) -> dict[str, dict[str, Any]]:
-        return live_pods(await self.kube.list("v1", "Pod", self.ns, {CLUSTER_LABEL: NAME}))
-
-    async def uids(self) -> dict[str, str]:
-        return {name: pod["metadata"]["uid"] for name, pod in (await self.pods()).items()}
-
-    async def plan(self) -> dict[str, Any]:
-        body = await self.kube.get(API_VERSION, "UpgradePlan", self.ns, PLAN)
-        assert body is not None
-        return dict(body)
-
-    async def phase(self, expected: str) -> bool:
-        return ((await self.plan()).get("status") or {}).get("phase") == expected
-
-    async def settled(self) -> bool:
-        body = await self.cluster()
-        status = body.get("status") or {}
-        running = await self.pods()
-        return (
-            is_ready(body)
-            and status.get("pchannelSummary") == f"{PCHANNELS}/{PCHANNELS}"
-            and len(running) == NODES
-            and all(pod_ready(p) for p in running.values())
-        )
-
-    async def plan_events(self) -> list[str]:
-        return [
-            str(e.get("reason"))
-            for e in await self.kube.list("v1", "Event", self.ns)
-            if (e.get("involvedObject") or {}).get("name") == PLAN
-        ]
+SHAPE = Shape(NAME, PLAN, NODES, PCHANNELS)
 
 
-def plan_manifest(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "UpgradePlan",
-        "metadata": {"name": PLAN, "namespace": namespace},
-        "spec": {
-            "clusterRef": {"name": NAME},
-            "version": headrace.__version__,
-            "image": TARGET,
-            "mode": "Rolling",
-            "maxUnavailable": 1,
-            "soakSeconds": 2,
-            "drainTimeoutSeconds": 120,
-            "dryRun": True,
-        },
-    }
+def plan_manifest(bed: UpgradeBed) -> dict[str, Any]:
+    return upgrade_plan(
+        bed,
+        TARGET,
+        mode="Rolling",
+        maxUnavailable=1,
+        soakSeconds=2,
+        drainTimeoutSeconds=120,
+        dryRun=True,
+    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def roll(e2e: E2E) -> AsyncIterator[Roll]:
-    kube = e2e.admin()
     history = await AssignmentHistory(e2e.etcd_url, f"{e2e.namespace}.{NAME}").start()
-    await kube.apply(
-        cluster_manifest(NAME, e2e.namespace, e2e.etcd_endpoint, nodes=NODES, pchannels=PCHANNELS)
-    )
     try:
-        yield Roll(e2e, kube, history)
+        async with cluster_for(e2e, SHAPE) as kube:
+            yield Roll(e2e, kube, SHAPE, history)
     finally:
-        await kube.delete(API_VERSION, "UpgradePlan", e2e.namespace, PLAN)
-        await kube.delete(API_VERSION, "StreamingCluster", e2e.namespace, NAME)
-
-        async def gone() -> bool:
-            pods = await kube.list("v1", "Pod", e2e.namespace, {CLUSTER_LABEL: NAME})
-            body = await kube.get(API_VERSION, "StreamingCluster", e2e.namespace, NAME)
-            return body is None and not pods
-
-        await until(gone, f"{NAME} and its pods deleted", limit=180)
         await history.stop()
-        kube.close()
 
 
 async def watch_uids(roll: Roll, seen: dict[str, set[str]], stop: asyncio.Event) -> None:
@@ -200,7 +137,7 @@ async def test_rolling_upgrade_under_load_loses_nothing(roll: Roll) -> None:
     assert before["status"]["runningVersion"] == headrace.__version__
     assert before["status"]["runningImage"] == "headrace-node:e2e"
     uids = await roll.uids()
-    await roll.kube.apply(plan_manifest(roll.ns))
+    await roll.kube.apply(plan_manifest(roll))
     await until(lambda: roll.phase("Planned"), "the dry run Planned", limit=60)
     steps = (await roll.plan())["status"]["plan"]
     assert [s["nodes"] for s in steps] == [[f"{NAME}-node-{i}"] for i in (2, 1, 0)]

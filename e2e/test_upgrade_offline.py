@@ -33,16 +33,12 @@ import headrace
 from e2e.conftest import E2E
 from e2e.harness import (
     API_VERSION,
-    CLUSTER_LABEL,
-    Kube,
-    cluster_manifest,
     condition,
-    is_ready,
-    live_pods,
-    pod_ready,
     until,
 )
 from e2e.streams import Traffic, consume, delivery_problems, produce, seal
+from e2e.upgrades import Shape, UpgradeBed, cluster_for
+from e2e.upgrades import plan_manifest as upgrade_plan
 from headrace.client import HeadraceClient
 
 pytestmark = [
@@ -66,89 +62,25 @@ async def _true(value: bool) -> bool:
 
 
 @dataclasses.dataclass
-class Offline:
-    e2e: E2E
-    kube: Kube
-
-    @property
-    def ns(self) -> str:
-        return self.e2e.namespace
-
-    async def cluster(self) -> dict[str, Any]:
-        body = await self.kube.get(API_VERSION, "StreamingCluster", self.ns, NAME)
-        assert body is not None
-        return dict(body)
-
-    async def pods(self) -> dict[str, dict[str, Any]]:
-        return live_pods(await self.kube.list("v1", "Pod", self.ns, {CLUSTER_LABEL: NAME}))
-
-    async def plan(self) -> dict[str, Any]:
-        body = await self.kube.get(API_VERSION, "UpgradePlan", self.ns, PLAN)
-        assert body is not None
-        return dict(body)
-
+class Offline(UpgradeBed):
     async def running_step(self) -> str:
         """The plan's step under way ("" before the plan exists or runs)."""
         body = await self.kube.get(API_VERSION, "UpgradePlan", self.ns, PLAN)
         steps = ((body or {}).get("status") or {}).get("plan") or []
         return next((s["action"] for s in steps if s.get("state") == "Running"), "")
 
-    async def phase(self, expected: str) -> bool:
-        return ((await self.plan()).get("status") or {}).get("phase") == expected
 
-    async def settled(self) -> bool:
-        body = await self.cluster()
-        status = body.get("status") or {}
-        running = await self.pods()
-        return (
-            is_ready(body)
-            and status.get("pchannelSummary") == f"{PCHANNELS}/{PCHANNELS}"
-            and len(running) == NODES
-            and all(pod_ready(p) for p in running.values())
-        )
-
-    async def plan_events(self) -> list[str]:
-        return [
-            str(e.get("reason"))
-            for e in await self.kube.list("v1", "Event", self.ns)
-            if (e.get("involvedObject") or {}).get("name") == PLAN
-        ]
+SHAPE = Shape(NAME, PLAN, NODES, PCHANNELS)
 
 
-def plan_manifest(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "UpgradePlan",
-        "metadata": {"name": PLAN, "namespace": namespace},
-        "spec": {
-            "clusterRef": {"name": NAME},
-            "version": headrace.__version__,
-            "image": TARGET,
-            "mode": "Offline",
-            "drainTimeoutSeconds": 240,
-        },
-    }
+def plan_manifest(bed: UpgradeBed) -> dict[str, Any]:
+    return upgrade_plan(bed, TARGET, mode="Offline", drainTimeoutSeconds=240)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def offline(e2e: E2E) -> AsyncIterator[Offline]:
-    kube = e2e.admin()
-    await kube.apply(
-        cluster_manifest(NAME, e2e.namespace, e2e.etcd_endpoint, nodes=NODES, pchannels=PCHANNELS)
-    )
-    try:
-        yield Offline(e2e, kube)
-    finally:
-        await kube.delete(API_VERSION, "UpgradePlan", e2e.namespace, PLAN)
-        await kube.delete(API_VERSION, "StreamingCluster", e2e.namespace, NAME)
-
-        async def gone() -> bool:
-            pods = await kube.list("v1", "Pod", e2e.namespace, {CLUSTER_LABEL: NAME})
-            body = await kube.get(API_VERSION, "StreamingCluster", e2e.namespace, NAME)
-            return body is None and not pods
-
-        await until(gone, f"{NAME} and its pods deleted", limit=180)
-        kube.close()
+    async with cluster_for(e2e, SHAPE) as kube:
+        yield Offline(e2e, kube, SHAPE)
 
 
 @dataclasses.dataclass
@@ -190,7 +122,7 @@ async def upgrade_under_load(
         )
         watching = asyncio.create_task(watch(offline, traffic, seen, stop))
         await until(lambda: _true(traffic.acked_total >= 300), "300 messages acknowledged")
-        await offline.kube.apply(plan_manifest(offline.ns))
+        await offline.kube.apply(plan_manifest(offline))
 
         async def starting() -> bool:
             return await offline.running_step() in ("stop-nodes", "start-nodes")

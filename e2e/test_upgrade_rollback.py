@@ -24,20 +24,16 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-import headrace
 from e2e.conftest import E2E
 from e2e.harness import (
     API_VERSION,
-    CLUSTER_LABEL,
-    Kube,
-    cluster_manifest,
     condition,
-    is_ready,
-    live_pods,
     pod_ready,
     until,
 )
 from e2e.streams import AssignmentHistory, Traffic, consume, delivery_problems, produce, seal
+from e2e.upgrades import Shape, UpgradeBed, cluster_for
+from e2e.upgrades import plan_manifest as upgrade_plan
 from headrace.client import HeadraceClient
 from headrace.cluster import AssignmentState
 
@@ -59,90 +55,32 @@ FIRST = f"{NAME}-node-2"
 
 
 @dataclasses.dataclass
-class Back:
-    e2e: E2E
-    kube: Kube
+class Back(UpgradeBed):
     history: AssignmentHistory
 
-    @property
-    def ns(self) -> str:
-        return self.e2e.namespace
 
-    async def cluster(self) -> dict[str, Any]:
-        body = await self.kube.get(API_VERSION, "StreamingCluster", self.ns, NAME)
-        assert body is not None
-        return dict(body)
-
-    async def pods(self) -> dict[str, dict[str, Any]]:
-        return live_pods(await self.kube.list("v1", "Pod", self.ns, {CLUSTER_LABEL: NAME}))
-
-    async def images(self) -> dict[str, str]:
-        return {n: p["spec"]["containers"][0]["image"] for n, p in (await self.pods()).items()}
-
-    async def plan(self) -> dict[str, Any]:
-        body = await self.kube.get(API_VERSION, "UpgradePlan", self.ns, PLAN)
-        assert body is not None
-        return dict(body)
-
-    async def phase(self, expected: str) -> bool:
-        return ((await self.plan()).get("status") or {}).get("phase") == expected
-
-    async def settled(self) -> bool:
-        body = await self.cluster()
-        running = await self.pods()
-        return (
-            is_ready(body)
-            and (body.get("status") or {}).get("pchannelSummary") == f"{PCHANNELS}/{PCHANNELS}"
-            and len(running) == NODES
-            and all(pod_ready(p) for p in running.values())
-        )
-
-    async def plan_events(self) -> list[str]:
-        return [
-            str(e.get("reason"))
-            for e in await self.kube.list("v1", "Event", self.ns)
-            if (e.get("involvedObject") or {}).get("name") == PLAN
-        ]
+SHAPE = Shape(NAME, PLAN, NODES, PCHANNELS)
 
 
-def plan_manifest(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "UpgradePlan",
-        "metadata": {"name": PLAN, "namespace": namespace},
-        "spec": {
-            "clusterRef": {"name": NAME},
-            "version": headrace.__version__,
-            "image": BROKEN,
-            "mode": "Rolling",
-            "maxUnavailable": 1,
-            "soakSeconds": 2,
-            "drainTimeoutSeconds": DRAIN_TIMEOUT_S,
-        },
-    }
+def plan_manifest(bed: UpgradeBed) -> dict[str, Any]:
+    return upgrade_plan(
+        bed,
+        BROKEN,
+        mode="Rolling",
+        maxUnavailable=1,
+        soakSeconds=2,
+        drainTimeoutSeconds=DRAIN_TIMEOUT_S,
+    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def back(e2e: E2E) -> AsyncIterator[Back]:
-    kube = e2e.admin()
     history = await AssignmentHistory(e2e.etcd_url, f"{e2e.namespace}.{NAME}").start()
-    await kube.apply(
-        cluster_manifest(NAME, e2e.namespace, e2e.etcd_endpoint, nodes=NODES, pchannels=PCHANNELS)
-    )
     try:
-        yield Back(e2e, kube, history)
+        async with cluster_for(e2e, SHAPE) as kube:
+            yield Back(e2e, kube, SHAPE, history)
     finally:
-        await kube.delete(API_VERSION, "UpgradePlan", e2e.namespace, PLAN)
-        await kube.delete(API_VERSION, "StreamingCluster", e2e.namespace, NAME)
-
-        async def gone() -> bool:
-            pods = await kube.list("v1", "Pod", e2e.namespace, {CLUSTER_LABEL: NAME})
-            body = await kube.get(API_VERSION, "StreamingCluster", e2e.namespace, NAME)
-            return body is None and not pods
-
-        await until(gone, f"{NAME} and its pods deleted", limit=180)
         await history.stop()
-        kube.close()
 
 
 async def _more(traffic: Traffic, count: int, what: str) -> None:
@@ -189,7 +127,7 @@ async def test_an_image_that_never_becomes_ready_blocks_and_rolls_back(back: Bac
     async with HeadraceClient(back.e2e.etcd_url, f"{back.ns}.{NAME}") as client:
         producing = asyncio.create_task(produce(client, vchannels, traffic, stop=stop, batch=16))
         await _more(traffic, 300, "300 messages acknowledged")
-        await back.kube.apply(plan_manifest(back.ns))
+        await back.kube.apply(plan_manifest(back))
         await until(lambda: back.phase("Blocked"), "the UpgradePlan Blocked", limit=240)
         await check_blocked(back, traffic)
         now = {name: pod["metadata"]["uid"] for name, pod in (await back.pods()).items()}
