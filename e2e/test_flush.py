@@ -10,8 +10,9 @@ hang in SUBMITTED and the second to fail: both are reported (Events,
 ``FlushHealthy`` False, ``runsFailed``) and retried, and a later run
 completes, moves the checkpoint past the seal and shows in the status.
 A second scenario runs the same flush on Apache's ``spark.apache.org/v1`` API.
-Compaction runs are not part of them (``spark_apps/compact_pchannel.py`` is
-tested on its own in ``tests/spark_apps/test_compact_pchannel.py``).
+The Apache scenario also enables compaction: after a second flush, a
+compaction run (``spark_apps/compact_pchannel.py``) merges the two flushed
+files into one, every row still there.
 """
 
 from __future__ import annotations
@@ -80,13 +81,22 @@ async def _flushing_cluster(
     await until(lambda: _ready(kube, ns, name), f"{name} Ready", limit=180)
     async with HeadraceClient(e2e.etcd_url, f"{ns}.{name}") as client:
         await client.create_collection("items", SCHEMA, primary_key="pk", shards=1)
+    await _insert(e2e, ns, name, range(100))
+
+
+async def _insert(e2e: E2E, ns: str, name: str, keys: range) -> None:
+    async with HeadraceClient(e2e.etcd_url, f"{ns}.{name}") as client:
         producer = client.producer()
         rows = pa.table(
-            {"pk": pa.array(range(100), pa.int64()), "name": [f"n{i}" for i in range(100)]},
+            {"pk": pa.array(keys, pa.int64()), "name": [f"n{i}" for i in keys]},
             schema=SCHEMA,
         )
         await producer.insert("items", rows)
         await producer.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def _flushed(kube: Kube, ns: str, name: str) -> dict[str, Any]:
@@ -152,11 +162,31 @@ async def test_flush_runs_on_the_apache_api_when_asked(e2e: E2E, s3_store: S3Sto
         await until(lambda: _served(kube, APACHE_API), "SparkApplication served", limit=60)
         await _secret(kube, ns, s3_store)
         stand_in.start()
-        await _flushing_cluster(e2e, kube, s3_store, name, sparkOperator="apache")
+        compaction = {"enabled": True, "intervalSeconds": 10, "minSmallFiles": 2}
+        await _flushing_cluster(
+            e2e, kube, s3_store, name, sparkOperator="apache", compaction=compaction
+        )
         flush = await _flushed(kube, ns, name)
         assert flush["sparkApi"] == APACHE_API
         assert flush["runsFailed"] == 0
         assert sorted(_flushed_pks(s3_store, e2e.etcd_url, ns, name)) == list(range(100))
+        await _insert(e2e, ns, name, range(100, 200))
+
+        def compacted() -> bool:
+            pks, files = _committed(s3_store, e2e.etcd_url, ns, name)
+            return files == 1 and sorted(pks) == list(range(200))
+
+        # The second flush makes a second small file; a compaction run (main
+        # file spark_apps/compact_pchannel.py) merges the two into one.
+        await until(
+            lambda: _true(compacted()), "the two flushed files compacted", limit=600, every=2.0
+        )
+
+        async def compaction_recorded() -> bool:
+            runs = ((await _body(kube, ns, name))["status"]["flush"]).get("runs", [])
+            return any(r["job"] == "compact" and r["phase"] == "Completed" for r in runs)
+
+        await until(compaction_recorded, "a compaction run Completed in the status", limit=120)
         apps = await kube.list(APACHE_API, "SparkApplication", ns)
         done = [
             a
@@ -192,8 +222,9 @@ async def _ready(kube: Kube, ns: str, name: str) -> bool:
     return condition(await _body(kube, ns, name), "Ready").get("status") == "True"
 
 
-def _flushed_pks(s3_store: S3Store, etcd_url: str, ns: str, name: str) -> list[int]:
-    """The primary keys of the committed ``items`` table (pyiceberg, not Spark)."""
+def _committed(s3_store: S3Store, etcd_url: str, ns: str, name: str) -> tuple[list[int], int]:
+    """The primary keys of the committed ``items`` table and its data files
+    (pyiceberg, not Spark)."""
     options = ObjectStoreOptions(
         endpoint=s3_store.endpoint, access_key=s3_store.access_key, secret_key=s3_store.secret_key
     )
@@ -201,5 +232,10 @@ def _flushed_pks(s3_store: S3Store, etcd_url: str, ns: str, name: str) -> list[i
     with TableCatalog.open(CatalogConfig(etcd_url, warehouse, f"{ns}.{name}", options)) as catalog:
         location = catalog.table("items").metadata_location
     io = Warehouse.parse(warehouse, options).io_properties()
-    table = StaticTable.from_metadata(location, properties=io).scan().to_arrow()
-    return [int(pk) for pk in table.column("pk").to_pylist()]
+    scan = StaticTable.from_metadata(location, properties=io).scan()
+    files = len(list(scan.plan_files()))
+    return [int(pk) for pk in scan.to_arrow().column("pk").to_pylist()], files
+
+
+def _flushed_pks(s3_store: S3Store, etcd_url: str, ns: str, name: str) -> list[int]:
+    return _committed(s3_store, etcd_url, ns, name)[0]
