@@ -1,6 +1,7 @@
 """The property of issue #15: a reader reading a collection in a loop while
-inserts, deletes, flushes and snapshot expiry with orphan collection run
-never sees a duplicate key, a deleted row or a missing acknowledged row.
+inserts, deletes, flushes, compactions (every other flush round, every shard)
+and snapshot expiry with orphan collection run never sees a duplicate key, a
+deleted row or a missing acknowledged row.
 
 Each read is checked against the producer's own record: every acknowledged
 insert and delete with the timetick the WAL gave it. A read at ``as_of``
@@ -10,7 +11,8 @@ before the read began. Reads at an ``as_of`` older than the current
 checkpoints go back to an older snapshot (or, once it is expired, to the WAL
 alone); "latest" reads use the current snapshot and the tail after it.
 
-Real streaming nodes and WAL, the real flush job and commit (run in-process,
+Real streaming nodes and WAL, the real flush job and commit and the real
+compaction job and its conditional commit (both run in-process,
 ``tests/client/reads.py``), the real expiry and orphan collection with the
 reader pins, pyiceberg reading.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,7 +34,9 @@ from headrace.client.routing import shards_of
 from headrace.table import CatalogConfig, TableCatalog
 from headrace.table.expiry import RetentionOptions
 from headrace.table.maintenance import maintain
-from tests.client.reads import flush_now
+from spark_apps.compact import CompactJob, Outcome, run_in
+from spark_apps.compact_schedule import CompactionPolicy, Selection
+from tests.client.reads import SerialSpark, flush_now
 from tests.node.harness import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -41,6 +46,7 @@ SHARDS = 2
 KEYS = 400
 OPS = 300
 EVERYTHING_GOES = RetentionOptions(max_snapshot_age_s=0, min_snapshots=1, orphan_grace_s=0)
+SMALL_FILES = CompactionPolicy(target_file_bytes=2**20, small_file_bytes=2**20)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,19 +113,48 @@ async def produce(client: HeadraceClient, record: list[Acked], rng: random.Rando
             await asyncio.sleep(rng.random() * 0.02)
 
 
-async def flush_and_expire(
+@dataclasses.dataclass
+class Rounds:
+    flushes: int = 0
+    compactions: int = 0
+    """Compactions that committed (merged files)."""
+
+
+def compact_all(config: CatalogConfig) -> int:
+    """Compact every shard of ``items`` (the real job, tasks run here); how
+    many committed."""
+    committed = 0
+    for shard in range(SHARDS):
+        job = CompactJob(
+            catalog=config,
+            collection="items",
+            shard=shard,
+            run_id=uuid.uuid4().hex[:12],
+            selection=Selection.ALL,
+            policy=SMALL_FILES,
+        )
+        result = run_in(SerialSpark(), job)  # type: ignore[arg-type]
+        committed += result.outcome is Outcome.COMMITTED
+    return committed
+
+
+async def flush_compact_and_expire(
     cluster: Cluster, client: HeadraceClient, warehouse: Path, done: asyncio.Event
-) -> int:
+) -> Rounds:
+    """Flush, every other round compact every shard, then expire snapshots and
+    collect orphans as fast as the pins allow, until ``done``."""
     config = CatalogConfig(cluster.url, str(warehouse), cluster.keys.cluster)
-    rounds = 0
+    rounds = Rounds()
     with TableCatalog.open(config) as catalog:
         while not done.is_set():
             await flush_now(cluster, client, warehouse, "items")
+            rounds.flushes += 1
+            if rounds.flushes % 2 == 0:
+                rounds.compactions += await asyncio.to_thread(compact_all, config)
             pins = await asyncio.to_thread(catalog.reader_pins)
             await asyncio.to_thread(
                 maintain, catalog, "items", EVERYTHING_GOES, pins.get("items", frozenset())
             )
-            rounds += 1
             await asyncio.sleep(0.3)
     return rounds
 
@@ -156,7 +191,9 @@ async def test_a_reader_in_a_loop_matches_the_producers_record(
     done = asyncio.Event()
     async with HeadraceClient(served.url, served.keys.cluster) as client:
         await client.create_collection("items", SCHEMA, "pk", shards=SHARDS)
-        flusher = asyncio.create_task(flush_and_expire(served, client, tmp_path / "wh", done))
+        flusher = asyncio.create_task(
+            flush_compact_and_expire(served, client, tmp_path / "wh", done)
+        )
         reader = asyncio.create_task(read_in_a_loop(client, record, done, random.Random(1)))
         try:
             await produce(client, record, rng)
@@ -167,7 +204,8 @@ async def test_a_reader_in_a_loop_matches_the_producers_record(
         seen = await reader
         final = await client.read("items")
 
-    assert rounds >= 3, f"only {rounds} flush rounds ran"
+    assert rounds.flushes >= 3, f"only {rounds.flushes} flush rounds ran"
+    assert rounds.compactions >= 1, "no compaction committed while the reader read"
     assert len(seen) >= 10, f"only {len(seen)} reads"
     for read in seen:
         assert read.as_of >= read.acked_before, f"{read.how}: as_of before an acknowledged op"
