@@ -11,9 +11,9 @@ The upgrade with downtime (the seed's plan 1), in order (:class:`OfflineAction`)
    no peer and returns at once), and wait until no pchannel is mid-move. What
    every WAL acknowledged is then durable and nothing more is appended; the
    new nodes open every WAL under a new term, which fences the old writers.
-3. **flush**: skipped: no flush runner serves an operator-managed cluster yet
-   (SparkApplications from the operator are issue #15); the WALs keep every
-   acknowledged message across the restart.
+3. **flush**: skipped: the plan does not ask the cluster's flush runs
+   (``spec.flush``) for a flush yet (docs/upgrade.md, Remaining); the WALs
+   keep every acknowledged message across the restart.
 4. **stop-nodes**: tell the cluster's pass to build every node from the target
    (the :data:`~.builders.NODE_IMAGES` annotation; with ``rollback`` it is
    removed, the cluster's own image being the target); it deletes every stale
@@ -66,7 +66,7 @@ class StepState(enum.StrEnum):
 
 
 FLUSH_SKIPPED = (
-    "no flush runner serves an operator-managed cluster (issue #15); "
+    "an Offline plan does not ask for a flush yet (docs/upgrade.md, Remaining); "
     "the WALs keep every acknowledged message, drained and fenced instead"
 )
 
