@@ -327,7 +327,10 @@ class CompactionPolicy(_Model):
         default=8, ge=2, le=100000, description="Compact a shard once it has this many small files."
     )
     max_delete_ratio: float = pydantic.Field(
-        default=0.2, gt=0.0, le=1.0, description="Compact once this share of rows is deleted."
+        default=0.2,
+        ge=0.01,
+        le=1.0,
+        description="Compact once this share of rows is deleted (at least 0.01).",
     )
     target_file_bytes: int = pydantic.Field(
         default=128 * 1024 * 1024, ge=1024 * 1024, le=16 * 1024**3

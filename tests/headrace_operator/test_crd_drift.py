@@ -72,3 +72,25 @@ def test_printer_columns() -> None:
     assignments = crdgen.crd("PChannelAssignment")["spec"]["versions"][0]
     names = [c["name"] for c in assignments["additionalPrinterColumns"]]
     assert names[:5] == ["Cluster", "PChannel", "Node", "Term", "State"]
+
+
+def test_no_schema_uses_a_numeric_exclusive_bound() -> None:
+    """Kubernetes' OpenAPI v3 schemas take exclusiveMinimum/Maximum as booleans
+    beside minimum/maximum; pydantic's gt/lt write JSON Schema's numbers, which
+    the API server refuses when the CRD is applied (this once broke every test
+    that installs the CRDs)."""
+
+    def numeric_bounds(node: object, path: str) -> list[str]:
+        found: list[str] = []
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+                    found.append(f"{path}.{key}")
+                found += numeric_bounds(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                found += numeric_bounds(value, f"{path}[{i}]")
+        return found
+
+    for name, text in crdgen.generate().items():
+        assert numeric_bounds(yaml.safe_load(text), name) == []
