@@ -26,17 +26,21 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from headrace import errors
 from headrace.cluster import ClusterConfig, Keys
 from headrace.metastore.factory import open_metastore
 from headrace.table import CatalogConfig, ObjectStoreOptions, TableCatalog
-from spark_apps.compact import CompactJob, Outcome, run_in
+from spark_apps.compact import CompactionResult, CompactJob, Outcome, run_in
 from spark_apps.compact_schedule import Compact, CompactionPolicy, Failures, next_compaction
 from spark_apps.compactor import Facts, read_facts, read_requests, shard_states
 from spark_apps.flush import spark_session
 from spark_apps.schedule import EXIT_CODES
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("spark_apps.compact_pchannel")
 
@@ -111,33 +115,46 @@ def parse_args(argv: Sequence[str]) -> tuple[PChannelRound, str]:
     return PChannelRound(catalog, args.pchannel, policy), args.master
 
 
+def run_round(job: PChannelRound, session: Callable[[], SparkSession]) -> list[CompactionResult]:
+    """The round: the compactions due on the pchannel, each in the session
+    ``session()`` gives (asked for only when one is due)."""
+    facts, config = asyncio.run(_read(job))
+    steps = due_here(job, facts, config)
+    if not steps:
+        return []
+    spark = session()
+    return [
+        run_in(
+            spark,
+            CompactJob(
+                catalog=job.catalog,
+                collection=step.collection,
+                shard=step.shard,
+                run_id=uuid.uuid4().hex[:12],
+                selection=step.selection,
+                policy=job.policy,
+            ),
+        )
+        for step in steps
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     job, master = parse_args(sys.argv[1:] if argv is None else argv)
+    sessions: list[SparkSession] = []
+
+    def session() -> SparkSession:
+        sessions.append(spark_session(master))
+        return sessions[-1]
+
     try:
-        facts, config = asyncio.run(_read(job))
-        steps = due_here(job, facts, config)
+        results = run_round(job, session)
     except errors.HeadraceError as exc:
         print(f"compaction of {job.pchannel} failed: {exc}", file=sys.stderr)
         return EXIT_CODES.get(exc.code, 1)
-    results = []
-    if steps:
-        spark = spark_session(master)
-        try:
-            for step in steps:
-                compact_job = CompactJob(
-                    catalog=job.catalog,
-                    collection=step.collection,
-                    shard=step.shard,
-                    run_id=uuid.uuid4().hex[:12],
-                    selection=step.selection,
-                    policy=job.policy,
-                )
-                results.append(run_in(spark, compact_job))
-        except errors.HeadraceError as exc:
-            print(f"compaction of {job.pchannel} failed: {exc}", file=sys.stderr)
-            return EXIT_CODES.get(exc.code, 1)
-        finally:
+    finally:
+        for spark in sessions:
             spark.stop()
     print(json.dumps({"pchannel": job.pchannel, "compactions": [r.summary() for r in results]}))
     gave_up = [r for r in results if r.outcome is Outcome.GAVE_UP]
