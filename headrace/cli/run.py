@@ -345,7 +345,8 @@ def standalone_config(
         flush=args.flush,
         warehouse=warehouse_location(args.warehouse),
         spark_master=args.spark_master,
-        log_format=args.log_format,
+        # Set on every command by the CLI's parser (absent when a test builds only these flags).
+        log_format=getattr(args, "log_format", logs.LogFormat.TEXT),
         metrics_listen=args.metrics_listen,
     )
 
