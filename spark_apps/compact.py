@@ -498,11 +498,7 @@ def parse_args(argv: Sequence[str]) -> tuple[CompactJob, str]:
         )
     except errors.InvalidArgument as exc:
         parser.error(str(exc))
-    store = ObjectStoreOptions(
-        endpoint=args.s3_endpoint,
-        access_key=os.environ.get("AWS_ACCESS_KEY_ID", ""),
-        secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
-    )
+    store = ObjectStoreOptions.from_env(args.s3_endpoint)
     job = CompactJob(
         catalog=CatalogConfig(args.metastore, args.warehouse, args.cluster, store),
         collection=args.collection,

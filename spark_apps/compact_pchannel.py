@@ -106,11 +106,7 @@ def parse_args(argv: Sequence[str]) -> tuple[PChannelRound, str]:
         )
     except errors.InvalidArgument as exc:
         parser.error(str(exc))
-    store = ObjectStoreOptions(
-        endpoint=args.s3_endpoint,
-        access_key=os.environ.get("AWS_ACCESS_KEY_ID", ""),
-        secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
-    )
+    store = ObjectStoreOptions.from_env(args.s3_endpoint)
     catalog = CatalogConfig(args.metastore, args.warehouse, args.cluster, store)
     return PChannelRound(catalog, args.pchannel, policy), args.master
 

@@ -222,11 +222,7 @@ def parse_args(argv: Sequence[str]) -> tuple[RangeJob, str]:
     args = parser.parse_args(argv)
     if args.rows_per_file < 1:
         parser.error(f"--rows-per-file must be at least 1, got {args.rows_per_file}")
-    store = ObjectStoreOptions(
-        endpoint=args.s3_endpoint,
-        access_key=os.environ.get("AWS_ACCESS_KEY_ID", ""),
-        secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
-    )
+    store = ObjectStoreOptions.from_env(args.s3_endpoint)
     catalog = CatalogConfig(args.metastore, args.warehouse, args.cluster, store)
     job = RangeJob(
         cluster=args.cluster,

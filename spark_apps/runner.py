@@ -508,11 +508,7 @@ def parse_args(argv: Sequence[str]) -> RunnerOptions:
         warehouse=args.warehouse,
         cluster=args.cluster,
         master=args.master,
-        object_store=ObjectStoreOptions(
-            endpoint=args.s3_endpoint,
-            access_key=os.environ.get("AWS_ACCESS_KEY_ID", ""),
-            secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
-        ),
+        object_store=ObjectStoreOptions.from_env(args.s3_endpoint),
         deadline_s=args.deadline,
         poll_s=args.poll,
         rows_per_file=args.rows_per_file,

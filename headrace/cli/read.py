@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -79,13 +78,7 @@ async def read(args: argparse.Namespace) -> int:
         raise errors.InvalidArgument("--metastore is required (a standalone prints its URL)")
     if args.format == "parquet" and not args.output:
         raise errors.InvalidArgument("--format parquet needs --output FILE")
-    options = ReadOptions(
-        object_store=ObjectStoreOptions(
-            endpoint=args.s3_endpoint,
-            access_key=os.environ.get("AWS_ACCESS_KEY_ID", ""),
-            secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
-        )
-    )
+    options = ReadOptions(object_store=ObjectStoreOptions.from_env(args.s3_endpoint))
     described, rows = await client_api.read_collection(
         args.metastore,
         args.collection,

@@ -41,6 +41,16 @@ class ObjectStoreOptions:
     connect_timeout_s: float = 3.0
     request_timeout_s: float = 30.0
 
+    @classmethod
+    def from_env(cls, endpoint: str) -> ObjectStoreOptions:
+        """``endpoint`` with the keys of ``AWS_ACCESS_KEY_ID`` and
+        ``AWS_SECRET_ACCESS_KEY`` (never flags: ``ps`` shows those)."""
+        return cls(
+            endpoint=endpoint,
+            access_key=os.environ.get("AWS_ACCESS_KEY_ID", ""),
+            secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+        )
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Warehouse:
