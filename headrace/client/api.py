@@ -68,20 +68,16 @@ __all__ = [
 ]
 
 
-async def _node_wals(node: dict[str, Any], timeout: float) -> NodeWALs | None:
+async def _node_wals(node: dict[str, Any], pool: ChannelPool, timeout: float) -> NodeWALs | None:
     """What a running node reports of its WALs; None if it is not running or answers not."""
     if not node["alive"]:
         return None
-    pool = ChannelPool(tls=ClientTLS.from_env())
-    pool.tls_mode = lambda address: TLSMode(node.get("tls") or TLSMode.OFF)
     try:
         manager = ManagerClient(node["address"], pool.get(node["address"]), timeout=timeout)
         return await manager.list_wals(timeout=timeout)
     except errors.HeadraceError as exc:
         log.info("node %s did not list its WALs: %s", node["node_id"], exc)
         return None
-    finally:
-        await pool.close()
 
 
 async def cluster_status(
@@ -94,7 +90,13 @@ async def cluster_status(
     report = await status(metastore_url, cluster)
     nodes: list[dict[str, Any]] = list(report["nodes"])  # type: ignore[call-overload]
     pchannels: list[dict[str, Any]] = list(report["pchannels"])  # type: ignore[call-overload]
-    listed = await asyncio.gather(*(_node_wals(n, probe_timeout) for n in nodes))
+    modes = {n["address"]: TLSMode(n.get("tls") or TLSMode.OFF) for n in nodes if n["alive"]}
+    pool = ChannelPool(tls=ClientTLS.from_env())
+    pool.tls_mode = lambda address: modes.get(address, TLSMode.OFF)
+    try:
+        listed = await asyncio.gather(*(_node_wals(n, pool, probe_timeout) for n in nodes))
+    finally:
+        await pool.close()
     now = tso.now_ms()
     by_pchannel: dict[str, tuple[str, WALStatus]] = {}
     for node, wals in zip(nodes, listed, strict=True):
