@@ -114,7 +114,7 @@ def _key_prefix(key: str) -> bytes:
     return prefix
 
 
-def _encode_properties(props: Mapping[str, str]) -> bytes:
+def encode_properties(props: Mapping[str, str]) -> bytes:
     if not props:
         return b""
     if len(props) > 0xFFFF:
@@ -164,7 +164,7 @@ def _encode(msg: Message, max_size: int) -> bytes:
     if properties:
         if size + 2 + 6 * len(properties) > max_size:  # too large even without the text
             raise _too_large(size + _properties_size(properties), len(payload), max_size)
-        props = _encode_properties(properties)
+        props = encode_properties(properties)
         size += len(props)
     if size > max_size:
         raise _too_large(size, len(payload), max_size)
@@ -262,13 +262,13 @@ def decode(data: bytes | memoryview, *, verify: bool = True) -> Message:
         pos += 8
     props: dict[str, str] = {}
     if rlen:
-        props = _decode_properties(view[pos : pos + rlen])
+        props = decode_properties(view[pos : pos + rlen])
         pos += rlen
     payload = bytes(view[pos : pos + plen])
     return Message(_TYPES[tcode], vch, payload, props, tt, term, txn_id)
 
 
-def _decode_properties(view: memoryview) -> dict[str, str]:
+def decode_properties(view: memoryview) -> dict[str, str]:
     try:
         (count,) = _U16.unpack_from(view, 0)
         pos = 2

@@ -1,0 +1,308 @@
+"""Record batches: message format version 2 (documented in docs/message-format.md).
+
+A batch is the unit of append, storage and delivery: the client encodes the
+messages of one vchannel into one batch; the node checks the batch as a whole
+(:func:`verify`), stamps its timetick and term in place (:func:`stamp`) and
+stores it as one backend record. Message ``i`` of a batch stored as record
+``R`` has id ``R.with_index(i)`` and the batch's timetick and term (a batch is
+atomic, as in Kafka).
+
+Layout (little endian)::
+
+    0   2  magic b"HB"
+    2   1  format version (2)
+    3   1  flags: bit 0 transactional (every record is part of txn id),
+                  bit 1 system (written by the WAL itself: time ticks, fences)
+    4   4  batch length L (every byte of the batch, this header included)
+    8   8  timetick   \\ the stamp: 0 from the client, set by the WAL on
+    16  8  term       /  append without touching the rest of the batch
+    24  4  CRC32C of bytes 8..24 (the stamp), written by whoever stamps
+    28  4  CRC32C of bytes 32..L (everything after it), written by the client
+    32  4  record count N (at least 1)
+    36  4  reserved, 0
+    40  8  producer id (0: none; then the batch is not deduplicated)
+    48  8  sequence of the batch in its producer's stream
+    56  8  txn id (0 outside a transaction)
+    64  2  vchannel length V (0 for pchannel-wide system batches)
+    66  V  vchannel (UTF-8)
+
+then N records, each::
+
+    0   4  record length R (the bytes after this field)
+    4   1  message type code
+    5   1  record flags (0; reserved)
+    6   2  reserved, 0
+    8   4  properties block length P (format 1's encoding: u16 count, then
+           per entry u16 key length, key, u32 value length, value)
+    12  P  properties
+    .   .  payload (the remaining R - 8 - P bytes)
+
+A record's offset in the batch is its position: records are never removed
+from a stored batch, so an explicit offset delta would always equal it.
+The batch carries no base id: the backend gives the stored record its id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Sequence
+
+import crc32c
+
+from headrace import errors
+from headrace.message import codec
+from headrace.message.types import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    EMPTY_PROPERTIES,
+    MESSAGE_SLOT_SETTERS,
+    Message,
+    MessageType,
+)
+
+MAGIC = b"HB"
+FORMAT_VERSION = 2
+FLAG_TXN = 0x01
+FLAG_SYSTEM = 0x02
+_KNOWN_FLAGS = FLAG_TXN | FLAG_SYSTEM
+_PREFIX = struct.Struct("<2sBBI")  # magic, version, flags, length
+_STAMP = struct.Struct("<QQ")
+_CRC = struct.Struct("<I")
+_BODY = struct.Struct("<IIQQQH")  # count, reserved, producer, sequence, txn, vlen
+HEADER_SIZE = 66
+"""Bytes of the header before the vchannel."""
+_STAMP_AT, _STAMP_CRC_AT, _BODY_CRC_AT, _BODY_AT = 8, 24, 28, 32
+_RECORD = struct.Struct("<IBBHI")  # length, type, flags, reserved, properties length
+RECORD_HEADER_SIZE = _RECORD.size  # 12
+_TYPES = {int(t): t for t in MessageType}
+_crc = crc32c.crc32c
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """What a producer says of a batch besides its messages."""
+
+    vchannel: str = ""
+    producer_id: int = 0
+    sequence: int = 0
+    txn_id: int = 0
+    system: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The fixed fields of a batch, read without touching its records."""
+
+    flags: int
+    length: int
+    timetick: int
+    term: int
+    count: int
+    producer_id: int
+    sequence: int
+    txn_id: int
+    vchannel: str
+    records_at: int
+    """Offset of the first record."""
+
+    @property
+    def transactional(self) -> bool:
+        return bool(self.flags & FLAG_TXN)
+
+    @property
+    def system(self) -> bool:
+        return bool(self.flags & FLAG_SYSTEM)
+
+
+def is_batch(data: bytes | bytearray | memoryview) -> bool:
+    """Whether ``data`` starts like a batch (format 2) rather than a format 1 message."""
+    return bytes(data[:2]) == MAGIC
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds a batch must keep: each message's size as format 1 counts it, and the batch's."""
+
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_batch_bytes: int = 4 * DEFAULT_MAX_MESSAGE_BYTES
+
+
+def encode(messages: Sequence[Message], info: BatchInfo, limits: Limits = Limits()) -> bytes:
+    """Encode ``messages`` (all of ``info.vchannel`` and ``info.txn_id``) as one unstamped batch.
+
+    InvalidArgument for an empty batch, a message of another vchannel or
+    transaction, or values the format cannot hold; MessageTooLarge (nothing
+    built) for a message or a batch over ``limits``.
+    """
+    if not messages:
+        raise errors.InvalidArgument("a batch holds at least one message")
+    try:
+        vch = info.vchannel.encode()
+    except UnicodeError as exc:
+        raise errors.InvalidArgument(f"vchannel is not encodable as UTF-8: {exc}") from None
+    if len(vch) > 0xFFFF:
+        raise errors.InvalidArgument("vchannel name longer than 65535 bytes")
+    parts: list[bytes] = []
+    append = parts.append
+    pack_record = _RECORD.pack
+    encode_props = codec.encode_properties
+    size = HEADER_SIZE + len(vch)
+    overhead = codec.HEADER_SIZE + len(vch) + 4 + (8 if info.txn_id else 0)
+    max_message = limits.max_message_bytes
+    for i, msg in enumerate(messages):
+        if msg.vchannel != info.vchannel or msg.txn_id != info.txn_id:
+            raise errors.InvalidArgument(
+                f"message {i} of a batch for vchannel {errors.quoted(info.vchannel)} "
+                f"(txn {info.txn_id}) is for vchannel {errors.quoted(msg.vchannel)} "
+                f"(txn {msg.txn_id}): a batch holds one vchannel's messages of one transaction"
+            )
+        try:
+            props = encode_props(msg.properties) if msg.properties else b""
+        except UnicodeError as exc:
+            raise errors.InvalidArgument(f"message text is not encodable as UTF-8: {exc}") from None
+        payload = msg.payload
+        if overhead + len(props) + len(payload) > max_message:
+            raise errors.MessageTooLarge(
+                f"message {i} of the batch is {overhead + len(props) + len(payload)} bytes "
+                f"(payload {len(payload)}), over the maximum of {max_message} bytes; "
+                "nothing was written"
+            )
+        append(pack_record(8 + len(props) + len(payload), msg.type, 0, 0, len(props)))
+        if props:
+            append(props)
+        append(payload)
+        size += RECORD_HEADER_SIZE + len(props) + len(payload)
+    if size > limits.max_batch_bytes:
+        raise errors.MessageTooLarge(
+            f"batch of {len(messages)} messages is {size} bytes, over the maximum of "
+            f"{limits.max_batch_bytes} bytes; nothing was written"
+        )
+    flags = (FLAG_TXN if info.txn_id else 0) | (FLAG_SYSTEM if info.system else 0)
+    try:
+        body_head = _BODY.pack(
+            len(messages), 0, info.producer_id, info.sequence, info.txn_id, len(vch)
+        )
+    except struct.error as exc:
+        raise errors.InvalidArgument(
+            f"batch field out of range (producer id, sequence and txn id are 0..2**64-1): {exc}"
+        ) from None
+    body_crc = _crc(vch, _crc(body_head))
+    for part in parts:
+        body_crc = _crc(part, body_crc)
+    stamp = _STAMP.pack(0, 0)
+    head = (
+        _PREFIX.pack(MAGIC, FORMAT_VERSION, flags, size)
+        + stamp
+        + _CRC.pack(_crc(stamp))
+        + _CRC.pack(body_crc)
+        + body_head
+        + vch
+    )
+    return b"".join([head, *parts])
+
+
+def read_header(data: bytes | bytearray | memoryview) -> BatchHeader:
+    """The batch's header, checked (magic, version, flags, length, stamp CRC); no body CRC."""
+    size = len(data)
+    if size < HEADER_SIZE:
+        raise errors.CorruptData(f"batch of {size} bytes is shorter than its header")
+    magic, version, flags, length = _PREFIX.unpack_from(data)
+    if magic != MAGIC:
+        raise errors.CorruptData(f"bad batch magic {bytes(magic)!r}; not a Headrace record batch")
+    if version != FORMAT_VERSION:
+        raise errors.CorruptData(
+            f"unsupported batch format version {version} (this release reads batches of "
+            f"format {FORMAT_VERSION})"
+        )
+    if flags & ~_KNOWN_FLAGS:
+        raise errors.CorruptData(f"unknown batch flags {flags:#04x}")
+    if length != size:
+        raise errors.CorruptData(f"batch length {size} does not match its header ({length})")
+    view = memoryview(data)
+    (stamp_crc,) = _CRC.unpack_from(data, _STAMP_CRC_AT)
+    if _crc(view[_STAMP_AT:_STAMP_CRC_AT]) != stamp_crc:
+        raise errors.CorruptData("batch stamp CRC mismatch (timetick or term damaged)")
+    timetick, term = _STAMP.unpack_from(data, _STAMP_AT)
+    count, _res, producer, sequence, txn_id, vlen = _BODY.unpack_from(data, _BODY_AT)
+    records_at = HEADER_SIZE + vlen
+    if count < 1 or records_at > size:
+        raise errors.CorruptData(f"batch header is inconsistent: {count} records, vchannel {vlen}")
+    try:
+        vchannel = bytes(view[HEADER_SIZE:records_at]).decode()
+    except UnicodeDecodeError:
+        raise errors.CorruptData("batch vchannel is not valid UTF-8") from None
+    if bool(flags & FLAG_TXN) != bool(txn_id):
+        raise errors.CorruptData("batch transactional flag does not match its txn id")
+    return BatchHeader(
+        flags, length, timetick, term, count, producer, sequence, txn_id, vchannel, records_at
+    )
+
+
+def verify(data: bytes | bytearray | memoryview) -> BatchHeader:
+    """Check a whole batch without decoding its messages: header, body CRC and
+    record framing (lengths, type codes, count). CorruptData naming the first fault."""
+    header = read_header(data)
+    view = memoryview(data)
+    (body_crc,) = _CRC.unpack_from(data, _BODY_CRC_AT)
+    if _crc(view[_BODY_AT:]) != body_crc:
+        raise errors.CorruptData("batch CRC mismatch")
+    pos, end, count = header.records_at, header.length, 0
+    unpack = _RECORD.unpack_from
+    types = _TYPES
+    while pos < end:
+        if end - pos < RECORD_HEADER_SIZE:
+            raise errors.CorruptData(f"record {count} of the batch is cut short")
+        length, tcode, _flags, _res, plen = unpack(data, pos)
+        if tcode not in types:
+            raise errors.CorruptData(f"record {count} of the batch has unknown type code {tcode}")
+        if length < 8 + plen or pos + 4 + length > end:
+            raise errors.CorruptData(f"record {count} of the batch has a bad length")
+        pos += 4 + length
+        count += 1
+    if count != header.count:
+        raise errors.CorruptData(f"batch holds {count} records, its header says {header.count}")
+    return header
+
+
+def stamp(data: bytearray, timetick: int, term: int) -> None:
+    """Set the batch's timetick and term in place (and the stamp's CRC)."""
+    _STAMP.pack_into(data, _STAMP_AT, timetick, term)
+    _CRC.pack_into(data, _STAMP_CRC_AT, _crc(memoryview(data)[_STAMP_AT:_STAMP_CRC_AT]))
+
+
+def messages(data: bytes, verified: BatchHeader | None = None) -> list[Message]:
+    """The batch's messages in order, with its timetick and term; CorruptData on bad input.
+
+    ``verified``: the result of :func:`verify` on the same bytes, when the
+    caller has it (the batch is then not checked again); None checks it.
+    """
+    header = verify(data) if verified is None else verified
+    out: list[Message] = []
+    append = out.append
+    unpack = _RECORD.unpack_from
+    types = _TYPES
+    new = object.__new__
+    set_type, set_vch, set_payload, set_props, set_tt, set_term, set_txn = MESSAGE_SLOT_SETTERS
+    vch, tt, term, txn = header.vchannel, header.timetick, header.term, header.txn_id
+    pos, end = header.records_at, header.length
+    view = memoryview(data)
+    for _ in range(header.count):
+        length, tcode, _flags, _res, plen = unpack(data, pos)
+        start = pos + RECORD_HEADER_SIZE
+        stop = pos + 4 + length
+        msg = new(Message)
+        set_type(msg, types[tcode])
+        set_vch(msg, vch)
+        if plen:
+            set_props(msg, codec.decode_properties(view[start : start + plen]))
+        else:
+            set_props(msg, EMPTY_PROPERTIES)
+        set_payload(msg, data[start + plen : stop])
+        set_tt(msg, tt)
+        set_term(msg, term)
+        set_txn(msg, txn)
+        append(msg)
+        pos = stop
+    if pos != end:
+        raise errors.CorruptData("batch records do not end where the batch does")
+    return out

@@ -1,0 +1,175 @@
+"""Record batches (message format 2): round trips, stamping, and every corruption case."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headrace import errors
+from headrace.message import batch, codec
+from headrace.message.types import Message, MessageType
+
+vchannels = st.one_of(
+    st.just(""), st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,40}", fullmatch=True)
+)
+text = st.text(max_size=12)
+records = st.tuples(
+    st.sampled_from(list(MessageType)),
+    st.binary(max_size=300),
+    st.dictionaries(text, text, max_size=4),
+)
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[list[Message], batch.BatchInfo]:
+    info = batch.BatchInfo(
+        vchannel=draw(vchannels),
+        producer_id=draw(st.integers(0, 2**64 - 1)),
+        sequence=draw(st.integers(0, 2**64 - 1)),
+        txn_id=draw(st.integers(0, 2**64 - 1)),
+        system=draw(st.booleans()),
+    )
+    found = draw(st.lists(records, min_size=1, max_size=20))
+    msgs = [Message(t, info.vchannel, p, props, 0, 0, info.txn_id) for t, p, props in found]
+    return msgs, info
+
+
+def sample(count: int = 3) -> bytes:
+    msgs = [Message(MessageType.INSERT, "v1", b"row-%d" % i, {"k": str(i)}) for i in range(count)]
+    return batch.encode(msgs, batch.BatchInfo("v1", producer_id=7, sequence=11))
+
+
+@given(batches(), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_round_trip_with_the_stamp(
+    found: tuple[list[Message], batch.BatchInfo], timetick: int, term: int
+) -> None:
+    msgs, info = found
+    data = bytearray(batch.encode(msgs, info))
+    assert batch.is_batch(data) and not batch.is_batch(codec.encode(msgs[0]))
+    header = batch.verify(data)
+    assert (header.timetick, header.term) == (0, 0)
+    batch.stamp(data, timetick, term)
+    header = batch.verify(data)  # stamping leaves the client's CRC valid
+    assert (header.count, header.vchannel, header.txn_id) == (len(msgs), info.vchannel, info.txn_id)
+    assert (header.producer_id, header.sequence) == (info.producer_id, info.sequence)
+    assert header.system == info.system and header.transactional == bool(info.txn_id)
+    stamped = [m.with_stamp(timetick, term) for m in msgs]
+    assert batch.messages(bytes(data)) == stamped
+    assert batch.messages(bytes(data), header) == stamped
+
+
+@given(batches(), st.data())
+def test_any_damaged_byte_is_found(
+    found: tuple[list[Message], batch.BatchInfo], data: st.DataObject
+) -> None:
+    msgs, info = found
+    good = bytearray(batch.encode(msgs, info))
+    batch.stamp(good, 5, 6)
+    at = data.draw(st.integers(0, len(good) - 1))
+    bad = bytearray(good)
+    bad[at] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(errors.CorruptData):
+        batch.messages(bytes(bad))
+
+
+def test_a_damaged_stamp_is_named() -> None:
+    data = bytearray(sample())
+    batch.stamp(data, 100, 2)
+    data[9] ^= 0x40  # inside the timetick
+    with pytest.raises(errors.CorruptData, match="stamp CRC"):
+        batch.read_header(data)
+
+
+def test_cut_short_or_extended_batches_are_refused() -> None:
+    data = sample()
+    for bad, match in (
+        (data[:10], "shorter than its header"),
+        (data[:-1], "does not match its header"),
+        (data + b"\0", "does not match its header"),
+    ):
+        with pytest.raises(errors.CorruptData, match=match):
+            batch.verify(bad)
+
+
+def test_a_format_1_message_or_other_bytes_are_not_batches() -> None:
+    msg = codec.encode(Message(MessageType.INSERT, "v1", b"x"))
+    with pytest.raises(errors.CorruptData, match="bad batch magic"):
+        batch.read_header(msg + bytes(batch.HEADER_SIZE))
+
+
+def test_a_newer_version_names_both() -> None:
+    data = bytearray(sample())
+    data[2] = 3
+    with pytest.raises(errors.CorruptData, match="version 3.*format 2"):
+        batch.read_header(data)
+
+
+def _recrc(data: bytearray) -> bytearray:
+    """Fix the body CRC of a tampered batch so the check under test is reached."""
+    struct.pack_into("<I", data, 28, crc32c.crc32c(bytes(data[32:])))
+    return data
+
+
+def test_record_count_and_framing_are_checked_beyond_the_crc() -> None:
+    data = bytearray(sample(3))
+    struct.pack_into("<I", data, 32, 4)  # header says four records
+    with pytest.raises(errors.CorruptData, match="holds 3 records, its header says 4"):
+        batch.verify(_recrc(data))
+    data = bytearray(sample(3))
+    first = batch.HEADER_SIZE + 2  # vchannel "v1"
+    data[first + 4] = 200  # unknown type code
+    with pytest.raises(errors.CorruptData, match="unknown type code 200"):
+        batch.verify(_recrc(data))
+    data = bytearray(sample(3))
+    struct.pack_into("<I", data, first, 1_000)  # record runs past the batch
+    with pytest.raises(errors.CorruptData, match="record 0 of the batch has a bad length"):
+        batch.verify(_recrc(data))
+
+
+def test_flags_must_match_the_txn_id_and_be_known() -> None:
+    data = bytearray(sample())
+    data[3] = batch.FLAG_TXN  # no txn id in the header
+    with pytest.raises(errors.CorruptData, match="transactional flag"):
+        batch.read_header(data)
+    data[3] = 0x80
+    with pytest.raises(errors.CorruptData, match="unknown batch flags"):
+        batch.read_header(data)
+
+
+def test_a_batch_holds_one_vchannel_and_one_transaction() -> None:
+    msgs = [Message(MessageType.INSERT, "v1", b"a"), Message(MessageType.INSERT, "v2", b"b")]
+    with pytest.raises(errors.InvalidArgument, match="message 1 .* one vchannel"):
+        batch.encode(msgs, batch.BatchInfo("v1"))
+    msgs = [Message(MessageType.INSERT, "v1", b"a", txn_id=3)]
+    with pytest.raises(errors.InvalidArgument, match="txn 3"):
+        batch.encode(msgs, batch.BatchInfo("v1"))
+    with pytest.raises(errors.InvalidArgument, match="at least one message"):
+        batch.encode([], batch.BatchInfo("v1"))
+
+
+def test_sizes_are_checked_per_message_as_format_1_counts_them_and_per_batch() -> None:
+    msg = Message(MessageType.INSERT, "v1", bytes(1000))
+    limit = codec.encoded_size(msg)
+    assert batch.encode([msg], batch.BatchInfo("v1"), batch.Limits(max_message_bytes=limit))
+    with pytest.raises(errors.MessageTooLarge, match="message 0 of the batch.*nothing was written"):
+        batch.encode([msg], batch.BatchInfo("v1"), batch.Limits(max_message_bytes=limit - 1))
+    with pytest.raises(errors.MessageTooLarge, match="batch of 5 messages.*nothing was written"):
+        batch.encode([msg] * 5, batch.BatchInfo("v1"), batch.Limits(max_batch_bytes=4000))
+
+
+def test_out_of_range_header_values_are_invalid_arguments() -> None:
+    msgs = [Message(MessageType.INSERT, "v1", b"a")]
+    with pytest.raises(errors.InvalidArgument, match="out of range"):
+        batch.encode(msgs, batch.BatchInfo("v1", producer_id=2**64))
+
+
+def test_properties_are_format_1_encoded_and_damage_to_them_is_named() -> None:
+    data = bytearray(sample(1))
+    props_at = batch.HEADER_SIZE + 2 + batch.RECORD_HEADER_SIZE
+    data[props_at] = 9  # property count 9 (one is there)
+    with pytest.raises(errors.CorruptData, match="malformed message properties"):
+        batch.messages(bytes(_recrc(data)))
