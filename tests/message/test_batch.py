@@ -104,7 +104,7 @@ def test_a_format_1_message_or_other_bytes_are_not_batches() -> None:
 def test_a_newer_version_names_both() -> None:
     data = bytearray(sample())
     data[2] = 3
-    with pytest.raises(errors.CorruptData, match="version 3.*format 2"):
+    with pytest.raises(errors.CorruptData, match=r"version 3.*format 2"):
         batch.read_header(data)
 
 
@@ -142,7 +142,7 @@ def test_flags_must_match_the_txn_id_and_be_known() -> None:
 
 def test_a_batch_holds_one_vchannel_and_one_transaction() -> None:
     msgs = [Message(MessageType.INSERT, "v1", b"a"), Message(MessageType.INSERT, "v2", b"b")]
-    with pytest.raises(errors.InvalidArgument, match="message 1 .* one vchannel"):
+    with pytest.raises(errors.InvalidArgument, match=r"message 1 .* one vchannel"):
         batch.encode(msgs, batch.BatchInfo("v1"))
     msgs = [Message(MessageType.INSERT, "v1", b"a", txn_id=3)]
     with pytest.raises(errors.InvalidArgument, match="txn 3"):
@@ -155,9 +155,11 @@ def test_sizes_are_checked_per_message_as_format_1_counts_them_and_per_batch() -
     msg = Message(MessageType.INSERT, "v1", bytes(1000))
     limit = codec.encoded_size(msg)
     assert batch.encode([msg], batch.BatchInfo("v1"), batch.Limits(max_message_bytes=limit))
-    with pytest.raises(errors.MessageTooLarge, match="message 0 of the batch.*nothing was written"):
+    with pytest.raises(
+        errors.MessageTooLarge, match=r"message 0 of the batch.*nothing was written"
+    ):
         batch.encode([msg], batch.BatchInfo("v1"), batch.Limits(max_message_bytes=limit - 1))
-    with pytest.raises(errors.MessageTooLarge, match="batch of 5 messages.*nothing was written"):
+    with pytest.raises(errors.MessageTooLarge, match=r"batch of 5 messages.*nothing was written"):
         batch.encode([msg] * 5, batch.BatchInfo("v1"), batch.Limits(max_batch_bytes=4000))
 
 
