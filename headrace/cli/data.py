@@ -55,7 +55,8 @@ def add_consume_args(p: argparse.ArgumentParser) -> None:
         "--from",
         dest="start",
         default="earliest",
-        help="earliest, latest, or a message id such as local:42",
+        help="earliest, latest, or a message id such as local:42 "
+        "(local:42/3: the 4th message of the batch in record 42)",
     )
     p.add_argument(
         "--count", type=non_negative_int, default=0, help="stop after N data messages (0: never)"

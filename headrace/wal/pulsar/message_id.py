@@ -30,6 +30,13 @@ class PulsarMessageID(ids.MessageID):
     """Position of a message in a Pulsar topic."""
 
     backend: ClassVar[str] = "pulsar"
+    # ``batch`` is Pulsar's own batch index: the position of a message in a
+    # batch the Pulsar *client* built (client-side batching, which this
+    # backend's producer turns off, so it is -1). It belongs to the stored
+    # record's id. It is not ``MessageID.index`` (inherited), the position of
+    # a Headrace message in the record batch Headrace stores as one Pulsar
+    # message: ``pulsar:12:0/3`` is the 4th message of the record at ledger
+    # 12, entry 0 (batch -1).
     __slots__ = ("batch", "entry", "ledger", "partition")
 
     def __init__(self, ledger: int, entry: int, partition: int = -1, batch: int = -1) -> None:
