@@ -2,10 +2,13 @@
 
 A batch is the unit of append, storage and delivery: the client encodes the
 messages of one vchannel into one batch; the node checks the batch as a whole
-(:func:`verify`), stamps its timetick and term in place (:func:`stamp`) and
+(:func:`verify`), stamps its base timetick and term in place (:func:`stamp`) and
 stores it as one backend record. Message ``i`` of a batch stored as record
-``R`` has id ``R.with_index(i)`` and the batch's timetick and term (a batch is
-atomic, as in Kafka).
+``R`` has id ``R.with_index(i)``, timetick ``base timetick + i`` and the
+batch's term. The WAL reserves the batch's ``N`` timeticks at once, so
+timeticks still strictly increase message by message in log order (which the
+write-ahead buffer, scanners, checkpoints and as-of reads rely on), and the
+batch is atomic: all of its messages become readable together, or none.
 
 Layout (little endian)::
 
@@ -14,8 +17,8 @@ Layout (little endian)::
     3   1  flags: bit 0 transactional (every record is part of txn id),
                   bit 1 system (written by the WAL itself: time ticks, fences)
     4   4  batch length L (every byte of the batch, this header included)
-    8   8  timetick   \\ the stamp: 0 from the client, set by the WAL on
-    16  8  term       /  append without touching the rest of the batch
+    8   8  base timetick \\ the stamp: 0 from the client, set by the WAL on
+    16  8  term          /  append without touching the rest of the batch
     24  4  CRC32C of bytes 8..24 (the stamp), written by whoever stamps
     28  4  CRC32C of bytes 32..L (everything after it), written by the client
     32  4  record count N (at least 1)
@@ -52,6 +55,7 @@ import crc32c
 
 from headrace import errors
 from headrace.message import codec
+from headrace.message.formats import RELEASE_FORMATS, describe
 from headrace.message.types import (
     DEFAULT_MAX_MESSAGE_BYTES,
     EMPTY_PROPERTIES,
@@ -95,7 +99,8 @@ class BatchHeader:
 
     flags: int
     length: int
-    timetick: int
+    base_timetick: int
+    """Timetick of the first message; message ``i`` has ``base_timetick + i``."""
     term: int
     count: int
     producer_id: int
@@ -104,6 +109,11 @@ class BatchHeader:
     vchannel: str
     records_at: int
     """Offset of the first record."""
+
+    @property
+    def last_timetick(self) -> int:
+        """Timetick of the batch's last message."""
+        return self.base_timetick + self.count - 1
 
     @property
     def transactional(self) -> bool:
@@ -211,8 +221,8 @@ def read_header(data: bytes | bytearray | memoryview) -> BatchHeader:
         raise errors.CorruptData(f"bad batch magic {bytes(magic)!r}; not a Headrace record batch")
     if version != FORMAT_VERSION:
         raise errors.CorruptData(
-            f"unsupported batch format version {version} (this release reads batches of "
-            f"format {FORMAT_VERSION})"
+            f"unsupported message format version {version} "
+            f"(this release reads {describe(RELEASE_FORMATS.reads)}): written by a newer release?"
         )
     if flags & ~_KNOWN_FLAGS:
         raise errors.CorruptData(f"unknown batch flags {flags:#04x}")
@@ -233,6 +243,8 @@ def read_header(data: bytes | bytearray | memoryview) -> BatchHeader:
         raise errors.CorruptData("batch vchannel is not valid UTF-8") from None
     if bool(flags & FLAG_TXN) != bool(txn_id):
         raise errors.CorruptData("batch transactional flag does not match its txn id")
+    if timetick + count > 1 << 64:
+        raise errors.CorruptData(f"batch timeticks from {timetick} for {count} records overflow")
     return BatchHeader(
         flags, length, timetick, term, count, producer, sequence, txn_id, vchannel, records_at
     )
@@ -264,26 +276,48 @@ def verify(data: bytes | bytearray | memoryview) -> BatchHeader:
     return header
 
 
-def stamp(data: bytearray, timetick: int, term: int) -> None:
-    """Set the batch's timetick and term in place (and the stamp's CRC)."""
-    _STAMP.pack_into(data, _STAMP_AT, timetick, term)
+def stamp(data: bytearray, base_timetick: int, term: int) -> None:
+    """Set the batch's base timetick and term in place (and the stamp's CRC)."""
+    _STAMP.pack_into(data, _STAMP_AT, base_timetick, term)
     _CRC.pack_into(data, _STAMP_CRC_AT, _crc(memoryview(data)[_STAMP_AT:_STAMP_CRC_AT]))
 
 
 def messages(data: bytes, verified: BatchHeader | None = None) -> list[Message]:
-    """The batch's messages in order, with its timetick and term; CorruptData on bad input.
+    """The batch's messages in order, stamped; CorruptData on bad input.
 
     ``verified``: the result of :func:`verify` on the same bytes, when the
     caller has it (the batch is then not checked again); None checks it.
     """
     header = verify(data) if verified is None else verified
+    try:
+        return _messages(data, header)
+    except (struct.error, KeyError) as exc:  # a header not from verify() over bad bytes
+        raise errors.CorruptData(f"batch records are malformed: {exc!r}") from None
+
+
+def record_types(data: bytes, verified: BatchHeader) -> list[MessageType]:
+    """The message type of each record, in order, without decoding the records."""
+    out: list[MessageType] = []
+    unpack, types = _RECORD.unpack_from, _TYPES
+    pos = verified.records_at
+    try:
+        for _ in range(verified.count):
+            length, tcode, _flags, _res, _plen = unpack(data, pos)
+            out.append(types[tcode])
+            pos += 4 + length
+    except (struct.error, KeyError) as exc:
+        raise errors.CorruptData(f"batch records are malformed: {exc!r}") from None
+    return out
+
+
+def _messages(data: bytes, header: BatchHeader) -> list[Message]:
     out: list[Message] = []
     append = out.append
     unpack = _RECORD.unpack_from
     types = _TYPES
     new = object.__new__
     set_type, set_vch, set_payload, set_props, set_tt, set_term, set_txn = MESSAGE_SLOT_SETTERS
-    vch, tt, term, txn = header.vchannel, header.timetick, header.term, header.txn_id
+    vch, tt, term, txn = header.vchannel, header.base_timetick, header.term, header.txn_id
     pos, end = header.records_at, header.length
     view = memoryview(data)
     for _ in range(header.count):
@@ -299,6 +333,7 @@ def messages(data: bytes, verified: BatchHeader | None = None) -> list[Message]:
             set_props(msg, EMPTY_PROPERTIES)
         set_payload(msg, data[start + plen : stop])
         set_tt(msg, tt)
+        tt += 1
         set_term(msg, term)
         set_txn(msg, txn)
         append(msg)

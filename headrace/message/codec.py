@@ -187,6 +187,18 @@ def _encode(msg: Message, max_size: int) -> bytes:
     return b"".join((prefix, payload, _CRC.pack(crc)))
 
 
+def _unreadable(version: int) -> str:
+    if version in _READS:  # a format this release reads, but not as this envelope
+        return (
+            f"message envelope of format version {version}: only format {FORMAT_VERSION} "
+            f"uses this envelope (format {version} records are batches)"
+        )
+    return (
+        f"unsupported message format version {version} "
+        f"(this release reads {describe(_READS)}): written by a newer release?"
+    )
+
+
 def _unwritable(format_version: int) -> str:
     return (
         f"cannot encode message format version {format_version} "
@@ -207,11 +219,8 @@ def _check_header(data: bytes | memoryview) -> tuple[int, int, int, int, int, in
     magic, version, tcode, flags, _res, vlen, tt, term, plen, rlen = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise errors.CorruptData(f"bad message magic {bytes(magic)!r}; not a Headrace message")
-    if version not in _READS:
-        raise errors.CorruptData(
-            f"unsupported message format version {version} "
-            f"(this release reads {describe(_READS)}): written by a newer release?"
-        )
+    if version != FORMAT_VERSION:
+        raise errors.CorruptData(_unreadable(version))
     if tcode not in _KNOWN_TYPES:
         raise errors.CorruptData(f"unknown message type code {tcode}")
     expected = HEADER_SIZE + vlen + (8 if flags & _FLAG_TXN else 0) + rlen + plen + 4

@@ -66,8 +66,9 @@ class FormatSupport:
         return f"reads {describe(self.reads)}, writes {describe(self.writes)}"
 
 
-RELEASE_FORMATS = FormatSupport.of(reads={1}, writes={1})
-"""What this release's codec reads and can write."""
+RELEASE_FORMATS = FormatSupport.of(reads={1, 2}, writes={1})
+"""What this release's codec reads and can write: format 1 messages
+(:mod:`.codec`) and format 2 record batches (:mod:`.batch`)."""
 
 LEGACY_FORMATS = FormatSupport.of(reads={DEFAULT_FORMAT}, writes={DEFAULT_FORMAT})
 """What a node record without advertised formats means."""

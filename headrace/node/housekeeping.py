@@ -279,7 +279,8 @@ class Housekeeper:
         if below is None or (applied is not None and below <= applied.below):
             return applied
         try:
-            await self.manager.backend.truncate(pchannel, below)
+            # Backends know record ids: a bound inside a batch keeps its record.
+            await self.manager.backend.truncate(pchannel, below.record_id())
         except errors.HeadraceError as exc:
             log.warning(
                 "truncating %s below %s failed, retried next pass: %s", pchannel, below, exc

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from headrace import errors
-from headrace.message import codec
+from headrace.message import codec, records
 from headrace.message.formats import RELEASE_FORMATS, write_refusal
 from headrace.message.ids import MessageID
 from headrace.message.types import (
@@ -289,8 +289,8 @@ class WAL:
             dedup = DedupWindow(options.dedup_window)
             segments = None if collections is None else SegmentTable(options.segments)
             if last_record is not None:
-                last_msg = codec.decode(last_record.data)
-                last = Position(last_record.id, last_msg.timetick)
+                last_id, last_msg = records.last_entry(last_record.id, last_record.data)
+                last = Position(last_id, last_msg.timetick)
                 scan = None
                 summary = None
                 if collections is not None and segments is not None:

@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Callable
 
 from headrace import errors
-from headrace.message import codec, ids
+from headrace.message import ids, records
 from headrace.message.ids import MessageID
 from headrace.message.types import Message
 from headrace.wal.api import AppendResult
@@ -255,33 +255,34 @@ async def _read(
     observe: Callable[[MessageID, Message], None] | None,
 ) -> Span:
     start, last, before = bounds
-    position = StartPosition.earliest() if start is None else StartPosition.at(start)
+    # Backends know record ids: a start inside a batch reads the whole record.
+    position = StartPosition.earliest() if start is None else StartPosition.at(start.record_id())
     pairs: list[Pair] = []
     anchor: MessageID | None = None
     read = 0
     reader = await backend.open_reader(pchannel, position)
     try:
         while True:
-            records = await reader.next_batch(1024, timeout=READ_TIMEOUT_S)
-            if not records:
+            got = await reader.next_batch(1024, timeout=READ_TIMEOUT_S)
+            if not got:
                 raise errors.Unavailable(
                     f"rebuilding the dedup window of {pchannel}: no record arrived within "
                     f"{READ_TIMEOUT_S:g} s after {read} read from {position.id or 'the start'} "
                     f"(the last record is {last}); the open fails so that it is retried "
                     "rather than serving with a partial window"
                 )
-            for record in records:
+            for record in got:
                 if before is not None and record.id >= before:
                     return Span(tuple(pairs), anchor, start is None)
                 read += 1
-                msg = codec.decode(record.data)
-                if observe is not None:
-                    observe(record.id, msg)
-                if msg.properties:
-                    pair = logged_pair(record.id, msg)
-                    if pair is not None:
-                        pairs.append(pair)
-                    anchor = anchor_of(msg) or anchor
+                for mid, msg in records.entries(record.id, record.data):
+                    if observe is not None:
+                        observe(mid, msg)
+                    if msg.properties:
+                        pair = logged_pair(mid, msg)
+                        if pair is not None:
+                            pairs.append(pair)
+                        anchor = anchor_of(msg) or anchor
                 if record.id >= last:
                     return Span(tuple(pairs), anchor, start is None)
     finally:

@@ -23,13 +23,13 @@ from collections.abc import Callable
 from typing import Literal
 
 from headrace import errors
-from headrace.message import codec
+from headrace.message import records
 from headrace.message.codec import Skipped
 from headrace.message.ids import MessageID
 from headrace.message.types import LogEntry
 from headrace.wal.api import DeliverPolicy, ReadOptions
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
-from headrace.wal.contract import Backend, BackendReader, StartPosition
+from headrace.wal.contract import Backend, BackendReader, StartKind, StartPosition
 from headrace.wal.delivery import Delivery
 from headrace.wal.interceptors.txn import DEFAULT_MAX_TXN_BYTES
 
@@ -77,6 +77,12 @@ class Scanner:
         self._closed = False
         self._mode: Mode = "catchup"
         self._cursor = 0
+        self._skip: Skip | None = None
+        """Messages of the first record read to drop (a start inside a batch)."""
+        self._fallback: StartPosition | None = None
+        """Where to read from if the start record turns out truncated, until a
+        first record arrives (backends report truncation at open or at the
+        first read)."""
         pos, self._start = self._initial_position()
         # The last consumed position, kept unpacked (it changes per entry).
         self._pos_known = pos is not None
@@ -203,10 +209,26 @@ class Scanner:
     async def open(self) -> None:
         """Open the backend reader now if catching up (else on the first read)."""
         if self._mode == "catchup" and self._reader is None:
-            try:
-                self._reader = await self._backend.open_reader(self._pchannel, self._start)
-            except errors.Truncated as exc:
-                raise await self._named_truncation(exc) from None
+            start = record_start(self._start)
+            opened = await _try_open(self._backend, self._pchannel, start.position)
+            if isinstance(opened, errors.Truncated):
+                if start.fallback is None:
+                    raise await self._named_truncation(opened)
+                await self._fall_back(start.fallback)
+                return
+            self._reader, self._skip, self._fallback = opened, start.skip, start.fallback
+
+    async def _fall_back(self, fallback: StartPosition) -> None:
+        """The start record is gone (truncated): open after it, as a start after a
+        record always did; nothing of it is left to skip into."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.close()
+        self._skip = self._fallback = None
+        try:
+            self._reader = await self._backend.open_reader(self._pchannel, fallback)
+        except errors.Truncated as exc:
+            raise await self._named_truncation(exc) from None
 
     async def close(self) -> None:
         self._closed = True
@@ -280,26 +302,41 @@ class Scanner:
         try:
             block = await self._reader.next_block(self._batch, timeout=wait)
         except errors.Truncated as exc:
-            raise await self._named_truncation(exc) from None
+            if self._fallback is None:
+                raise await self._named_truncation(exc) from None
+            await self._fall_back(self._fallback)
+            return True
         except errors.CorruptData as exc:
             if self._on_corrupt is not None:
                 self._on_corrupt(exc)
             raise
         if not block.ids:
             return False
+        self._fallback = None
         # A block the backend verified skips the messages' own CRC (it covers
         # the same bytes); records the filter rejects are not decoded in full.
-        self._raw.extend(
-            codec.decode_block(
-                block.data,
-                block.bounds,
-                block.ids,
-                verify=not block.verified,
-                keep=self._delivery.header_filter,
-            )
+        decoded = records.decode_block(
+            block.data,
+            block.bounds,
+            block.ids,
+            verify=not block.verified,
+            keep=self._delivery.header_filter,
         )
+        if self._skip is not None:
+            decoded = self._past_start(decoded)
+        self._raw.extend(decoded)
         self._raw_accepted = True
         return True
+
+    def _past_start(self, decoded: list[LogEntry | Skipped]) -> list[LogEntry | Skipped]:
+        """``decoded`` without the messages before the start (see :func:`record_start`)."""
+        skip = self._skip
+        assert skip is not None
+        keep = next((i for i, e in enumerate(decoded) if not skip.drops(e.id)), None)
+        if keep is None:
+            return []
+        self._skip = None
+        return decoded[keep:] if keep else decoded
 
     def _take(self, out: list[LogEntry], room: int) -> None:
         """Move up to ``room`` deliverable entries to ``out``, consuming read ones.
@@ -377,6 +414,59 @@ class Scanner:
 
 def _after(mid: MessageID | None) -> StartPosition:
     return StartPosition.earliest() if mid is None else StartPosition.after(mid)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Skip:
+    """Messages a reader opened at a record drops before its real start."""
+
+    bound: MessageID
+    inclusive: bool
+
+    def drops(self, mid: MessageID) -> bool:
+        return mid <= self.bound if self.inclusive else mid < self.bound
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordStart:
+    """Where a backend reader opens for a start position, in records (backends
+    know record ids only), and what the scanner then drops."""
+
+    position: StartPosition
+    skip: Skip | None = None
+    fallback: StartPosition | None = None
+    """Where to open instead if ``position``'s record was truncated away."""
+
+
+def record_start(start: StartPosition) -> RecordStart:
+    """The backend start for ``start`` (pure).
+
+    A message of a record batch has an id with an index, and the messages
+    after it may be in the same record: a start at or after a message opens
+    the backend at its record and drops what comes before. A start after a
+    record id (index 0) cannot tell whether that record holds more messages,
+    so it opens there too; if that record is gone (truncated) it opens after
+    it instead, as it always did.
+    """
+    mid = start.id
+    if mid is None:
+        return RecordStart(start)
+    record = mid.record_id()
+    if start.kind is StartKind.AT:
+        if mid.index == 0:
+            return RecordStart(start)
+        return RecordStart(StartPosition.at(record), Skip(mid, inclusive=False))
+    fallback = StartPosition.after(record) if mid.index == 0 else None
+    return RecordStart(StartPosition.at(record), Skip(mid, inclusive=True), fallback)
+
+
+async def _try_open(
+    backend: Backend, pchannel: str, start: StartPosition
+) -> BackendReader | errors.Truncated:
+    try:
+        return await backend.open_reader(pchannel, start)
+    except errors.Truncated as exc:
+        return exc
 
 
 async def open_backend_scanner(

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from headrace.message.formats import RELEASE_FORMATS, describe
 from tests.cli.closed_pipe import cli_into_closed_pipe
 from tests.cli.standalone_proc import Standalone
 
@@ -225,20 +226,25 @@ def test_node_logs_in_normal_operation(standalone: Standalone) -> None:
 
 
 def test_format_show_and_a_refused_switch(standalone: Standalone) -> None:
+    """The standalone's nodes advertise this release's formats; a switch to a
+    format no node writes is refused, naming each node's."""
     url = standalone.url
+    reads, writes = sorted(RELEASE_FORMATS.reads), sorted(RELEASE_FORMATS.writes)
     out = cli("format", "show", "--metastore", url, "--json")
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout)
-    assert shown["message_format"] == 1 and shown["common_writable"] == 1
+    assert shown["message_format"] == 1 and shown["common_writable"] == max(writes)
     assert shown["nodes"] == {
-        "node-0": {"reads": [1], "writes": [1]},
-        "node-1": {"reads": [1], "writes": [1]},
+        "node-0": {"reads": reads, "writes": writes},
+        "node-1": {"reads": reads, "writes": writes},
     }
-    out = cli("format", "set", "2", "--metastore", url)
+    unwritten = max(reads) + 1
+    out = cli("format", "set", str(unwritten), "--metastore", url)
     assert out.returncode == 2, out.stderr
+    each = f"(reads {describe(reads)}, writes {describe(writes)})"
     assert (
-        "cannot switch cluster 'default' to message format 2: not every registered node can "
-        "read and write format 2: node-0 (reads {1}, writes {1}), node-1 (reads {1}, writes {1})"
+        f"cannot switch cluster 'default' to message format {unwritten}: not every registered "
+        f"node can read and write format {unwritten}: node-0 {each}, node-1 {each}"
     ) in out.stderr
     out = cli("format", "set", "1", "--metastore", url, "--json")
     assert out.returncode == 0, out.stderr
@@ -246,8 +252,8 @@ def test_format_show_and_a_refused_switch(standalone: Standalone) -> None:
     report = status(url)
     assert report["message_format"] == 1
     assert {(n["node_id"], tuple(n["reads"]), tuple(n["writes"])) for n in report["nodes"]} == {
-        ("node-0", (1,), (1,)),
-        ("node-1", (1,), (1,)),
+        ("node-0", tuple(reads), tuple(writes)),
+        ("node-1", tuple(reads), tuple(writes)),
     }
     assert all(p["formats"] == [1] and p["reason"] == "" for p in report["pchannels"])
     assert "message format 1" in cli("status", "--metastore", url).stdout

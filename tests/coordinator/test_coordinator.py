@@ -542,10 +542,11 @@ async def test_a_pchannel_waits_for_a_node_that_can_read_its_log(
     store: Metastore, monitor: TermMonitor
 ) -> None:
     """The coordinator reads the formats written in each log: a pchannel whose
-    log holds format 2 waits UNAVAILABLE (saying why) while only format-1
-    nodes run, and goes to the first node that reads it."""
+    log holds a format this release does not read (3) waits UNAVAILABLE
+    (saying why) while only this release's nodes run, and goes to the first
+    node that reads it."""
     names = PCHANNELS[:3]
-    await store.put(KEYS.log_format(names[0]), LogFormats(written=(1, 2)).to_json())
+    await store.put(KEYS.log_format(names[0]), LogFormats(written=(1, 3)).to_json())
     nodes = {"node-a": await SimNode(store, KEYS, "node-a").start()}
     try:
         async with running(Coordinator(store, CLUSTER, fast_config(pchannels=names))):
@@ -561,10 +562,10 @@ async def test_a_pchannel_waits_for_a_node_that_can_read_its_log(
 
             snapshot = await wait_for(store, CLUSTER, waiting, 15)
             assert snapshot.assignments[names[0]].reason == (
-                "no eligible node: node-a: its log holds message format {2}, which a node "
-                "that reads {1}, writes {1} cannot read"
+                "no eligible node: node-a: its log holds message format {3}, which a node "
+                f"that {RELEASE_FORMATS} cannot read"
             )
-            reader = FormatSupport.of({1, 2}, {1})
+            reader = FormatSupport.of({1, 2, 3}, {1})
             nodes["node-b"] = await SimNode(store, KEYS, "node-b", formats=reader).start()
 
             def placed(s: ClusterSnapshot) -> bool:

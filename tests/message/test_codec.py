@@ -179,14 +179,14 @@ def test_unencodable_values_are_invalid_arguments(msg: Message) -> None:
         codec.encode(msg)
 
 
-@pytest.mark.parametrize("version", [0, 2, 255])
+@pytest.mark.parametrize("version", [0, 3, 255])
 def test_unknown_format_names_both_versions(version: int) -> None:
     """A log entry of a format this release does not read: the error names the
     entry's version and the formats this release reads, in decode, peek and
     decode_block alike."""
     good = codec.encode(sample())
     bad = recrc(good[:2] + bytes([version]) + good[3:])
-    expected = rf"format version {version} \(this release reads \{{1\}}\)"
+    expected = rf"format version {version} \(this release reads \{{1, 2\}}\)"
     with pytest.raises(errors.CorruptData, match=expected):
         codec.decode(bad)
     with pytest.raises(errors.CorruptData, match=expected):
@@ -194,3 +194,11 @@ def test_unknown_format_names_both_versions(version: int) -> None:
     ids = [MID(1)]
     with pytest.raises(errors.CorruptData, match=expected):
         codec.decode_block(bad, [0, len(bad)], ids)
+
+
+def test_a_format_1_envelope_saying_format_2_is_named_as_such() -> None:
+    """Format 2 is stored as record batches, never in this envelope."""
+    good = codec.encode(sample())
+    bad = recrc(good[:2] + bytes([2]) + good[3:])
+    with pytest.raises(errors.CorruptData, match=r"envelope of format version 2.*are batches"):
+        codec.decode(bad)

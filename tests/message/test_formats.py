@@ -22,7 +22,7 @@ def supports(draw: st.DrawFn) -> FormatSupport:
 
 
 def test_release_declares_format_1_and_the_codec_follows_it() -> None:
-    assert FormatSupport.of({1}, {1}) == formats.RELEASE_FORMATS
+    assert FormatSupport.of({1, 2}, {1}) == formats.RELEASE_FORMATS
     assert FormatSupport.of({1}, {1}) == formats.LEGACY_FORMATS
     data = codec.encode(Message(MessageType.INSERT, "v", b"x"), format_version=1)
     assert data[2] == 1

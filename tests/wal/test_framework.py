@@ -379,7 +379,7 @@ def test_a_message_format_this_release_cannot_write_is_refused(version: int) -> 
     with pytest.raises(
         errors.InvalidArgument,
         match=rf"message_format: the cluster writes message format {version}, which this "
-        r"release cannot write \(reads \{1\}, writes \{1\}\)",
+        r"release cannot write \(reads \{1, 2\}, writes \{1\}\)",
     ):
         WALOptions(message_format=version)
 

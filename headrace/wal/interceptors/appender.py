@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from headrace import errors
 from headrace.guarded import TaskFailure, guarded_task
-from headrace.message import codec
+from headrace.message import codec, records
 from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.tso import TimestampAllocator
@@ -456,13 +456,15 @@ class Appender:
                 f"cannot tell what the backend holds after a failed append: {exc}"
             )
             return
-        if record is None or record.id == self.last_id:
+        if record is None:
             return
         try:
-            msg = codec.decode(record.data)
+            last_id, msg = records.last_entry(record.id, record.data)
         except errors.CorruptData as exc:
             self.failure = exc
             return
-        self.last_id = record.id
+        if last_id == self.last_id:
+            return
+        self.last_id = last_id
         self._stamp.last_timetick = max(self._stamp.last_timetick, msg.timetick)
-        self._buffer.reset(Position(record.id, msg.timetick))
+        self._buffer.reset(Position(last_id, msg.timetick))

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from headrace import errors
-from headrace.message import codec
+from headrace.message import batch, codec
 from headrace.wal.local import files, scan
 from headrace.wal.local.backend import PCHANNEL_PATTERN
 from headrace.wal.local.chain import Link
@@ -75,6 +75,10 @@ def _dump_segment(link: Link, marker: int) -> Iterator[DumpRow]:
 
 def _row(mid: str, data: bytes, segment_term: int) -> DumpRow:
     try:
+        if batch.is_batch(data):
+            head = batch.read_header(data)
+            kind = f"BATCH[{head.count}]"
+            return DumpRow(mid, kind, head.vchannel, head.base_timetick, head.term, len(data))
         header = codec.peek(data)
     except errors.CorruptData as exc:
         return DumpRow(mid, "?", "", 0, segment_term, len(data), exc.message)

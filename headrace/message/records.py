@@ -1,0 +1,124 @@
+"""Stored records of either message format, as log entries.
+
+A backend record holds one format 1 message (:mod:`.codec`) or one record
+batch of format 2 (:mod:`.batch`); which one, its first two bytes say. A
+log written before a cluster switched formats holds both. Message ``i`` of a
+batch stored as record ``R`` has id ``R.with_index(i)`` (``R`` itself for
+``i == 0``); a format 1 record's message has the record's id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from headrace import errors
+from headrace.message import batch, codec
+from headrace.message.codec import HeaderFilter, Skipped
+from headrace.message.ids import MessageID
+from headrace.message.types import LogEntry, Message, MessageType
+
+_BATCH = batch.MAGIC
+_new_tuple = tuple.__new__
+
+
+def message_id(record_id: MessageID, index: int) -> MessageID:
+    """Id of message ``index`` of the record ``record_id``."""
+    return record_id.with_index(index) if index else record_id
+
+
+def entries(record_id: MessageID, data: bytes) -> list[LogEntry]:
+    """Every message of one record, checked; CorruptData on bad input."""
+    if not data.startswith(_BATCH):
+        return [LogEntry(record_id, codec.decode(data))]
+    msgs = batch.messages(data)
+    return [LogEntry(message_id(record_id, i), msg) for i, msg in enumerate(msgs)]
+
+
+def last_entry(record_id: MessageID, data: bytes) -> LogEntry:
+    """The last message of one record (its id and message), checked."""
+    if not data.startswith(_BATCH):
+        return LogEntry(record_id, codec.decode(data))
+    msgs = batch.messages(data)
+    return LogEntry(message_id(record_id, len(msgs) - 1), msgs[-1])
+
+
+def decode_block(
+    data: bytes,
+    bounds: Sequence[int],
+    ids: Sequence[MessageID],
+    *,
+    verify: bool = True,
+    keep: HeaderFilter | None = None,
+) -> list[LogEntry | Skipped]:
+    """:func:`codec.decode_block` for records of either format.
+
+    Runs of format 1 records go to :func:`codec.decode_block` as they are; a
+    batch comes back as its messages, in order. With ``keep``, the messages
+    of a batch without a txn id that ``keep`` rejects come back as
+    :class:`Skipped`: a batch of a vchannel not kept as one Skipped (its
+    last message, with the type of a DDL record inside if there is one, so a
+    reader still sees where a collection's transactions end), and single
+    rejected messages of a kept batch (type and timetick filters) each as one.
+    """
+    if len(bounds) != 2 * len(ids):
+        raise errors.InvalidArgument(
+            f"a block of {len(ids)} records needs {2 * len(ids)} bounds, got {len(bounds)}"
+        )
+    starts = bounds[::2]
+    first = next((i for i, start in enumerate(starts) if data.startswith(_BATCH, start)), None)
+    if first is None:  # format 1 only (every log written before format 2)
+        return codec.decode_block(data, bounds, ids, verify=verify, keep=keep)
+    out: list[LogEntry | Skipped] = []
+    run = 0  # first record of the current format 1 run
+    for i, start in enumerate(starts):
+        if i < first or not data.startswith(_BATCH, start):
+            continue
+        if run < i:
+            out += codec.decode_block(
+                data, bounds[2 * run : 2 * i], ids[run:i], verify=verify, keep=keep
+            )
+        run = i + 1
+        _expand(ids[i], data[start : bounds[2 * i + 1]], verify, keep, out)
+    if run < len(ids):
+        out += codec.decode_block(data, bounds[2 * run :], ids[run:], verify=verify, keep=keep)
+    return out
+
+
+def _expand(
+    record_id: MessageID,
+    data: bytes,
+    verify: bool,
+    keep: HeaderFilter | None,
+    out: list[LogEntry | Skipped],
+) -> None:
+    header = batch.verify(data) if verify else batch.read_header(data)
+    vch, term = header.vchannel, header.term
+    if keep is not None and not header.txn_id:
+        if keep.vchannels and vch and vch not in keep.vchannels:
+            types = batch.record_types(data, header)
+            kind = next((t for t in types if t.is_ddl), types[-1])
+            last = message_id(record_id, header.count - 1)
+            out.append(_new_tuple(Skipped, (last, kind, vch, header.last_timetick, term)))
+            return
+        if keep.types or header.base_timetick < keep.min_timetick:
+            _filtered(record_id, data, header, keep, out)
+            return
+    msgs = batch.messages(data, header)
+    out += [_new_tuple(LogEntry, (message_id(record_id, i), m)) for i, m in enumerate(msgs)]
+
+
+def _filtered(
+    record_id: MessageID,
+    data: bytes,
+    header: batch.BatchHeader,
+    keep: HeaderFilter,
+    out: list[LogEntry | Skipped],
+) -> None:
+    msgs: list[Message] = batch.messages(data, header)
+    for i, msg in enumerate(msgs):
+        mid = message_id(record_id, i)
+        kind: MessageType = msg.type
+        if keep.accepts(kind, msg.vchannel, msg.timetick):
+            out.append(_new_tuple(LogEntry, (mid, msg)))
+        else:
+            out.append(_new_tuple(Skipped, (mid, kind, msg.vchannel, msg.timetick, msg.term)))
