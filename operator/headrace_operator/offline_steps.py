@@ -103,7 +103,9 @@ async def advance_offline(p: UpgradePass, control: ClusterControl, stop: StopSta
     if decision.act is Act.FLUSH:
         problem = await request_flush(p, control)
         if problem:
-            return _overdue(p, decision, stop) or failed(problem, retryable=True)
+            refused = dataclasses.replace(decision, why=problem)
+            p.plan = step_states(refused, names, previous, now, flush)
+            return _overdue(p, refused, stop) or failed(problem, retryable=True)
         assert p.flush is not None
         requested = dataclasses.replace(decision, why=requested_why(p.flush))
         p.plan = step_states(requested, names, previous, now, flush)

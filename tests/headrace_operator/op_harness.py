@@ -169,8 +169,12 @@ class FlushRecorder(MetastoreControl):
         super().__init__(control.metastore, control.keys.cluster, control.runner)
         self.requests = requests
         self.simulate = simulate
+        self.refusal = ""
+        """When set, every request fails with it (Unavailable), as when no node answers."""
 
     async def request_flush(self) -> FlushRequested:
+        if self.refusal:
+            raise errors.Unavailable(self.refusal)
         requested = await (self._simulated() if self.simulate else super().request_flush())
         self.requests.append(requested)
         return requested
@@ -275,6 +279,8 @@ class Bed:
     passes: int = 0
     flush_requests: list[FlushRequested] = dataclasses.field(default_factory=list)
     """Every flush request the steps made (:class:`FlushRecorder`)."""
+    flush_refusal: str = ""
+    """Every flush request fails with this (see :class:`FlushRecorder`)."""
 
     def replica(self, identity: str) -> Bed:
         """The same bed as seen by another operator replica: its own
@@ -303,7 +309,9 @@ class Bed:
         control = runner.control()
         if control is None:
             return None
-        return FlushRecorder(control, self.flush_requests, simulate=not self.real)
+        recorder = FlushRecorder(control, self.flush_requests, simulate=not self.real)
+        recorder.refusal = self.flush_refusal
+        return recorder
 
     async def serve_spark(self) -> None:
         """Serve the SparkApplication APIs (the flush runs' kinds)."""

@@ -290,3 +290,35 @@ async def test_a_cluster_without_collections_flushes_nothing_and_goes_on(bed: Be
     step = flush_step(body)
     assert (step["state"], step["message"]) == ("Done", "0 collection(s), nothing to flush")
     assert len(bed.flush_requests) == 1
+
+
+async def test_a_flush_request_that_keeps_failing_is_retried_then_blocked(bed: Bed) -> None:
+    if bed.real:
+        pytest.skip("the fake bed's nodes can refuse on demand")
+    await flushing_cluster(bed, "deaf", 2)
+    await add_collections(bed, "deaf")
+    bed.flush_refusal = "no node answered (connection refused)"
+    await create_plan(bed, "deaf-up", "deaf", mode="Offline", flushTimeoutSeconds=10)
+
+    async def retrying() -> bool:
+        await upgrade_pass(bed, "deaf-up")
+        body = await plan_body(bed, "deaf-up")
+        return bool(body["status"].get("plan")) and flush_step(body)["state"] == "Running"
+
+    await bed.until("deaf", retrying, what="the flush step running", timeout=60)
+    body = await plan_body(bed, "deaf-up")
+    assert body["status"]["phase"] == "Running"
+    assert flush_step(body)["message"] == (
+        "cannot request a flush of every collection: no node answered (connection refused)"
+    )
+    assert "flush" not in body["status"], "nothing recorded: the next pass asks again"
+    body = await drive(bed, "deaf", "deaf-up", ("Blocked", "Succeeded"), seen={}, timeout=60)
+    assert body["status"]["phase"] == "Blocked"
+    assert condition(body, "Blocked")["message"].startswith(
+        "flush has not finished within 10s: cannot request a flush of every collection: "
+        "no node answered (connection refused); writes stay stopped"
+    )
+    bed.flush_refusal = ""  # the nodes answer again: the next pass's request goes through
+    body = await drive(bed, "deaf", "deaf-up", ("Running",), seen={}, timeout=60)
+    assert len(bed.flush_requests) == 1, "once the nodes answer, the request goes through"
+    assert body["status"]["flush"]["collections"] == len(COLLECTIONS)
