@@ -171,6 +171,17 @@ def test_the_nodes_already_told_never_go_back_to_the_flush() -> None:
     assert decide(told).step is OfflineAction.START_NODES
 
 
+def test_a_flush_seen_done_stays_done_when_a_later_read_fails() -> None:
+    """Once every checkpoint was seen at its target (``done`` recorded), a
+    checkpoint read that fails later does not turn the step into a skip."""
+    seen_done = RECORD.model_copy(update={"done": LATER})
+    later = FlushFacts(configured=True, record=seen_done, unreadable="etcd timed out")
+    assert later.done
+    finish = decide(dataclasses.replace(FENCED, told=True, flush=later))
+    assert step_states(finish, [], [], NOW, later)[2].state == "Done"
+    assert not FlushFacts(configured=True, record=RECORD, unreadable="etcd timed out").done
+
+
 def test_the_record_round_trips_and_is_rebuilt_from_the_checkpoints() -> None:
     assert RECORD.requested == NOW and RECORD.collections == 2 and RECORD.done == ""
     assert [(t.pchannel, t.target) for t in RECORD.pchannels] == [
