@@ -44,7 +44,7 @@ async def _events(kube: Kube, namespace: str, name: str) -> list[str]:
     return [e["reason"] for e in events if e["involvedObject"].get("name") == name]
 
 
-async def _secret(kube: Kube, ns: str, s3_store: S3Store) -> None:
+async def s3_secret(kube: Kube, ns: str, s3_store: S3Store) -> None:
     keys = {"AWS_ACCESS_KEY_ID": s3_store.access_key, "AWS_SECRET_ACCESS_KEY": s3_store.secret_key}
     secret = {
         "apiVersion": "v1",
@@ -118,8 +118,8 @@ async def test_flush_runs_complete_and_failed_or_hung_runs_are_retried(
     stand_in = SparkStandIn(kube, KUBEFLOW_API, ns, e2e.work / "spark")
     try:
         await kube.apply(kubeflow_crd())
-        await until(lambda: _served(kube, KUBEFLOW_API), "SparkApplication served", limit=60)
-        await _secret(kube, ns, s3_store)
+        await until(lambda: spark_served(kube, KUBEFLOW_API), "SparkApplication served", limit=60)
+        await s3_secret(kube, ns, s3_store)
         stand_in.inject("hang", "fail")
         stand_in.start()
         await _flushing_cluster(e2e, kube, s3_store, name)
@@ -159,8 +159,8 @@ async def test_flush_runs_on_the_apache_api_when_asked(e2e: E2E, s3_store: S3Sto
     stand_in = SparkStandIn(kube, APACHE_API, ns, e2e.work / "spark-apache")
     try:
         await kube.apply(apache_crd())
-        await until(lambda: _served(kube, APACHE_API), "SparkApplication served", limit=60)
-        await _secret(kube, ns, s3_store)
+        await until(lambda: spark_served(kube, APACHE_API), "SparkApplication served", limit=60)
+        await s3_secret(kube, ns, s3_store)
         stand_in.start()
         compaction = {"enabled": True, "intervalSeconds": 10, "minSmallFiles": 2}
         await _flushing_cluster(
@@ -173,7 +173,7 @@ async def test_flush_runs_on_the_apache_api_when_asked(e2e: E2E, s3_store: S3Sto
         await _insert(e2e, ns, name, range(100, 200))
 
         def compacted() -> bool:
-            pks, files = _committed(s3_store, e2e.etcd_url, ns, name)
+            pks, files = committed(s3_store, e2e.etcd_url, ns, name)
             return files == 1 and sorted(pks) == list(range(200))
 
         # The second flush makes a second small file; a compaction run (main
@@ -207,7 +207,7 @@ async def test_flush_runs_on_the_apache_api_when_asked(e2e: E2E, s3_store: S3Sto
         kube.close()
 
 
-async def _served(kube: Kube, api: str) -> bool:
+async def spark_served(kube: Kube, api: str) -> bool:
     listing = await kube.call("GET", f"/apis/{api}")
     return any(r.get("kind") == "SparkApplication" for r in (listing or {}).get("resources", []))
 
@@ -222,7 +222,7 @@ async def _ready(kube: Kube, ns: str, name: str) -> bool:
     return condition(await _body(kube, ns, name), "Ready").get("status") == "True"
 
 
-def _committed(s3_store: S3Store, etcd_url: str, ns: str, name: str) -> tuple[list[int], int]:
+def committed(s3_store: S3Store, etcd_url: str, ns: str, name: str) -> tuple[list[int], int]:
     """The primary keys of the committed ``items`` table and its data files
     (pyiceberg, not Spark)."""
     options = ObjectStoreOptions(
@@ -238,4 +238,4 @@ def _committed(s3_store: S3Store, etcd_url: str, ns: str, name: str) -> tuple[li
 
 
 def _flushed_pks(s3_store: S3Store, etcd_url: str, ns: str, name: str) -> list[int]:
-    return _committed(s3_store, etcd_url, ns, name)[0]
+    return committed(s3_store, etcd_url, ns, name)[0]

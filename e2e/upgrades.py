@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import headrace
@@ -102,19 +102,23 @@ def plan_manifest(bed: UpgradeBed, image: str, **spec: Any) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def cluster_for(e2e: E2E, shape: Shape) -> AsyncIterator[Kube]:
-    """The scenario's cluster applied; on the way out its plan and it deleted,
-    and waited for until its pods are gone."""
+async def cluster_for(
+    e2e: E2E, shape: Shape, flush: Mapping[str, Any] | None = None
+) -> AsyncIterator[Kube]:
+    """The scenario's cluster applied (with ``flush`` as its flush section);
+    on the way out its plan and it deleted, and waited for until its pods are
+    gone."""
     kube = e2e.admin()
-    await kube.apply(
-        cluster_manifest(
-            shape.name,
-            e2e.namespace,
-            e2e.etcd_endpoint,
-            nodes=shape.nodes,
-            pchannels=shape.pchannels,
-        )
+    body = cluster_manifest(
+        shape.name,
+        e2e.namespace,
+        e2e.etcd_endpoint,
+        nodes=shape.nodes,
+        pchannels=shape.pchannels,
     )
+    if flush is not None:
+        body["spec"]["flush"] = dict(flush)
+    await kube.apply(body)
     try:
         yield kube
     finally:

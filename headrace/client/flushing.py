@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from headrace import errors
 from headrace.cluster import Keys
@@ -77,6 +77,27 @@ def progress(
             if not caught_up(checkpoints.get(pchannel), target)
         )
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FlushRequested:
+    """A flush of several collections, requested and not waited for."""
+
+    collections: tuple[str, ...]
+    targets: Mapping[str, MessageID]
+    """Per pchannel, the latest acknowledged request (:func:`merge_targets`)."""
+
+
+def merge_targets(requests: Iterable[Mapping[str, MessageID]]) -> dict[str, MessageID]:
+    """Per pchannel, the latest of several flush requests' targets (pure): a
+    checkpoint at or past it covers every one of them (flushes of several
+    collections sharing pchannels)."""
+    merged: dict[str, MessageID] = {}
+    for targets in requests:
+        for pchannel, target in targets.items():
+            known = merged.get(pchannel)
+            merged[pchannel] = target if known is None or known < target else known
+    return merged
 
 
 async def read_checkpoints(

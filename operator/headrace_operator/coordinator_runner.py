@@ -19,9 +19,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from headrace import errors
+from headrace.client import HeadraceClient
+from headrace.client.flushing import FlushRequested, merge_targets, read_checkpoints
 from headrace.cluster import Keys
 from headrace.coordinator import (
     ClusterAdmin,
@@ -35,6 +37,7 @@ from headrace.coordinator.formats import FormatSwitch, set_cluster_format
 from headrace.coordinator.snapshot import ClusterSnapshot
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
+from headrace.table.records import CheckpointRecord
 from headrace.wal.registry import load_id_classes
 from headrace_operator.builders import ClusterRef
 from headrace_operator.models import StreamingClusterSpec
@@ -128,6 +131,19 @@ class MetastoreControl:
     async def flush_channels(self) -> list[Channel | Unreadable]:
         load_id_classes()  # the seals' positions are ids of the cluster's WAL backend
         return await read_channels(self.metastore, self.keys)
+
+    async def request_flush(self) -> FlushRequested:
+        client = HeadraceClient(
+            f"the metastore of {self.keys.cluster}", self.keys.cluster, metastore=self.metastore
+        )
+        async with client:
+            collections = [c.name for c in await client.list_collections()]
+            outcomes = [await client.flush(name, wait=False) for name in collections]
+        return FlushRequested(tuple(collections), merge_targets(o.targets for o in outcomes))
+
+    async def checkpoints(self, pchannels: Sequence[str]) -> dict[str, CheckpointRecord | None]:
+        load_id_classes()  # the checkpoints' positions are ids of the cluster's WAL backend
+        return await read_checkpoints(self.metastore, self.keys, list(pchannels))
 
     def coordinator_error(self) -> str:
         return "" if self.runner is None else self.runner.error

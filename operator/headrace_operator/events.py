@@ -50,6 +50,8 @@ class Reason(enum.StrEnum):
     UPGRADE_FORMAT_SWITCHED = "UpgradeFormatSwitched"
     UPGRADE_WRITES_STOPPED = "UpgradeWritesStopped"
     UPGRADE_WRITES_RESUMED = "UpgradeWritesResumed"
+    UPGRADE_FLUSH_REQUESTED = "UpgradeFlushRequested"
+    UPGRADE_FLUSHED = "UpgradeFlushed"
     SPARK_RUN_CREATED = "SparkRunCreated"
     SPARK_RUN_COMPLETED = "SparkRunCompleted"
     SPARK_RUN_FAILED = "SparkRunFailed"

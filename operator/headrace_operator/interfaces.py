@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from headrace.client.flushing import FlushRequested
 from headrace.coordinator.formats import FormatSwitch
 from headrace.coordinator.snapshot import ClusterSnapshot
 from headrace.coordinator.writestop import StopState
+from headrace.table.records import CheckpointRecord
 from headrace_operator.models import StreamingClusterSpec
 from spark_apps.schedule import Channel, Unreadable
 
@@ -94,6 +96,13 @@ class ClusterControl(Protocol):
 
     async def flush_channels(self) -> Sequence[Channel | Unreadable]:
         """Per pchannel with a seal: its seal, checkpoint and Assignment."""
+
+    async def request_flush(self) -> FlushRequested:
+        """Ask every shard owner of every live collection for a flush (flush
+        requests pass a write stop); per pchannel the latest request acknowledged."""
+
+    async def checkpoints(self, pchannels: Sequence[str]) -> Mapping[str, CheckpointRecord | None]:
+        """The pchannels' flush checkpoints, read at one revision."""
 
     def coordinator_error(self) -> str:
         """Why the in-process coordinator cannot run ("" when it can)."""

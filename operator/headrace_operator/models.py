@@ -753,6 +753,14 @@ class UpgradePlanSpec(_Model):
         le=86400,
         description="How long a node's drain may take before the plan is Blocked.",
     )
+    flush_timeout_seconds: int = pydantic.Field(
+        default=1800,
+        ge=10,
+        le=86400,
+        description="Offline plans of a cluster with a flush section: how long every "
+        "pchannel's flush checkpoint may take to reach the plan's flush request before the "
+        "plan is Blocked.",
+    )
     soak_seconds: int = pydantic.Field(
         default=30,
         ge=0,
@@ -857,6 +865,33 @@ class UpgradeFormats(_Model):
     switched_at: str = pydantic.Field(default="", description="When it switched (RFC 3339).")
 
 
+class FlushTarget(_Model):
+    """One pchannel of an Offline plan's flush: the request it waits for."""
+
+    pchannel: str
+    target: str = pydantic.Field(
+        description="Message id of the acknowledged flush request the checkpoint must reach."
+    )
+    checkpoint: str = pydantic.Field(
+        default="", description="The pchannel's flush checkpoint as last observed."
+    )
+    reached: bool = False
+
+
+class UpgradeFlush(_Model):
+    """The flush of every collection an Offline plan requested (kept across
+    operator restarts: the plan waits on these targets, never requests anew)."""
+
+    requested: str = pydantic.Field(default="", description="When it was requested (RFC 3339).")
+    collections: int = pydantic.Field(default=0, ge=0, description="Collections flushed.")
+    pchannels: list[FlushTarget] = pydantic.Field(
+        default_factory=list, json_schema_extra={"maxItems": MAX_PCHANNELS}
+    )
+    done: str = pydantic.Field(
+        default="", description="When every checkpoint was seen at its target (RFC 3339)."
+    )
+
+
 class UpgradePlanStatus(_Model):
     phase: Literal[
         "",
@@ -879,6 +914,7 @@ class UpgradePlanStatus(_Model):
     current_node: str = ""
     observed_generation: int = 0
     formats: UpgradeFormats | None = None
+    flush: UpgradeFlush | None = None
     conditions: list[Condition] = pydantic.Field(
         default_factory=list, json_schema_extra=_CONDITIONS_EXTRA
     )

@@ -11,9 +11,10 @@ The upgrade with downtime (the seed's plan 1), in order (:class:`OfflineAction`)
    no peer and returns at once), and wait until no pchannel is mid-move. What
    every WAL acknowledged is then durable and nothing more is appended; the
    new nodes open every WAL under a new term, which fences the old writers.
-3. **flush**: skipped: the plan does not ask the cluster's flush runs
-   (``spec.flush``) for a flush yet (docs/upgrade.md, Remaining); the WALs
-   keep every acknowledged message across the restart.
+3. **flush**: with a flush section on the cluster, request a flush of every
+   collection, record the per-pchannel targets in ``status.flush`` and wait
+   until every checkpoint reaches its target (:mod:`.offline_flush`); without
+   one, Skipped (:data:`~.offline_flush.FLUSH_SKIPPED`).
 4. **stop-nodes**: tell the cluster's pass to build every node from the target
    (the :data:`~.builders.NODE_IMAGES` annotation; with ``rollback`` it is
    removed, the cluster's own image being the target); it deletes every stale
@@ -25,7 +26,8 @@ The upgrade with downtime (the seed's plan 1), in order (:class:`OfflineAction`)
    spec and remove the annotations.
 
 :func:`decide` reads the stage from observation only (pods, annotations and
-metastore), never from the plan's status, so an operator restarted mid-plan
+metastore; of the plan's status only the flush targets it requested), so an
+operator restarted mid-plan
 resumes where the cluster is, and a node whose pod already runs the target is
 never restarted again (its template no longer changes).
 """
@@ -38,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headrace_operator.models import PlannedStep
+from headrace_operator.offline_flush import FlushFacts, FlushNext, next_flush, step_outcome
 from headrace_operator.upgradeplan import OFFLINE_NODE_STEPS, NodeStep, OfflineAction, UpgradeNode
 
 
@@ -48,6 +51,8 @@ class Act(enum.StrEnum):
     """Write the stop record and the offline annotation."""
     FREEZE = "freeze"
     """Freeze the nodes in :attr:`Decision.nodes`."""
+    FLUSH = "flush"
+    """Request a flush of every collection and record its targets."""
     TELL = "tell"
     """Point every node at the target (NODE_IMAGES)."""
     UNFREEZE = "unfreeze"
@@ -63,12 +68,6 @@ class StepState(enum.StrEnum):
     RUNNING = "Running"
     DONE = "Done"
     SKIPPED = "Skipped"
-
-
-FLUSH_SKIPPED = (
-    "an Offline plan does not ask for a flush yet (docs/upgrade.md, Remaining); "
-    "the WALs keep every acknowledged message, drained and fenced instead"
-)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,6 +93,8 @@ class OfflineFacts:
     """pchannels mid-move (ASSIGNING or UNASSIGNING)."""
     not_serving: str
     """Why not every pchannel is served (:func:`.upgradeplan.pchannels_not_serving`)."""
+    flush: FlushFacts = dataclasses.field(default_factory=FlushFacts)
+    """The flush of every collection (:mod:`.offline_flush`)."""
 
     def back(self, node: UpgradeNode) -> bool:
         """``node`` runs the target: Ready, registered with the target version."""
@@ -154,6 +155,11 @@ def decide(f: OfflineFacts) -> Decision:
             Act.WAIT,
             f"waiting for pchannels mid-move: {', '.join(f.moving[:5])}",
         )
+    flushing = next_flush(f.flush)
+    if flushing.next is FlushNext.REQUEST:
+        return Decision(OfflineAction.FLUSH, Act.FLUSH, flushing.why)
+    if flushing.next is FlushNext.WAIT:
+        return Decision(OfflineAction.FLUSH, Act.WAIT, flushing.why)
     return Decision(
         OfflineAction.STOP_NODES, Act.TELL, f"stopping every node to start it on {f.target_image}"
     )
@@ -196,19 +202,24 @@ def node_step(decision: Decision, back: bool, was_done: bool) -> NodeStep:
 
 
 def step_states(
-    decision: Decision, nodes: Sequence[str], previous: Sequence[PlannedStep], now: str
+    decision: Decision,
+    nodes: Sequence[str],
+    previous: Sequence[PlannedStep],
+    now: str,
+    flush: FlushFacts,
 ) -> list[PlannedStep]:
     """``status.plan`` of an Offline plan: every step before the one under way
-    Done (flush Skipped), that one Running with what it does, the rest
-    Pending; ``started`` kept from ``previous`` (set to ``now`` when a step is
-    first seen running)."""
+    Done (the flush Done or Skipped, :func:`.offline_flush.step_outcome`), that
+    one Running with what it does, the rest Pending; ``started`` kept from
+    ``previous`` (set to ``now`` when a step is first seen running)."""
     before = {s.action: s for s in previous}
     order = list(OfflineAction)
     current = order.index(decision.step)
     steps = []
     for index, action in enumerate(order):
         if action is OfflineAction.FLUSH and index < current:
-            state, message = StepState.SKIPPED, FLUSH_SKIPPED
+            flushed, message = step_outcome(flush)
+            state = StepState.DONE if flushed else StepState.SKIPPED
         elif index < current:
             state, message = StepState.DONE, ""
         elif index == current:
@@ -231,10 +242,12 @@ def step_states(
 
 
 def done_steps(
-    nodes: Sequence[str], previous: Sequence[PlannedStep], now: str
+    nodes: Sequence[str], previous: Sequence[PlannedStep], now: str, flush: FlushFacts
 ) -> list[PlannedStep]:
-    """``status.plan`` once the plan has finished: every step Done (flush Skipped)."""
-    steps = step_states(Decision(OfflineAction.RESUME_WRITES, Act.FINISH, ""), nodes, previous, now)
+    """``status.plan`` once the plan has finished: every step Done (the flush
+    Done or Skipped)."""
+    finish = Decision(OfflineAction.RESUME_WRITES, Act.FINISH, "")
+    steps = step_states(finish, nodes, previous, now, flush)
     last = steps[-1]
     return [*steps[:-1], last.model_copy(update={"state": StepState.DONE.value})]
 

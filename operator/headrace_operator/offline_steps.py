@@ -1,18 +1,21 @@
 """The progress step of an Offline UpgradePlan: carry out :func:`.offline.decide`.
 
 Called by :func:`.upgrade_steps.advance` for ``mode: Offline`` with the pass's
-observations. Each pass does at most one thing (stop writes, freeze, tell the
-cluster's pass to restart every node, unfreeze, resume writes, finish) and
-records in ``status.plan`` which step runs and what it waits for. A wait
-longer than ``drainTimeoutSeconds`` (appends that never finish, a node that
-never comes back on the target, pchannels not served again) is Blocked with
-the reason; the write stop stays in place (the cluster is down anyway) and the
+observations. Each pass does at most one thing (stop writes, freeze, request a
+flush of every collection, tell the cluster's pass to restart every node,
+unfreeze, resume writes, finish) and records in ``status.plan`` which step runs
+and what it waits for. A wait longer than ``drainTimeoutSeconds`` (appends that
+never finish, a node that never comes back on the target, pchannels not served
+again), or than ``flushTimeoutSeconds`` for the flush (checkpoints that never
+reach the plan's request), is Blocked with the reason; the write stop stays in
+place (the cluster is down anyway) and the
 ``WritesStopped`` condition says so; ``rollback: true`` then brings every node
 back to the cluster's image the same way and resumes writes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -33,7 +36,9 @@ from headrace_operator.offline import (
     orphaned,
     step_states,
 )
-from headrace_operator.results import DONE, Halt, StepResult, halted, waiting_on
+from headrace_operator.offline_flush import FlushFacts, requested_why
+from headrace_operator.offline_flush_steps import flush_events, observe_flush, request_flush
+from headrace_operator.results import DONE, Halt, StepResult, failed, halted, waiting_on
 from headrace_operator.status import timestamp
 from headrace_operator.upgradeplan import NodeStep, OfflineAction, pchannels_not_serving
 
@@ -53,7 +58,7 @@ def stop_reason(image: str, version: str) -> str:
     return f"offline upgrade to {image} (version {version})"
 
 
-def facts(p: UpgradePass, stop: StopState) -> OfflineFacts:
+def facts(p: UpgradePass, stop: StopState, flush: FlushFacts) -> OfflineFacts:
     """The decision's inputs from the pass ``p`` (an :class:`.upgrade_steps.UpgradePass`)."""
     view, target, snapshot = p.view, p.need_target(), p.snapshot
     assert view is not None and snapshot is not None
@@ -73,25 +78,38 @@ def facts(p: UpgradePass, stop: StopState) -> OfflineFacts:
             sorted(name for name, a in snapshot.assignments.items() if a.state in _MOVING)
         ),
         not_serving=pchannels_not_serving(view),
+        flush=flush,
     )
 
 
 async def advance_offline(p: UpgradePass, control: ClusterControl, stop: StopState) -> StepResult:
     """One pass of the Offline plan (see the module docstring)."""
-    f = facts(p, stop)
+    flush = await observe_flush(p, control)
+    f = facts(p, stop, flush)
     decision = decide(f)
     names = [n.name for n in f.nodes]
     now = timestamp(p.now)
     previous = [PlannedStep.model_validate(s) for s in p.previous.get("plan") or []]
-    p.plan = step_states(decision, names, previous, now)
+    p.plan = step_states(decision, names, previous, now, flush)
     p.progress = node_progress(p, f, decision, now)
     await _node_events(p)
+    await flush_events(p)
     if decision.act is Act.STOP:
         return await _stop(p, control, announce=not f.stopped)
     if decision.act is Act.FREEZE:
         for node in decision.nodes:
             await control.freeze(node)
         return waiting_on(decision.why)
+    if decision.act is Act.FLUSH:
+        problem = await request_flush(p, control)
+        if problem:
+            refused = dataclasses.replace(decision, why=problem)
+            p.plan = step_states(refused, names, previous, now, flush)
+            return _overdue(p, refused, stop) or failed(problem, retryable=True)
+        assert p.flush is not None
+        requested = dataclasses.replace(decision, why=requested_why(p.flush))
+        p.plan = step_states(requested, names, previous, now, flush)
+        return waiting_on(requested.why)
     if decision.act is Act.TELL:
         return await _tell(p, decision)
     if decision.act is Act.UNFREEZE:
@@ -103,7 +121,7 @@ async def advance_offline(p: UpgradePass, control: ClusterControl, stop: StopSta
         await p.event(Reason.UPGRADE_WRITES_RESUMED, "every node runs the target; writes resumed")
         return waiting_on("writes resumed; finishing")
     if decision.act is Act.FINISH:
-        p.plan = done_steps(names, previous, now)
+        p.plan = done_steps(names, previous, now, flush)
         return await _finish(p)
     return _overdue(p, decision, stop) or waiting_on(decision.why)
 
@@ -161,12 +179,17 @@ async def _annotate(p: UpgradePass, annotations: Mapping[str, str | None]) -> No
 
 
 def _overdue(p: UpgradePass, decision: Decision, stop: StopState) -> StepResult | None:
-    """Blocked when the step under way waited longer than ``drainTimeoutSeconds``."""
-    timeout = p.need_spec().drain_timeout_seconds
+    """Blocked when the step under way waited longer than ``drainTimeoutSeconds``
+    (the flush: ``flushTimeoutSeconds`` since its request)."""
+    spec = p.need_spec()
+    timeout = spec.drain_timeout_seconds
     step = next((s for s in p.plan if s.action == decision.step.value), None)
     since = _parse(step.started) if step is not None else None
     if decision.step is OfflineAction.DRAIN_AND_FENCE and stop.stop is not None:
         since = datetime.datetime.fromtimestamp(stop.stop.since, datetime.UTC)
+    if decision.step is OfflineAction.FLUSH:
+        timeout = spec.flush_timeout_seconds
+        since = _parse(p.flush.requested) if p.flush is not None else since
     if since is None or (p.now - since).total_seconds() <= timeout:
         return None
     nodes = p.view.nodes if p.view is not None else ()

@@ -63,12 +63,14 @@ from headrace_operator.models import (
     PlannedStep,
     StreamingClusterSpec,
     UpgradeConditionType,
+    UpgradeFlush,
     UpgradeFormats,
     UpgradeMode,
     UpgradePhase,
     UpgradePlanSpec,
 )
 from headrace_operator.nodeplan import holdings
+from headrace_operator.offline_flush import previous_record
 from headrace_operator.offline_steps import advance_offline, plan_id
 from headrace_operator.results import (
     DONE,
@@ -219,6 +221,8 @@ class UpgradePass:
     succeeded: bool = False
     formats: UpgradeFormats | None = None
     """The message formats around this upgrade (observed, and the switch)."""
+    flush: UpgradeFlush | None = None
+    """An Offline plan's flush of every collection (:mod:`.offline_flush`)."""
 
     @property
     def name(self) -> str:
@@ -738,6 +742,7 @@ def upgrade_status(p: UpgradePass, result: PassResult) -> dict[str, Any]:
         current_node=current[0] if current else "",
         observed_generation=p.generation,
         formats=p.formats or (_previous_formats(p) if p.previous.get("formats") else None),
+        flush=p.flush if p.flush is not None else previous_record(p.previous)[0],
         conditions=_conditions(phase, message, p),
     )
     return status.to_api()

@@ -23,6 +23,7 @@ from headrace.client.flushing import (
     FlushProgress,
     WaitOptions,
     caught_up,
+    merge_targets,
     progress,
     timeout_message,
     wait_flushed,
@@ -194,6 +195,20 @@ def test_progress_names_each_pchannel_behind_and_why() -> None:
     assert Behind("p", LocalMessageID(1), None).describe() == (
         "p checkpoint no checkpoint yet, needs local:1"
     )
+
+
+def test_merged_targets_keep_the_latest_request_of_each_pchannel() -> None:
+    """Flushes of several collections sharing pchannels: a checkpoint at the
+    merged target covers every one of them."""
+    first = {"p-0": LocalMessageID(9), "p-1": LocalMessageID(4)}
+    second = {"p-1": LocalMessageID(12), "p-2": LocalMessageID(3)}
+    third = {"p-0": LocalMessageID(2)}
+    merged = merge_targets([first, second, third])
+    assert merged == {"p-0": LocalMessageID(9), "p-1": LocalMessageID(12), "p-2": LocalMessageID(3)}
+    assert merge_targets([]) == {}
+    covered = {p: checkpoint(p, str(t)) for p, t in merged.items()}
+    for targets in (first, second, third):
+        assert progress(targets, covered).done
 
 
 # -- through a node ------------------------------------------------------------------

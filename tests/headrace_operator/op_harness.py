@@ -30,17 +30,25 @@ from typing import Any
 import pytest
 
 import headrace
+from e2e.spark_standin import crds as spark_crds
 from headrace import errors
-from headrace.cluster import Assignment, AssignmentState, Keys, NodeInfo
+from headrace.client.flushing import FlushRequested
+from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo
 from headrace.coordinator import state, writestop
 from headrace.message.formats import RELEASE_FORMATS, FormatSupport
+from headrace.message.ids import MessageID
 from headrace.metastore.contract import Compare, Metastore, Put
 from headrace.metastore.factory import open_metastore
 from headrace.metastore.sqlite import SqliteMetastore
-from headrace_operator import builders, crdgen, models
+from headrace.table.collections import CollectionStore
+from headrace.table.records import SealRecord, seal_key
+from headrace.wal.local.message_id import LocalMessageID
+from headrace.wal.registry import load_id_classes
+from headrace_operator import builders, crdgen, models, sparkapps
 from headrace_operator.builders import ClusterRef
 from headrace_operator.coordinator_runner import (
     CoordinatorRunners,
+    MetastoreControl,
     Opener,
     runner_config,
     runner_key,
@@ -147,6 +155,57 @@ class SimNode:
         await self.store.revoke_lease(self.lease)
 
 
+class FlushRecorder(MetastoreControl):
+    """The control the bed's steps get: it records every flush request in
+    ``requests``. On the real bed the request goes to the real nodes; on the
+    fake bed (``simulate``) the simulated nodes, which have no WAL, answer it
+    the way a node's WAL does: for every pchannel carrying a shard of a live
+    collection, a seal at the next position of that pchannel, written under
+    its owner's term as the node's ``SealRecord``, is the request's id."""
+
+    def __init__(
+        self, control: MetastoreControl, requests: list[FlushRequested], *, simulate: bool
+    ) -> None:
+        super().__init__(control.metastore, control.keys.cluster, control.runner)
+        self.requests = requests
+        self.simulate = simulate
+        self.refusal = ""
+        """When set, every request fails with it (Unavailable), as when no node answers."""
+
+    async def request_flush(self) -> FlushRequested:
+        if self.refusal:
+            raise errors.Unavailable(self.refusal)
+        requested = await (self._simulated() if self.simulate else super().request_flush())
+        self.requests.append(requested)
+        return requested
+
+    async def _simulated(self) -> FlushRequested:
+        load_id_classes()
+        config_kv = await self.metastore.get(self.keys.config)
+        assert config_kv is not None, "the coordinator stored no cluster config yet"
+        config = ClusterConfig.from_json(config_kv.value)
+        collections = [
+            c for c in await CollectionStore(self.metastore, self.keys).list() if c.dropped is None
+        ]
+        pchannels = sorted({config.route(v) for c in collections for v in c.vchannels})
+        targets: dict[str, MessageID] = {}
+        for pchannel in pchannels:
+            seal = await self.metastore.get(seal_key(self.keys, pchannel))
+            last = (
+                0 if seal is None else SealRecord.from_json(seal.value).position_id().sort_key()[0]
+            )
+            owner_kv = await self.metastore.get(self.keys.pchannel(pchannel))
+            assert owner_kv is not None
+            owner = Assignment.from_json(owner_kv.value)
+            position = LocalMessageID(last + 10)
+            record = SealRecord(
+                pchannel=pchannel, position=str(position), node=owner.node, term=owner.term
+            )
+            await self.metastore.put(seal_key(self.keys, pchannel), record.to_json())
+            targets[pchannel] = position
+        return FlushRequested(tuple(c.name for c in collections), targets)
+
+
 class SimKubelet:
     """Runs a :class:`SimNode` per node pod of the fake API server."""
 
@@ -218,6 +277,10 @@ class Bed:
     opener: Opener = open_metastore
     image: str = "headrace-node:test"
     passes: int = 0
+    flush_requests: list[FlushRequested] = dataclasses.field(default_factory=list)
+    """Every flush request the steps made (:class:`FlushRecorder`)."""
+    flush_refusal: str = ""
+    """Every flush request fails with this (see :class:`FlushRecorder`)."""
 
     def replica(self, identity: str) -> Bed:
         """The same bed as seen by another operator replica: its own
@@ -243,7 +306,26 @@ class Bed:
             if runner.control() is not None:
                 break
             await asyncio.sleep(0.02)
-        return runner.control()
+        control = runner.control()
+        if control is None:
+            return None
+        recorder = FlushRecorder(control, self.flush_requests, simulate=not self.real)
+        recorder.refusal = self.flush_refusal
+        return recorder
+
+    async def serve_spark(self) -> None:
+        """Serve the SparkApplication APIs (the flush runs' kinds)."""
+        if isinstance(self.kube, FakeKube):
+            self.kube.served_kinds.add((sparkapps.KUBEFLOW_API, sparkapps.KIND))
+            self.kube.served_kinds.add((sparkapps.APACHE_API, sparkapps.KIND))
+            return
+        for crd in spark_crds():
+            await self.kube.apply(crd)
+        for _ in range(300):
+            if await self.kube.served(sparkapps.KUBEFLOW_API, sparkapps.KIND):
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError("the SparkApplication API is not served")
 
     def spec(self, **overrides: Any) -> dict[str, Any]:
         spec: dict[str, Any] = {

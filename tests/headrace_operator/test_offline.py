@@ -8,7 +8,6 @@ import pytest
 
 from headrace_operator.models import PlannedStep
 from headrace_operator.offline import (
-    FLUSH_SKIPPED,
     Act,
     Decision,
     OfflineFacts,
@@ -18,6 +17,7 @@ from headrace_operator.offline import (
     orphaned,
     step_states,
 )
+from headrace_operator.offline_flush import FLUSH_SKIPPED, FlushFacts
 from headrace_operator.upgradeplan import NodeStep, OfflineAction, UpgradeNode
 
 OLD, NEW = "node:v1", "node:v2"
@@ -115,7 +115,7 @@ def test_rollback_before_anything_restarted_only_resumes() -> None:
 
 def test_step_states_record_progress_and_keep_start_times() -> None:
     wait = Decision(OfflineAction.STOP_NODES, Act.WAIT, "stopping node pods: c-node-0")
-    steps = step_states(wait, ["c-node-0"], [], "2026-11-24T03:00:00Z")
+    steps = step_states(wait, ["c-node-0"], [], "2026-11-24T03:00:00Z", FlushFacts())
     assert [(s.action, s.state) for s in steps] == [
         ("stop-writes", "Done"),
         ("drain-and-fence", "Done"),
@@ -127,10 +127,10 @@ def test_step_states_record_progress_and_keep_start_times() -> None:
     assert steps[2].message == FLUSH_SKIPPED and steps[3].message == wait.why
     assert steps[1].nodes == ["c-node-0"] and steps[0].nodes == []
     previous = [PlannedStep(index=3, action="stop-nodes", nodes=[], started="2026-11-24T02:00:00Z")]
-    again = step_states(wait, ["c-node-0"], previous, "2026-11-24T03:05:00Z")
+    again = step_states(wait, ["c-node-0"], previous, "2026-11-24T03:05:00Z", FlushFacts())
     assert again[3].started == "2026-11-24T02:00:00Z", "first seen running, kept"
     assert again[4].started == ""
-    finished = done_steps(["c-node-0"], again, "2026-11-24T03:10:00Z")
+    finished = done_steps(["c-node-0"], again, "2026-11-24T03:10:00Z", FlushFacts())
     assert {s.state for s in finished} == {"Done", "Skipped"}
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from headrace.coordinator import writestop
 from headrace_operator import builders
-from headrace_operator.offline import FLUSH_SKIPPED
+from headrace_operator.offline_flush import FLUSH_SKIPPED
 from tests.headrace_operator.op_harness import BROKEN_SUFFIX, Bed, condition, is_ready
 from tests.headrace_operator.test_upgrade_steps import (
     TARGET,
