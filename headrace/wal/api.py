@@ -6,6 +6,7 @@ import dataclasses
 import enum
 from collections.abc import Collection
 
+from headrace.message import batch, codec
 from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 
@@ -18,6 +19,50 @@ class AppendResult:
     timetick: int
     term: int
     txn_id: int = 0
+
+
+def message_id(record_id: MessageID, index: int) -> MessageID:
+    """The id of message ``index`` of the batch stored as record ``record_id``
+    (the record's own id for its first message)."""
+    if index == 0:
+        return record_id
+    return record_id.with_index(index)  # type: ignore[attr-defined,no-any-return,unused-ignore]
+
+
+def last_message(record_id: MessageID, data: bytes) -> tuple[MessageID, Message]:
+    """The id and message of the last message a stored record holds: the record
+    itself in format 1, the last message of its batch in format 2 (the batch's
+    timetick and term). CorruptData if the record does not decode."""
+    if batch.is_batch(data):
+        header = batch.verify(data)
+        return message_id(record_id, header.count - 1), batch.messages(data, header)[-1]
+    return record_id, codec.decode(data)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchAppendResult:
+    """What a producer learns about an acknowledged record batch: message ``i``
+    has id :func:`message_id` ``(record_id, i)``; every message has the batch's
+    timetick, term and txn id."""
+
+    record_id: MessageID
+    """The stored record's id, which is also the id of the batch's first message."""
+    count: int
+    timetick: int
+    term: int
+    txn_id: int = 0
+
+    def message_ids(self) -> list[MessageID]:
+        return [message_id(self.record_id, i) for i in range(self.count)]
+
+    def first(self) -> AppendResult:
+        """The result of the batch's first message."""
+        return AppendResult(self.record_id, self.timetick, self.term, self.txn_id)
+
+    @classmethod
+    def of(cls, first: AppendResult, count: int) -> BatchAppendResult:
+        """The result of a batch of ``count`` messages whose first got ``first``."""
+        return cls(first.id, count, first.timetick, first.term, first.txn_id)
 
 
 class DeliverPolicy(enum.Enum):

@@ -25,14 +25,20 @@ import dataclasses
 from collections.abc import Callable
 
 from headrace import errors
-from headrace.message import codec, ids
+from headrace.message import batch, codec, ids
 from headrace.message.ids import MessageID
 from headrace.message.types import Message
-from headrace.wal.api import AppendResult
 from headrace.wal.buffer import Position
 from headrace.wal.contract import Backend, Record, StartPosition
 from headrace.wal.interceptors.backpressure import is_opaque
-from headrace.wal.interceptors.dedup import DEDUP_FROM, DedupWindow, ProducerKey, logged_pair
+from headrace.wal.interceptors.dedup import (
+    DEDUP_FROM,
+    DedupWindow,
+    Key,
+    Remembered,
+    logged_batch_pair,
+    logged_pair,
+)
 from headrace.wal.progress import OpaqueLog, OpaqueSpan, OpaqueSummary, inherited
 
 READ_TIMEOUT_S = 5.0
@@ -41,7 +47,7 @@ FIRST_PROBE = 256
 """Records the first probe back from the last record covers."""
 PROBE_GROWTH = 4
 
-Pair = tuple[ProducerKey, AppendResult]
+Pair = tuple[Key, Remembered]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -274,7 +280,13 @@ async def _read(
                 if before is not None and record.id >= before:
                     return Span(tuple(pairs), anchor, start is None)
                 read += 1
-                msg = codec.decode(record.data)
+                data = record.data
+                if batch.is_batch(data):
+                    anchor = _batch_record(record.id, data, pairs) or anchor
+                    if record.id >= last:
+                        return Span(tuple(pairs), anchor, start is None)
+                    continue
+                msg = codec.decode(data)
                 if observe is not None:
                     observe(record.id, msg)
                 if msg.properties:
@@ -286,3 +298,16 @@ async def _read(
                     return Span(tuple(pairs), anchor, start is None)
     finally:
         await reader.close()
+
+
+def _batch_record(rid: MessageID, data: bytes, pairs: list[Pair]) -> MessageID | None:
+    """A record batch read back: its dedup pair from the header alone (added to
+    ``pairs``); the rebuild anchor it names if it is the WAL's own tick or
+    fence (a system batch of one message, decoded)."""
+    header = batch.read_header(data)
+    pair = logged_batch_pair(rid, header)
+    if pair is not None:
+        pairs.append(pair)
+    if not header.system:
+        return None
+    return anchor_of(batch.messages(data)[-1])

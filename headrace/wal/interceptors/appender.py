@@ -29,7 +29,7 @@ from headrace.message import codec
 from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.tso import TimestampAllocator
-from headrace.wal.api import AppendResult
+from headrace.wal.api import AppendResult, last_message
 from headrace.wal.buffer import Position, WriteAheadBuffer
 from headrace.wal.contract import BackendWriter, Record
 from headrace.wal.interceptors.chain import AppendContext
@@ -395,16 +395,17 @@ class Appender:
             ids = future.result()
             early = batch.early
             if early is not None and early.ids is ids:
-                entries, timeticks = early.entries, early.timeticks
+                columns = early.columns
             else:
                 unsettle(batch)
-                entries, timeticks = settle(batch, ids, self.last_id)
+                columns = settle(batch, ids, self.last_id)
+            entries, timeticks = columns.entries, columns.timeticks
             if entries:
                 self.last_id = entries[-1].id
             self.appended_total += len(batch.records)
             if batch.records and entries:
                 self.progress.appended(entries[-1].id, timeticks[-1], sum(map(len, batch.records)))
-            self._buffer.extend_columns(entries, timeticks, batch.sizes, batch.persisted)
+            self._buffer.extend_columns(entries, timeticks, columns.sizes, columns.persisted)
         elif isinstance(error, errors.Fenced):
             unsettle(batch)
             self.failure = error
@@ -456,13 +457,16 @@ class Appender:
                 f"cannot tell what the backend holds after a failed append: {exc}"
             )
             return
-        if record is None or record.id == self.last_id:
+        if record is None:
             return
         try:
-            msg = codec.decode(record.data)
+            # A record batch's last message: its last id, the batch's timetick.
+            last_id, msg = last_message(record.id, record.data)
         except errors.CorruptData as exc:
             self.failure = exc
             return
-        self.last_id = record.id
+        if last_id == self.last_id:
+            return
+        self.last_id = last_id
         self._stamp.last_timetick = max(self._stamp.last_timetick, msg.timetick)
-        self._buffer.reset(Position(record.id, msg.timetick))
+        self._buffer.reset(Position(last_id, msg.timetick))

@@ -4,6 +4,12 @@ A :class:`Batch` collects the requests of one backend append. Planning gives
 each message its timetick and the term and encodes it; settling turns the ids
 the backend returned into every caller's :class:`AppendResult` and the
 write-ahead buffer's entries.
+
+In message format 2 every record is a record batch: a context carrying a
+whole producer batch gets one timetick, is stamped in place and stored as it
+is (the buffer gets its messages, ids :func:`~headrace.wal.api.message_id`);
+any other message (the WAL's ticks and fences, the per-message path) is
+stored as a batch of its own, with its batch's dedup key if it came from one.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ import dataclasses
 from typing import NamedTuple
 
 from headrace import errors
+from headrace.message import batch as batches
 from headrace.message import codec
+from headrace.message.batch import BatchHeader
 from headrace.message.ids import MessageID
 from headrace.message.types import LogEntry, Message, MessageType
-from headrace.wal.api import AppendResult
+from headrace.wal.api import AppendResult, message_id
 from headrace.wal.interceptors.chain import AppendContext
 
 SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))
@@ -52,6 +60,7 @@ class Batch:
         "records",
         "requests",
         "sizes",
+        "wholes",
     )
 
     def __init__(self) -> None:
@@ -64,14 +73,25 @@ class Batch:
         self.count = 0
         self.early: Settled | None = None
         """Settled ahead with the ids the backend announced (see :func:`settle_early`)."""
+        self.wholes: dict[int, tuple[bytes, BatchHeader]] = {}
+        """Planned contexts (by position) that are whole record batches: the
+        stored bytes and their stamped header."""
+
+
+class Columns(NamedTuple):
+    """The write-ahead buffer's entries of a settled batch, by columns."""
+
+    entries: list[LogEntry]
+    timeticks: list[int]
+    sizes: list[int]
+    persisted: list[bool]
 
 
 class Settled(NamedTuple):
-    """A batch's bookkeeping for the ids ``ids``: the buffer's entries and timeticks."""
+    """A batch's bookkeeping for the ids ``ids``."""
 
     ids: list[MessageID]
-    entries: list[LogEntry]
-    timeticks: list[int]
+    columns: Columns
 
 
 @dataclasses.dataclass(slots=True)
@@ -88,6 +108,34 @@ class Stamp:
     """The message format every record is encoded in (the cluster's, see
     :mod:`headrace.message.formats`)."""
 
+    @property
+    def batches(self) -> bool:
+        """Records are record batches (message format 2)."""
+        return self.message_format == batches.FORMAT_VERSION
+
+
+BATCH_OVERHEAD = batches.HEADER_SIZE + batches.RECORD_HEADER_SIZE
+"""What a record batch of one message adds to the message's size in format 1, at most."""
+
+
+def alone(msg: Message, ctx: AppendContext, max_bytes: int) -> bytes:
+    """``msg`` (stamped) stored as a record batch of its own, with the dedup key
+    of the producer batch it came from, if any."""
+    part = ctx.batch
+    header = None if part is None else part.header
+    info = batches.BatchInfo(
+        msg.vchannel,
+        0 if header is None else header.producer_id,
+        0 if header is None else header.sequence,
+        msg.txn_id,
+        system=msg.type in SYSTEM,
+    )
+    data = bytearray(
+        batches.encode([msg], info, batches.Limits(max_bytes, max_bytes + BATCH_OVERHEAD))
+    )
+    batches.stamp(data, msg.timetick, msg.term)
+    return bytes(data)
+
 
 def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> None:
     """Timeticks from ``first`` (never below the last one plus one), the term
@@ -102,6 +150,8 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
     encode = codec.encode
     max_bytes = stamp.max_bytes
     message_format = stamp.message_format
+    as_batches = stamp.batches
+    wholes = batch.wholes
     i = first
     contexts, messages, sizes = batch.contexts, batch.messages, batch.sizes
     persisted, records = batch.persisted, batch.records
@@ -113,6 +163,21 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
             m = ctx.message
             kind = m.type
             stamped = Message(kind, m.vchannel, m.payload, m.properties, tt, term, m.txn_id)
+            part = ctx.batch
+            if part is not None and part.data is not None:
+                batches.stamp(part.data, tt, term)
+                record = bytes(part.data)
+                wholes[len(contexts)] = (
+                    record,
+                    dataclasses.replace(part.header, timetick=tt, term=term),
+                )
+                dirty = True
+                records.append(record)
+                contexts.append(ctx)
+                messages.append(stamped)
+                sizes.append(len(record))
+                persisted.append(True)
+                continue
             if sync_tick and not dirty and kind in SYSTEM:
                 contexts.append(ctx)
                 messages.append(stamped)
@@ -120,7 +185,11 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
                 persisted.append(False)
                 continue
             try:
-                data = encode(stamped, max_bytes, message_format)
+                data = (
+                    alone(stamped, ctx, max_bytes)
+                    if as_batches
+                    else encode(stamped, max_bytes, message_format)
+                )
             except errors.HeadraceError as exc:
                 ctx.fail(exc)
                 continue
@@ -155,12 +224,11 @@ def make_result(mid: MessageID, timetick: int, term: int, txn_id: int) -> Append
     return result
 
 
-def settle(
-    batch: Batch, ids: list[MessageID], last_id: MessageID | None
-) -> tuple[list[LogEntry], list[int]]:
+def settle(batch: Batch, ids: list[MessageID], last_id: MessageID | None) -> Columns:
     """Every planned context's result from the backend's ``ids`` (a tick that
     was not persisted carries the id of the last persisted record, starting
-    from ``last_id``); the buffer's entries and their timeticks."""
+    from ``last_id``); the buffer's entries (every message of a whole record
+    batch, see :func:`expand`)."""
     messages = batch.messages
     if len(ids) == len(messages):
         entry_ids = ids  # every planned message was persisted: one id each
@@ -181,7 +249,36 @@ def settle(
         ctx.result = make_result(mid, tt, msg.term, msg.txn_id)
         append(new_tuple(LogEntry, (mid, msg)))
         timeticks.append(tt)
-    return entries, timeticks
+    if batch.wholes:
+        return expand(batch, entries, timeticks)
+    return Columns(entries, timeticks, batch.sizes, batch.persisted)
+
+
+def expand(batch: Batch, entries: list[LogEntry], timeticks: list[int]) -> Columns:
+    """The buffer's columns with each whole record batch's entry replaced by
+    its messages (ids :func:`message_id` of the record's, the batch's
+    timetick; the record's bytes shared among them)."""
+    wholes = batch.wholes
+    out = Columns([], [], [], [])
+    for i, (entry, tt, size, stored) in enumerate(
+        zip(entries, timeticks, batch.sizes, batch.persisted, strict=True)
+    ):
+        whole = wholes.get(i)
+        if whole is None:
+            out.entries.append(entry)
+            out.timeticks.append(tt)
+            out.sizes.append(size)
+            out.persisted.append(stored)
+            continue
+        record, header = whole
+        msgs = batches.messages(record, header)
+        count = len(msgs)
+        share = size // count
+        out.entries.extend(LogEntry(message_id(entry.id, j), msg) for j, msg in enumerate(msgs))
+        out.timeticks.extend([tt] * count)
+        out.sizes.extend([share + size - share * count] + [share] * (count - 1))
+        out.persisted.extend([True] * count)
+    return out
 
 
 def settle_early(batch: Batch, ids: list[MessageID]) -> None:
@@ -191,7 +288,7 @@ def settle_early(batch: Batch, ids: list[MessageID]) -> None:
     resolved; :func:`unsettle` takes them back if the append fails.
     """
     if len(ids) == len(batch.messages):  # every message persisted: no earlier id needed
-        batch.early = Settled(ids, *settle(batch, ids, None))
+        batch.early = Settled(ids, settle(batch, ids, None))
 
 
 def unsettle(batch: Batch) -> None:
