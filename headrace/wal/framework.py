@@ -576,6 +576,16 @@ class WAL:
         return self._appender.last_timetick
 
     @property
+    def message_format(self) -> int:
+        """The message format the WAL writes (2: it takes record batches)."""
+        return self._opts.message_format
+
+    @property
+    def max_batch_bytes(self) -> int:
+        """Largest record batch :meth:`append_batches` takes."""
+        return self._opts.batch_limits.max_batch_bytes
+
+    @property
     def progress(self) -> Progress:
         """Bytes appended, sampled positions and the flush state (retention)."""
         return self._appender.progress
