@@ -208,6 +208,14 @@ def validate_batch(
     return _route(header, per_message, msgs[0].type)
 
 
+def goes_alone(msg: Message) -> bool:
+    """Whether a producer sends ``msg`` in a record batch of its own (pure): a
+    DDL, a transaction control message or a message naming a collection may
+    take the per-message path (a WAL with collection hooks sends a collection
+    message there), which takes batches of one message only."""
+    return msg.type in TXN_RELEVANT or COLLECTION in msg.properties
+
+
 class Validator:
     """:func:`validate` with a fast path for the common message, and
     :func:`validate_batch` without decoding payloads (one per WAL)."""
