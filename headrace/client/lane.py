@@ -400,7 +400,10 @@ class Lane:
         batch_id = next(self._batch_ids)
         sealing = stream.sealing
         if sealing is None:
-            return Sent(batch_id, self._take_batch())
+            items = self._take_batch()
+            for item in items:
+                item.sent_one_by_one = True
+            return Sent(batch_id, items)
         if not self.sealed:
             sealed, failed = seal(self._take_batch(), sealing)
             for item, error in failed:

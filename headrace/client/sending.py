@@ -91,6 +91,9 @@ class Item:
     group: Group
     index: int
     deadline: float
+    sent_one_by_one: bool = False
+    """It was sent to an owner writing format 1, with its dedup properties: to
+    a format 2 owner it goes alone with them (see :func:`seal`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,7 +131,7 @@ def group(items: Sequence[Item], max_batch_bytes: int) -> list[list[Item]]:
     for item in items:
         msg = item.message
         vchannel = msg.vchannel
-        if goes_alone(msg):
+        if goes_alone(msg) or item.sent_one_by_one:
             open_at.pop(vchannel, None)
             batches.append([item])
             sizes.append(0)
@@ -165,6 +168,20 @@ def seal(
     sealed: list[Sealed] = []
     failed: list[tuple[Item, errors.HeadraceError]] = []
     for members in group(items, sealing.limits.max_batch_bytes):
+        if members[0].sent_one_by_one:
+            # Maybe written by a format 1 owner: deduplicated by its message's
+            # properties, as then (a batch without a producer id).
+            item = members[0]
+            msg = dataclasses.replace(item.message, properties=item.properties)
+            try:
+                data = batch.encode(
+                    [msg], BatchInfo(msg.vchannel, 0, 0, msg.txn_id), sealing.limits
+                )
+            except errors.HeadraceError as exc:
+                failed.append((item, exc))
+                continue
+            sealed.append(Sealed(data, (item,)))
+            continue
         attempts = [members] if len(members) == 1 else [members, *([m] for m in members)]
         for attempt in attempts:
             first = attempt[0].message

@@ -19,8 +19,11 @@ touching a payload. Both also say how the batch travels (:class:`CheckedBatch`):
 *whole*, as one record through the interceptors, or, if it holds a DDL, a
 transaction control message (BEGIN/COMMIT/ROLLBACK_TXN) or, on a WAL with
 collections, a message naming a collection, decoded through the per-message
-path. Such a batch must hold that one message alone: its messages would get
-ids and timeticks of their own, which one batch result could not state.
+path. So does a batch without a producer id whose message carries format 1's
+per-message dedup properties (a message first sent to an owner writing format
+1, retried after the switch: the WAL deduplicates it by those). Such a batch
+must hold that one message alone: its messages would get ids and timeticks of
+their own, which one batch result could not state.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from types import MappingProxyType
 from headrace import errors
 from headrace.message import batch, codec
 from headrace.message.batch import BatchHeader, Limits
+from headrace.message.properties import PRODUCER_ID
 from headrace.message.types import Message, MessageType, validate_vchannel
 from headrace.table.messages import COLLECTION
 from headrace.wal.interceptors.txn import TXN_RELEVANT
@@ -202,8 +206,12 @@ def validate_batch(
             validate(msg, limits.max_message_bytes)
         except errors.HeadraceError as exc:
             return _in_message(i, exc)
+    keyed = not header.producer_id
     per_message = any(
-        msg.type in TXN_RELEVANT or (collections and COLLECTION in msg.properties) for msg in msgs
+        msg.type in TXN_RELEVANT
+        or (collections and COLLECTION in msg.properties)
+        or (keyed and PRODUCER_ID in msg.properties)
+        for msg in msgs
     )
     return _route(header, per_message, msgs[0].type)
 
@@ -253,6 +261,7 @@ class Validator:
         props_sizes: list[int] = []
         per_message = False
         collections = self.collections
+        keyed = not header.producer_id
         decode_properties = codec.decode_properties
         for shape in shapes:
             plen = shape.properties_length
@@ -265,7 +274,11 @@ class Validator:
             except errors.CorruptData as exc:
                 return _malformed(exc)
             props_sizes.append(plen if properties else 0)
-            per_message = per_message or (collections and COLLECTION in properties)
+            per_message = (
+                per_message
+                or (collections and COLLECTION in properties)
+                or (keyed and PRODUCER_ID in properties)
+            )
         base = _PLAIN_SIZE + len(vchannel) + (8 if header.txn_id else 0)
         max_bytes = limits.max_message_bytes
         types = _TYPES

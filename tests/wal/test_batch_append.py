@@ -488,3 +488,24 @@ async def test_recovery_after_a_failed_append_reads_a_last_record_that_is_a_batc
     (after,) = results(await wal.append_batches([encoded(rows("v", 1, "after"))]))
     assert after.timetick > header.timetick
     await wal.close()
+
+
+async def test_a_message_first_sent_in_format_1_is_deduplicated_after_the_switch() -> None:
+    """Term 1 wrote format 1 (a message with its per-message dedup properties,
+    whose answer the producer never got); term 2 writes format 2: the retry,
+    a batch of that one message without a producer id, gets the first result."""
+    backend = MemoryBackend()
+    first = await open_wal(backend, options=WALOptions(timetick_interval_ms=3_600_000))
+    keyed = Message(MessageType.INSERT, "v", b"once", {"producer_id": "p1", "producer_seq": "4"})
+    original = await first.append(keyed)
+    await first.close()
+    second = await open_wal(backend, term=2)
+    retried = batch.encode([keyed], BatchInfo("v"))
+    (again,) = results(await second.append_batches([retried]))
+    assert again == BatchAppendResult.of(original, 1)
+    several = batch.encode([keyed, keyed], BatchInfo("v"))
+    (refused,) = await second.append_batches([several])
+    assert isinstance(refused, errors.InvalidArgument), "such a message goes alone"
+    await second.close()
+    payloads = [r.data for r in await stored(backend) if b"once" in r.data]
+    assert len(payloads) == 1

@@ -268,4 +268,6 @@ def test_the_batch_routes() -> None:
     assert route([named], collections=True) is False
     assert isinstance(route([insert, named], collections=True), errors.InvalidArgument)
     assert route([Message(MessageType.BEGIN_TXN, "v")]) is False
+    keyed = Message(MessageType.INSERT, "v", b"x", {"producer_id": "p", "producer_seq": "1"})
+    assert route([keyed]) is False, "format 1's dedup key: deduplicated per message"
     assert route([Message(MessageType.CREATE_COLLECTION, "v")]) is False
