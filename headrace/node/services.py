@@ -192,11 +192,14 @@ class ProducerService(rpc.ProducerServicer):
             done = iter(outcomes)
             outcomes = [rejected.get(i) or next(done) for i in range(position)]
         if self.metrics is not None:
+            failed = failed_codes(outcomes)
+            acked = sum(o.count for o in outcomes if isinstance(o, BatchAppendResult))
             self.metrics.appended(
                 pchannel,
-                messages=sum(o.count for o in outcomes if isinstance(o, BatchAppendResult)),
+                # A refused batch counts as one failed message (it was not decoded).
+                messages=acked + sum(failed.values()),
                 size=sum(request.ByteSize() for request in requests),
-                failed=failed_codes(outcomes),
+                failed=failed,
                 seconds=time.perf_counter() - started,
             )
         responses = []
