@@ -29,6 +29,14 @@ def message_id(record_id: MessageID, index: int) -> MessageID:
     return record_id.with_index(index)  # type: ignore[attr-defined,no-any-return,unused-ignore]
 
 
+def record_of(mid: MessageID) -> MessageID:
+    """The id of the stored record holding message ``mid`` (what a backend
+    reads from): ``mid`` itself unless it has an index inside a batch."""
+    if not getattr(mid, "index", 0):
+        return mid
+    return mid.record_id()  # type: ignore[attr-defined,no-any-return,unused-ignore]
+
+
 def last_message(record_id: MessageID, data: bytes) -> tuple[MessageID, Message]:
     """The id and message of the last message a stored record holds: the record
     itself in format 1, the last message of its batch in format 2 (the batch's

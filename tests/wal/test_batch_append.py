@@ -509,3 +509,35 @@ async def test_a_message_first_sent_in_format_1_is_deduplicated_after_the_switch
     await second.close()
     payloads = [r.data for r in await stored(backend) if b"once" in r.data]
     assert len(payloads) == 1
+
+
+@needs_index
+@pytest.mark.parametrize("kind", ["memory", "local"])
+async def test_a_reopen_after_batches_of_several_messages_reads_from_a_record(
+    kind: str, tmp_path: Path
+) -> None:
+    """The anchors the WAL's ticks carry name records (index 0), which is what a
+    backend reads from: also when the last message was inside a batch."""
+    backend = backend_of(kind, tmp_path)
+    first = await open_wal(backend)
+    results(await first.append_batches([encoded(rows("v", 4, "free"))]))
+    assert first.last_id is not None and first.last_id.index == 3
+    await first.close()  # its last tick names where a rebuild starts: the batch's record
+    last = await backend.last_record("p")
+    assert last is not None
+    (tick,) = batch.messages(last.data)
+    anchored = [r for r in await stored(backend) if str(r.id) == tick.properties["dedup_from"]]
+    assert [batch.read_header(r.data).count for r in anchored] == [4]
+    first = await open_wal(backend, term=2)
+    key = encoded(rows("v", 3, "keyed"), producer_id=8, sequence=1)
+    (acked,) = results(await first.append_batches([key]))
+    results(await first.append_batches([encoded(rows("v", 5, "after"))]))
+    await first.close()
+    second = await open_wal(backend, term=3)
+    (again,) = results(await second.append_batches([key]))
+    assert again == acked
+    await second.close()
+    third = await open_wal(backend, term=4)
+    (still,) = results(await third.append_batches([key]))
+    assert still == acked
+    await third.close()

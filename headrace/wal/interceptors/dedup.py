@@ -29,7 +29,7 @@ from headrace.message.batch import BatchHeader
 from headrace.message.ids import MessageID
 from headrace.message.properties import PRODUCER_ID, PRODUCER_SEQ
 from headrace.message.types import Message
-from headrace.wal.api import AppendResult, BatchAppendResult
+from headrace.wal.api import AppendResult, BatchAppendResult, record_of
 from headrace.wal.interceptors.chain import AppendContext, Handler
 
 ProducerKey = tuple[str, int]
@@ -185,7 +185,7 @@ class DedupInterceptor:
     def tick_properties(self) -> dict[str, str]:
         """:data:`DEDUP_FROM`: where a rebuild of the window must start reading."""
         start = self.window.oldest_id() or self._last_id()
-        return {DEDUP_FROM: str(start)} if start is not None else {}
+        return {DEDUP_FROM: str(record_of(start))} if start is not None else {}
 
     def _settle(
         self,
