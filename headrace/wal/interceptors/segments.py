@@ -78,7 +78,7 @@ from headrace.table.collections import Collection
 from headrace.table.messages import COLLECTION, SEGMENT, is_flush_request
 from headrace.table.payloads import check_keys, check_rows, decode
 from headrace.tso import TimestampAllocator, physical_ms
-from headrace.wal.api import AppendResult
+from headrace.wal.api import AppendResult, record_of
 from headrace.wal.interceptors.chain import AppendContext, Handler
 from headrace.wal.progress import OpaqueSummary
 
@@ -640,7 +640,7 @@ class SegmentInterceptor:
     def tick_properties(self) -> dict[str, str]:
         """What the WAL's ticks and fences say about its segments."""
         start = self.table.read_from(self._last_id())
-        return {} if start is None else {SEGMENTS_FROM: str(start)}
+        return {} if start is None else {SEGMENTS_FROM: str(record_of(start))}
 
     # -- capabilities (see .chain) -----------------------------------------
 
