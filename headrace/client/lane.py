@@ -1,4 +1,13 @@
-"""One pchannel's share of a producer: its queue and its Produce stream."""
+"""One pchannel's share of a producer: its queue and its Produce stream.
+
+A stream whose owner writes message format 1 carries messages, each stamped
+with the producer's dedup properties. One whose owner writes format 2 carries
+record batches: the lane seals the messages it takes into batches
+(:func:`~headrace.client.sending.seal`, per vchannel and transaction, each
+with the producer's batch id and the next sequence) once, and resends those
+same bytes until they are answered, so the WAL's per-batch dedup holds over
+retries and owner changes.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import grpc
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
@@ -16,10 +25,12 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from headrace import errors
 from headrace.client.discovery import Owner
 from headrace.client.errors import from_proto, from_rpc_error
-from headrace.client.sending import Item, Outcome, ProducerOptions
+from headrace.client.sending import Item, Outcome, ProducerOptions, Sealed, Sealing, seal
 from headrace.client.session import Session
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
-from headrace.message import ids
+from headrace.message import batch, ids
+from headrace.message.batch import Limits
+from headrace.message.records import message_id
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 from headrace.wal.api import AppendResult
@@ -38,6 +49,20 @@ class LaneContext:
     producer_id: str
     settle: Callable[[Item, Outcome], None]
     """Reports a message's outcome to its sender."""
+    batch_producer_id: int
+    """The producer id of its record batches (message format 2)."""
+    next_sequence: Callable[[], int]
+    """The producer-wide next sequence of a record batch."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sent:
+    """One request on the wire: its messages, and the record batches they were
+    sealed into (empty on a format 1 stream)."""
+
+    batch_id: int
+    items: list[Item]
+    sealed: tuple[Sealed, ...] = ()
 
 
 @dataclasses.dataclass(slots=True)
@@ -46,10 +71,11 @@ class _Stream:
 
     call: ProduceCall
     owner: Owner
-    inflight: collections.deque[tuple[int, list[Item]]] = dataclasses.field(
-        default_factory=collections.deque
-    )
+    inflight: collections.deque[Sent] = dataclasses.field(default_factory=collections.deque)
     retry: list[Item] = dataclasses.field(default_factory=list)
+    retry_sealed: list[Sealed] = dataclasses.field(default_factory=list)
+    sealing: Sealing | None = None
+    """How messages are sealed into record batches: the owner writes format 2."""
     error: errors.HeadraceError | None = None
     broken: bool = False
     """The stream itself failed: outcomes of in-flight batches are unknown."""
@@ -108,6 +134,9 @@ class Lane:
         self.pchannel = pchannel
         self.options = context.options
         self.queue: collections.deque[Item] = collections.deque()
+        self.sealed: collections.deque[Sealed] = collections.deque()
+        """Record batches sealed for a format 2 owner and not yet answered, ahead
+        of ``queue`` (resent as they are)."""
         self.owner: Owner | None = None
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -133,8 +162,7 @@ class Lane:
     async def close(self) -> None:
         await cancel_and_settle([self._task], what=f"closing the producer lane of {self.pchannel}")
         closed = errors.Closed("the producer was closed before the message was acknowledged")
-        while self.queue:
-            self.context.settle(self.queue.popleft(), closed)
+        self._fail_all(closed)
 
     # ----------------------------------------------------------- the loop
 
@@ -151,7 +179,7 @@ class Lane:
         avoid: Owner | None = None
         last_error: errors.HeadraceError | None = None
         while True:
-            while not self.queue:
+            while not self.queue and not self.sealed:
                 self._idle.set()
                 self._wake.clear()
                 await self._wake.wait()
@@ -199,7 +227,7 @@ class Lane:
     async def _find_owner(self, avoid: Owner | None, backoff: float) -> Owner:
         """The owner to try next: preferably another than ``avoid``."""
         view = self.context.session.view
-        deadline = self.queue[0].deadline
+        deadline = self.sealed[0].deadline if self.sealed else self.queue[0].deadline
         if avoid is not None:
             try:
                 return await view.wait_owner(
@@ -211,12 +239,22 @@ class Lane:
 
     def _expire(self, error: errors.HeadraceError) -> None:
         now = time.monotonic()
+        settle = self.context.settle
+        while self.sealed and self.sealed[0].deadline <= now:
+            for item in self.sealed.popleft().items:
+                settle(item, error)
+        if self.sealed:
+            return  # what is queued was taken later: it expires later
         while self.queue and self.queue[0].deadline <= now:
-            self.context.settle(self.queue.popleft(), error)
+            settle(self.queue.popleft(), error)
 
     def _fail_all(self, error: errors.HeadraceError) -> None:
+        settle = self.context.settle
+        while self.sealed:
+            for item in self.sealed.popleft().items:
+                settle(item, error)
         while self.queue:
-            self.context.settle(self.queue.popleft(), error)
+            settle(self.queue.popleft(), error)
 
     # ---------------------------------------------------------- one stream
 
@@ -236,8 +274,13 @@ class Lane:
                 (body, watcher), what=f"producing to {self.pchannel}", logger=log
             )
             call.cancel()
-            unresolved = [*stream.retry, *(i for _, items in stream.inflight for i in items)]
+            unresolved = [
+                *stream.retry,
+                *(i for sent in stream.inflight if not sent.sealed for i in sent.items),
+            ]
             self.queue.extendleft(reversed(unresolved))
+            resend = [*stream.retry_sealed, *(s for sent in stream.inflight for s in sent.sealed)]
+            self.sealed.extendleft(reversed(resend))
         if failures:
             raise failures[0]
         return stream
@@ -308,25 +351,39 @@ class Lane:
         if not isinstance(first, pb.ProduceResponse) or first.WhichOneof("response") != "opened":
             stream.fail(errors.Unavailable(f"{owner.address} did not open a Produce stream"))
             return False
+        opened = first.opened
+        if opened.message_format == batch.FORMAT_VERSION:
+            most = opened.max_message_bytes
+            stream.sealing = Sealing(
+                self.context.batch_producer_id,
+                self.context.next_sequence,
+                Limits(most, opened.max_batch_bytes or most),
+            )
+        elif self.sealed:
+            # An owner writing format 1 (it still held a log of that format):
+            # the messages go one by one again, with their dedup properties.
+            self.queue.extendleft(reversed([i for s in self.sealed for i in s.items]))
+            self.sealed.clear()
         return True
 
     async def _send(self, stream: _Stream, receiver: asyncio.Task[None]) -> None:
         options = self.options
         while stream.error is None and not receiver.done():
-            if self.queue and len(stream.inflight) < options.max_inflight_batches:
+            if (self.queue or self.sealed) and len(stream.inflight) < options.max_inflight_batches:
                 if options.linger and len(self.queue) < options.max_batch_messages:
                     await asyncio.sleep(options.linger)
-                items = self._take_batch()
-                batch_id = next(self._batch_ids)
-                stream.inflight.append((batch_id, items))
-                await stream.call.write(self._request(batch_id, items))
+                sent = self._next_request(stream)
+                if sent is None:
+                    continue
+                stream.inflight.append(sent)
+                await stream.call.write(self._request(sent))
                 continue
-            if not self.queue and not stream.inflight:
+            if not self.queue and not self.sealed and not stream.inflight:
                 self._idle.set()
             self._wake.clear()
             timeout = None
             if stream.inflight:
-                timeout = max(0.0, stream.inflight[0][1][0].deadline - time.monotonic())
+                timeout = max(0.0, stream.inflight[0].items[0].deadline - time.monotonic())
             try:
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
@@ -336,6 +393,31 @@ class Lane:
                     errors.Unavailable(f"{stream.owner.address} did not answer in time"),
                     broken=True,
                 )
+
+    def _next_request(self, stream: _Stream) -> Sent | None:
+        """What to send next: messages (format 1), or record batches, those
+        sealed before first (format 2); None if every message taken failed to
+        encode (each got its error)."""
+        batch_id = next(self._batch_ids)
+        sealing = stream.sealing
+        if sealing is None:
+            items = self._take_batch()
+            for item in items:
+                item.sent_one_by_one = True
+            return Sent(batch_id, items)
+        if not self.sealed:
+            sealed, failed = seal(self._take_batch(), sealing)
+            for item, error in failed:
+                self.context.settle(item, error)
+            self.sealed.extend(sealed)
+            if not sealed:
+                return None
+        units = [self.sealed.popleft()]
+        count = len(units[0].items)
+        while self.sealed and count + len(self.sealed[0].items) <= self.options.max_batch_messages:
+            count += len(self.sealed[0].items)
+            units.append(self.sealed.popleft())
+        return Sent(batch_id, [i for unit in units for i in unit.items], tuple(units))
 
     def _take_batch(self) -> list[Item]:
         options = self.options
@@ -350,12 +432,15 @@ class Lane:
         return items
 
     @staticmethod
-    def _request(batch_id: int, items: Sequence[Item]) -> pb.ProduceRequest:
+    def _request(sent: Sent) -> pb.ProduceRequest:
         request = pb.ProduceRequest()
-        batch = request.batch
-        batch.batch_id = batch_id
-        add = batch.messages.add
-        for item in items:
+        produce = request.batch
+        produce.batch_id = sent.batch_id
+        if sent.sealed:
+            produce.record_batches.extend([unit.data for unit in sent.sealed])
+            return request
+        add = produce.messages.add
+        for item in sent.items:
             msg = item.message
             add(
                 type=msg.type,
@@ -378,12 +463,15 @@ class Lane:
                 if (
                     response.WhichOneof("response") != "batch"
                     or not stream.inflight
-                    or result.batch_id != stream.inflight[0][0]
+                    or result.batch_id != stream.inflight[0].batch_id
                 ):
                     stream.fail(errors.Unavailable("unexpected Produce response"), broken=True)
                     return
-                _, items = stream.inflight.popleft()
-                self._settle(stream, items, result.results)
+                sent = stream.inflight.popleft()
+                if sent.sealed:
+                    self._settle_sealed(stream, sent.sealed, result.batch_results)
+                else:
+                    self._settle(stream, sent.items, result.results)
                 self._wake.set()
         except grpc.RpcError as exc:
             stream.fail(from_rpc_error(exc, stream.owner.address), broken=True)
@@ -418,3 +506,51 @@ class Lane:
                 continue
             settle(item, AppendResult(mid, result.timetick, result.term, result.txn_id))
             stream.acked += 1
+
+    def _settle_sealed(
+        self,
+        stream: _Stream,
+        sealed: tuple[Sealed, ...],
+        results: RepeatedCompositeFieldContainer[pb.RecordBatchResult],
+    ) -> None:
+        """Each record batch's messages from its result: message ``i`` has the
+        first's id with index ``i`` and the batch's timetick."""
+        if len(results) != len(sealed):
+            stream.retry_sealed.extend(sealed)
+            stream.fail(errors.Unavailable("a Produce response of the wrong length"), broken=True)
+            return
+        settle = self.context.settle
+        for unit, result in zip(sealed, results, strict=True):
+            if result.HasField("error"):
+                error = from_proto(result.error)
+                if error.retryable:
+                    stream.retry_sealed.append(unit)
+                    stream.fail(error)
+                else:
+                    for item in unit.items:
+                        settle(item, error)
+                continue
+            first = _first_id(result, len(unit.items))
+            if isinstance(first, errors.HeadraceError):
+                for item in unit.items:
+                    settle(item, first)
+                continue
+            for i, item in enumerate(unit.items):
+                settle(
+                    item,
+                    AppendResult(message_id(first, i), result.timetick, result.term, result.txn_id),
+                )
+            stream.acked += len(unit.items)
+
+
+def _first_id(result: pb.RecordBatchResult, count: int) -> ids.MessageID | errors.HeadraceError:
+    """The id of the first message of a record batch of ``count`` messages, from
+    its result; the error if the result does not fit it."""
+    if result.count != count:
+        return errors.Unavailable(
+            f"the owner acknowledged {result.count} messages of a record batch of {count}"
+        )
+    try:
+        return ids.parse(result.id)
+    except errors.HeadraceError as exc:
+        return exc

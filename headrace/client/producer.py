@@ -9,6 +9,14 @@ interceptor answers a repeat with the first result). A retryable failure
 messages again, in their order, to the owner found next; a non-retryable one
 (TOO_LARGE, INVALID_ARGUMENT) fails its message at once. A message still not
 acknowledged after ``deadline`` seconds fails with the last error seen.
+
+To an owner whose WAL writes message format 2 a lane sends record batches
+instead (:mod:`headrace.client.lane`): without the per-message properties,
+deduplicated per batch by the producer's batch id (:func:`batch_producer_id`)
+and a producer-wide sequence. The sequence starts at the wall clock in
+nanoseconds, so a restarted producer with the same ``producer_id`` never
+reuses a sequence of its earlier life (it cannot send more than one batch per
+nanosecond), and its retries of what it sent are still recognised.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import hashlib
 import itertools
+import secrets
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -58,8 +68,17 @@ class Producer:
         self.options = arguments.instance(options, ProducerOptions, "options")
         self.producer_id = uuid.uuid4().hex
         self._seq = itertools.count(1)
+        self.batch_producer_id = batch_producer_id(self.options.producer_id)
+        self._batch_seq = itertools.count(time.time_ns())
         self.budget = ByteBudget(self.options.max_inflight_bytes)
-        self._context = LaneContext(session, self.options, self.producer_id, self.settle)
+        self._context = LaneContext(
+            session,
+            self.options,
+            self.producer_id,
+            self.settle,
+            self.batch_producer_id,
+            functools.partial(next, self._batch_seq),
+        )
         self._lanes: dict[str, Lane] = {}
         self._collections: dict[str, Collection] = {}
         self._closed = False
@@ -242,4 +261,13 @@ class Producer:
         return {p: lane.owner for p, lane in self._lanes.items()}
 
 
-__all__ = ["Group", "Producer", "ProducerOptions", "WriteResult"]
+def batch_producer_id(name: str | None) -> int:
+    """The 64-bit producer id of record batches: a stable hash of ``name``, or
+    a random one for None (never 0, which means "no dedup")."""
+    if name is None:
+        return secrets.randbits(64) or 1
+    digest = hashlib.blake2b(name.encode(), digest_size=8, person=b"headrace-prod").digest()
+    return int.from_bytes(digest, "little") or 1
+
+
+__all__ = ["Group", "Producer", "ProducerOptions", "WriteResult", "batch_producer_id"]

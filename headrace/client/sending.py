@@ -1,14 +1,18 @@
-"""What a producer and its lanes share: options, messages on their way, outcomes."""
+"""What a producer and its lanes share: options, messages on their way, outcomes,
+and the record batches (message format 2) a lane seals them into."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from headrace import errors
+from headrace.message import batch
+from headrace.message.batch import BatchInfo, Limits
 from headrace.message.types import Message
 from headrace.wal.api import AppendResult
+from headrace.wal.validation import goes_alone
 
 Outcome = AppendResult | errors.HeadraceError
 """What one message comes to: its result once acknowledged, else its error."""
@@ -31,8 +35,18 @@ class ProducerOptions:
     max_rows_bytes: int = 1 << 20
     """Largest payload ``insert`` and ``delete`` put in one message; larger
     inputs are cut by rows into several messages."""
+    producer_id: str | None = None
+    """The producer's identity for deduplicating record batches (message
+    format 2): a stable 8-byte hash of it, so a restarted client keeps it;
+    None: a random one per producer."""
 
     def __post_init__(self) -> None:
+        if self.producer_id is not None and (
+            not isinstance(self.producer_id, str) or not self.producer_id
+        ):
+            raise errors.InvalidArgument(
+                f"producer_id must be a non-empty string or None, got {self.producer_id!r}"
+            )
         if self.max_batch_messages < 1 or self.max_batch_bytes < 1:
             raise errors.InvalidArgument("batch limits must be positive")
         if self.max_inflight_batches < 1 or self.max_inflight_bytes < 1:
@@ -77,3 +91,112 @@ class Item:
     group: Group
     index: int
     deadline: float
+    sent_one_by_one: bool = False
+    """It was sent to an owner writing format 1, with its dedup properties: to
+    a format 2 owner it goes alone with them (see :func:`seal`)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sealed:
+    """A record batch encoded once, with its messages: every retry sends these
+    same bytes (the same producer id and sequence), so the WAL's dedup answers
+    a repeat with the first result."""
+
+    data: bytes
+    items: tuple[Item, ...]
+
+    @property
+    def deadline(self) -> float:
+        return min(item.deadline for item in self.items)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sealing:
+    """How a lane seals messages: the producer's batch identity and the owner's bounds."""
+
+    producer_id: int
+    next_sequence: Callable[[], int]
+    limits: Limits
+
+
+def group(items: Sequence[Item], max_batch_bytes: int) -> list[list[Item]]:
+    """``items`` in record batches (pure): one vchannel and transaction per
+    batch, in order per vchannel (a batch of a vchannel ends where another
+    transaction's message or one that goes alone comes); a message that
+    :func:`goes_alone` gets its own; a batch stays under ``max_batch_bytes``
+    (as estimated)."""
+    batches: list[list[Item]] = []
+    sizes: list[int] = []
+    open_at: dict[str, int] = {}
+    for item in items:
+        msg = item.message
+        vchannel = msg.vchannel
+        if goes_alone(msg) or item.sent_one_by_one:
+            open_at.pop(vchannel, None)
+            batches.append([item])
+            sizes.append(0)
+            continue
+        size = _estimate(msg)
+        at = open_at.get(vchannel)
+        if (
+            at is not None
+            and batches[at][0].message.txn_id == msg.txn_id
+            and sizes[at] + size <= max_batch_bytes
+        ):
+            batches[at].append(item)
+            sizes[at] += size
+            continue
+        open_at[vchannel] = len(batches)
+        batches.append([item])
+        sizes.append(batch.HEADER_SIZE + len(vchannel) + size)
+    return batches
+
+
+def _estimate(msg: Message) -> int:
+    """A record's bytes in a batch (properties counted in characters)."""
+    props = sum(6 + len(k) + len(v) for k, v in msg.properties.items())
+    return batch.RECORD_HEADER_SIZE + len(msg.payload) + (2 + props if props else 0)
+
+
+def seal(
+    items: Sequence[Item], sealing: Sealing
+) -> tuple[list[Sealed], list[tuple[Item, errors.HeadraceError]]]:
+    """``items`` grouped (:func:`group`) and encoded, each batch with the next
+    sequence; the messages that cannot be encoded (too large, not UTF-8), with
+    their errors. A batch that does not encode as a whole is encoded message by
+    message, so one bad message fails alone."""
+    sealed: list[Sealed] = []
+    failed: list[tuple[Item, errors.HeadraceError]] = []
+    for members in group(items, sealing.limits.max_batch_bytes):
+        if members[0].sent_one_by_one:
+            # Maybe written by a format 1 owner: deduplicated by its message's
+            # properties, as then (a batch without a producer id).
+            item = members[0]
+            msg = dataclasses.replace(item.message, properties=item.properties)
+            try:
+                data = batch.encode(
+                    [msg], BatchInfo(msg.vchannel, 0, 0, msg.txn_id), sealing.limits
+                )
+            except errors.HeadraceError as exc:
+                failed.append((item, exc))
+                continue
+            sealed.append(Sealed(data, (item,)))
+            continue
+        attempts = [members] if len(members) == 1 else [members, *([m] for m in members)]
+        for attempt in attempts:
+            first = attempt[0].message
+            # A sequence a batch that fails to encode took is skipped: only
+            # uniqueness and order matter.
+            info = BatchInfo(
+                first.vchannel, sealing.producer_id, sealing.next_sequence(), first.txn_id
+            )
+            try:
+                data = batch.encode([item.message for item in attempt], info, sealing.limits)
+            except errors.HeadraceError as exc:
+                if len(attempt) == 1:
+                    failed.append((attempt[0], exc))
+                continue
+            sealed.append(Sealed(data, tuple(attempt)))
+            if attempt is members:
+                break
+    return sealed, failed

@@ -50,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import crc32c
 
@@ -250,9 +251,25 @@ def read_header(data: bytes | bytearray | memoryview) -> BatchHeader:
     )
 
 
+class RecordShape(NamedTuple):
+    """Where one record of a batch lies, read from its framing alone."""
+
+    type_code: int
+    properties_at: int
+    """Offset of its properties block in the batch."""
+    properties_length: int
+    payload_length: int
+
+
 def verify(data: bytes | bytearray | memoryview) -> BatchHeader:
     """Check a whole batch without decoding its messages: header, body CRC and
     record framing (lengths, type codes, count). CorruptData naming the first fault."""
+    return survey(data)[0]
+
+
+def survey(data: bytes | bytearray | memoryview) -> tuple[BatchHeader, list[RecordShape]]:
+    """:func:`verify`, also giving every record's shape (type code, where its
+    properties lie, payload length) from the same walk, without decoding anything."""
     header = read_header(data)
     view = memoryview(data)
     (body_crc,) = _CRC.unpack_from(data, _BODY_CRC_AT)
@@ -261,6 +278,9 @@ def verify(data: bytes | bytearray | memoryview) -> BatchHeader:
     pos, end, count = header.records_at, header.length, 0
     unpack = _RECORD.unpack_from
     types = _TYPES
+    shapes: list[RecordShape] = []
+    append = shapes.append
+    new_tuple = tuple.__new__
     while pos < end:
         if end - pos < RECORD_HEADER_SIZE:
             raise errors.CorruptData(f"record {count} of the batch is cut short")
@@ -269,11 +289,12 @@ def verify(data: bytes | bytearray | memoryview) -> BatchHeader:
             raise errors.CorruptData(f"record {count} of the batch has unknown type code {tcode}")
         if length < 8 + plen or pos + 4 + length > end:
             raise errors.CorruptData(f"record {count} of the batch has a bad length")
+        append(new_tuple(RecordShape, (tcode, pos + RECORD_HEADER_SIZE, plen, length - 8 - plen)))
         pos += 4 + length
         count += 1
     if count != header.count:
         raise errors.CorruptData(f"batch holds {count} records, its header says {header.count}")
-    return header
+    return header, shapes
 
 
 def stamp(data: bytearray, base_timetick: int, term: int) -> None:

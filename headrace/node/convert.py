@@ -9,7 +9,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from headrace import errors
 from headrace.cluster import ClusterConfig
-from headrace.message import ids
+from headrace.message import batch, ids
 from headrace.message.types import (
     VCHANNEL_PATTERN,
     LogEntry,
@@ -18,7 +18,7 @@ from headrace.message.types import (
     validate_vchannel,
 )
 from headrace.proto import streaming_pb2 as pb
-from headrace.wal.api import AppendResult, DeliverPolicy, ReadOptions
+from headrace.wal.api import AppendResult, BatchAppendResult, DeliverPolicy, ReadOptions
 from headrace.wal.hosted import HostedWAL
 from headrace.wal.scanner import Scanner
 
@@ -58,6 +58,22 @@ class Admission:
                 )
         self._good.add(vchannel)
 
+    def record_batch(self, data: bytes) -> errors.HeadraceError | None:
+        """Why a producer's record batch is not acceptable here (its vchannel is
+        malformed or routes to another pchannel), read from its header; None if
+        it may go on (a malformed batch too: the WAL refuses it, saying why)."""
+        try:
+            vchannel = batch.read_header(data).vchannel
+        except errors.CorruptData:
+            return None
+        if vchannel in self._good:
+            return None
+        try:
+            self._check_vchannel(vchannel)
+        except errors.InvalidArgument as exc:
+            return exc
+        return None
+
     def message(self, proto: pb.ProduceMessage) -> Message:
         """The message ``proto`` carries; InvalidArgument if it is not acceptable."""
         mtype = _PRODUCIBLE.get(proto.type)
@@ -73,6 +89,30 @@ class Admission:
         props = proto.properties
         properties = {key: props[key] for key in props} if props else _EMPTY
         return Message(mtype, vchannel, proto.payload, properties, 0, 0, proto.txn_id)
+
+
+def fill_batch_results(
+    out: RepeatedCompositeFieldContainer[pb.RecordBatchResult],
+    outcomes: Sequence[BatchAppendResult | errors.HeadraceError],
+    to_proto: Callable[[errors.HeadraceError], pb.Error],
+) -> None:
+    """Append one RecordBatchResult per outcome to ``out``."""
+    protos: dict[int, pb.Error] = {}
+    add = out.add
+    for outcome in outcomes:
+        if isinstance(outcome, BatchAppendResult):
+            add(
+                id=str(outcome.record_id),
+                count=outcome.count,
+                timetick=outcome.timetick,
+                term=outcome.term,
+                txn_id=outcome.txn_id,
+            )
+        else:
+            error = protos.get(id(outcome))
+            if error is None:
+                error = protos[id(outcome)] = to_proto(outcome)
+            add(error=error)
 
 
 def fill_results(

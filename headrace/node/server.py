@@ -216,7 +216,7 @@ class StreamingNode:
                 cfg.node_id,
                 self._backend,
                 self._tso,
-                cfg.wal_options,
+                dataclasses.replace(cfg.wal_options, release_formats=cfg.formats),
                 collections=NodeCollections(self._metastore, self.keys, cfg.node_id),
                 formats=WriteFormats(self._metastore, self.keys, cfg.formats),
             )

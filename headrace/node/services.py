@@ -31,7 +31,7 @@ from headrace.node.walmanager import OpenFailure, WALManager
 from headrace.node.writegate import WriteGate
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
-from headrace.wal.api import AppendResult, WALState
+from headrace.wal.api import AppendResult, BatchAppendResult, WALState
 from headrace.wal.hosted import HostedWAL
 from headrace.wal.scanner import Scanner
 
@@ -105,7 +105,8 @@ class ProducerService(rpc.ProducerServicer):
         if first.WhichOneof("request") != "open":
             raise errors.InvalidArgument("the first request of a Produce stream must be 'open'")
         pchannel = first.open.pchannel
-        term = self.manager.get(pchannel).term
+        wal = self.manager.get(pchannel)
+        term = wal.term
         if first.open.term > term:
             # The client knows a newer term than ours: we are stale.
             raise self.manager.not_owner(pchannel)
@@ -114,6 +115,8 @@ class ProducerService(rpc.ProducerServicer):
             term=term,
             node_id=self.manager.node_id,
             max_message_bytes=self.manager.options.max_message_bytes,
+            message_format=wal.message_format,
+            max_batch_bytes=wal.max_batch_bytes,
         )
 
     async def _take(
@@ -129,12 +132,113 @@ class ProducerService(rpc.ProducerServicer):
             if isinstance(item, errors.HeadraceError):
                 return batches, item, True
             batches.append(item)
-            count += len(item.messages)
+            count += len(item.messages) + len(item.record_batches)
             if count >= self.limits.coalesce_messages or queue.empty():
                 return batches, None, False
             item = queue.get_nowait()
 
     async def append(
+        self, pchannel: str, batches: Sequence[pb.ProduceBatch]
+    ) -> list[pb.ProduceResponse]:
+        """Append what ``batches`` carry in order; one response per batch. Runs
+        of requests carrying messages and of requests carrying record batches
+        (message format 2) are appended in order, each run with one call."""
+        responses: list[pb.ProduceResponse] = []
+        start = 0
+        while start < len(batches):
+            records = bool(batches[start].record_batches)
+            end = start + 1
+            while end < len(batches) and bool(batches[end].record_batches) == records:
+                end += 1
+            run = batches[start:end]
+            if records:
+                responses += await self._append_record_batches(pchannel, run)
+            else:
+                responses += await self._append_message_run(pchannel, run)
+            start = end
+        return responses
+
+    async def _append_record_batches(
+        self, pchannel: str, requests: Sequence[pb.ProduceBatch]
+    ) -> list[pb.ProduceResponse]:
+        """Append the record batches of ``requests`` with one ``append_batches``
+        (never decoded here: the header names the vchannel, the WAL checks the
+        rest); one RecordBatchResult per record batch."""
+        admission = convert.Admission(pchannel, self.manager.directory.config)
+        gate = self.gate
+        accepted: list[bytes] = []
+        rejected: dict[int, errors.HeadraceError] = {}
+        position = 0
+        for request in requests:
+            mixed = (
+                errors.InvalidArgument(
+                    "a ProduceBatch carries messages or record batches, not both; nothing "
+                    "of it was written"
+                )
+                if request.messages
+                else None
+            )
+            for data in request.record_batches:
+                refusal = mixed or admission.record_batch(data) or gate.refusal_for_batch(data)
+                if refusal is None:
+                    accepted.append(data)
+                else:
+                    rejected[position] = refusal
+                position += 1
+        started = time.perf_counter()
+        with gate.appending(len(accepted)):
+            outcomes = await self._append_batches(pchannel, accepted)
+        if rejected:
+            done = iter(outcomes)
+            outcomes = [rejected.get(i) or next(done) for i in range(position)]
+        if self.metrics is not None:
+            failed = failed_codes(outcomes)
+            acked = sum(o.count for o in outcomes if isinstance(o, BatchAppendResult))
+            self.metrics.appended(
+                pchannel,
+                # A refused batch counts as one failed message (it was not decoded).
+                messages=acked + sum(failed.values()),
+                size=sum(request.ByteSize() for request in requests),
+                failed=failed,
+                seconds=time.perf_counter() - started,
+            )
+        responses = []
+        offset = 0
+        for request in requests:
+            size = len(request.record_batches)
+            response = pb.ProduceResponse()
+            result = response.batch
+            result.batch_id = request.batch_id
+            convert.fill_batch_results(
+                result.batch_results, outcomes[offset : offset + size], to_proto
+            )
+            if request.messages:
+                convert.fill_results(
+                    result.results, [rejected[offset]] * len(request.messages), to_proto
+                )
+            offset += size
+            responses.append(response)
+        return responses
+
+    async def _append_batches(
+        self, pchannel: str, batches: list[bytes]
+    ) -> Sequence[BatchAppendResult | errors.HeadraceError]:
+        if not batches:
+            return []
+        try:
+            outcomes = await self.manager.get(pchannel).append_batches(batches)
+        except errors.HeadraceError as exc:
+            return [self._hinted(pchannel, exc)] * len(batches)
+        except Exception as exc:  # a handler must answer every batch
+            return [as_headrace(exc)] * len(batches)
+        hinted: errors.HeadraceError | None = None
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, errors.NotOwner):
+                hinted = hinted or self._hinted(pchannel, outcome)
+                outcomes[i] = hinted
+        return outcomes
+
+    async def _append_message_run(
         self, pchannel: str, batches: Sequence[pb.ProduceBatch]
     ) -> list[pb.ProduceResponse]:
         """Append the messages of ``batches`` in order; one response per batch."""
@@ -242,7 +346,9 @@ class ConsumeStats:
     """Most entries pulled but not yet handed to gRPC at any time."""
 
 
-def failed_codes(outcomes: Sequence[AppendResult | errors.HeadraceError]) -> dict[str, int]:
+def failed_codes(
+    outcomes: Sequence[AppendResult | BatchAppendResult | errors.HeadraceError],
+) -> dict[str, int]:
     """How many outcomes failed, by error code (pure)."""
     failed: dict[str, int] = {}
     for outcome in outcomes:

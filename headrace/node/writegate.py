@@ -34,6 +34,7 @@ from headrace.coordinator.writestop import (
     refusal,
     stops,
 )
+from headrace.message import batch
 from headrace.message.types import MessageType
 from headrace.metastore.contract import KeyValue, Metastore
 
@@ -86,6 +87,22 @@ class WriteGate:
         if stop is None or not stops(stop, kind):
             return None
         return refusal(stop)
+
+    def refusal_for_batch(self, data: bytes) -> errors.WritesStopped | None:
+        """The error a producer's record batch gets now (None: it may go): refused
+        while a stop holds unless every message of it may pass. Its types are
+        read from its framing only while a stop holds; a malformed batch goes on
+        (the WAL refuses it, saying why)."""
+        stop = self.observed.stop
+        if stop is None:
+            return None
+        try:
+            _header, shapes = batch.survey(data)
+        except errors.CorruptData:
+            return None
+        if any(stops(stop, MessageType(shape.type_code)) for shape in shapes):
+            return refusal(stop)
+        return None
 
     @contextlib.contextmanager
     def appending(self, count: int) -> Iterator[None]:

@@ -72,12 +72,14 @@ class OpenProducer(_message.Message):
     def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., producer_id: _Optional[str] = ...) -> None: ...
 
 class ProduceBatch(_message.Message):
-    __slots__ = ("batch_id", "messages")
+    __slots__ = ("batch_id", "messages", "record_batches")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RECORD_BATCHES_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     messages: _containers.RepeatedCompositeFieldContainer[ProduceMessage]
-    def __init__(self, batch_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ProduceMessage, _Mapping]]] = ...) -> None: ...
+    record_batches: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, batch_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ProduceMessage, _Mapping]]] = ..., record_batches: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
     __slots__ = ("open", "batch")
@@ -88,16 +90,20 @@ class ProduceRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[OpenProducer, _Mapping]] = ..., batch: _Optional[_Union[ProduceBatch, _Mapping]] = ...) -> None: ...
 
 class ProducerOpened(_message.Message):
-    __slots__ = ("pchannel", "term", "node_id", "max_message_bytes")
+    __slots__ = ("pchannel", "term", "node_id", "max_message_bytes", "message_format", "max_batch_bytes")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     term: int
     node_id: str
     max_message_bytes: int
-    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., node_id: _Optional[str] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+    message_format: int
+    max_batch_bytes: int
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., node_id: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., message_format: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ...) -> None: ...
 
 class MessageResult(_message.Message):
     __slots__ = ("id", "timetick", "term", "txn_id", "error")
@@ -113,13 +119,31 @@ class MessageResult(_message.Message):
     error: Error
     def __init__(self, id: _Optional[str] = ..., timetick: _Optional[int] = ..., term: _Optional[int] = ..., txn_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
+class RecordBatchResult(_message.Message):
+    __slots__ = ("id", "count", "timetick", "term", "txn_id", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIMETICK_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    count: int
+    timetick: int
+    term: int
+    txn_id: int
+    error: Error
+    def __init__(self, id: _Optional[str] = ..., count: _Optional[int] = ..., timetick: _Optional[int] = ..., term: _Optional[int] = ..., txn_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
 class BatchResult(_message.Message):
-    __slots__ = ("batch_id", "results")
+    __slots__ = ("batch_id", "results", "batch_results")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_RESULTS_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     results: _containers.RepeatedCompositeFieldContainer[MessageResult]
-    def __init__(self, batch_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[MessageResult, _Mapping]]] = ...) -> None: ...
+    batch_results: _containers.RepeatedCompositeFieldContainer[RecordBatchResult]
+    def __init__(self, batch_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[MessageResult, _Mapping]]] = ..., batch_results: _Optional[_Iterable[_Union[RecordBatchResult, _Mapping]]] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
     __slots__ = ("opened", "batch")

@@ -7,6 +7,7 @@ import enum
 from collections.abc import Collection
 
 from headrace.message.ids import MessageID
+from headrace.message.records import message_id
 from headrace.message.types import Message, MessageType
 
 
@@ -18,6 +19,38 @@ class AppendResult:
     timetick: int
     term: int
     txn_id: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchAppendResult:
+    """What a producer learns about an acknowledged record batch: message ``i``
+    has id :func:`~headrace.message.records.message_id` ``(record_id, i)`` and
+    timetick ``timetick + i``; every message has the batch's term and txn id."""
+
+    record_id: MessageID
+    """The stored record's id, which is also the id of the batch's first message."""
+    count: int
+    timetick: int
+    """The first message's (the batch's base timetick)."""
+    term: int
+    txn_id: int = 0
+
+    def message_ids(self) -> list[MessageID]:
+        return [message_id(self.record_id, i) for i in range(self.count)]
+
+    def results(self) -> list[AppendResult]:
+        """Each message's result, in order."""
+        rid, tt, term, txn = self.record_id, self.timetick, self.term, self.txn_id
+        return [AppendResult(message_id(rid, i), tt + i, term, txn) for i in range(self.count)]
+
+    def first(self) -> AppendResult:
+        """The result of the batch's first message."""
+        return AppendResult(self.record_id, self.timetick, self.term, self.txn_id)
+
+    @classmethod
+    def of(cls, first: AppendResult, count: int) -> BatchAppendResult:
+        """The result of a batch of ``count`` messages whose first got ``first``."""
+        return cls(first.id, count, first.timetick, first.term, first.txn_id)
 
 
 class DeliverPolicy(enum.Enum):

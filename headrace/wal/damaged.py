@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from headrace import errors
+from headrace.message import codec
 from headrace.message.ids import MessageID
 from headrace.message.types import Message
-from headrace.wal.api import AppendResult, ReadOptions, WALState
+from headrace.wal.api import AppendResult, BatchAppendResult, ReadOptions, WALState
 from headrace.wal.contract import Backend
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner
 
@@ -66,10 +67,24 @@ class DamagedWAL:
     def last_id(self) -> MessageID | None:
         return None
 
+    @property
+    def message_format(self) -> int:
+        """What producers are told to send (a damaged log takes nothing)."""
+        return codec.FORMAT_VERSION
+
+    @property
+    def max_batch_bytes(self) -> int:
+        return 0
+
     async def append_many(
         self, msgs: Sequence[Message]
     ) -> list[AppendResult | errors.HeadraceError]:
         return [self._refusal] * len(msgs)
+
+    async def append_batches(
+        self, batches: Sequence[bytes]
+    ) -> list[BatchAppendResult | errors.HeadraceError]:
+        return [self._refusal] * len(batches)
 
     def read(self, options: ReadOptions) -> Scanner:
         if self._closed:

@@ -24,22 +24,30 @@ import time
 from collections.abc import Mapping, Sequence
 
 from headrace import errors
-from headrace.message import codec, records
-from headrace.message.formats import RELEASE_FORMATS, write_refusal
+from headrace.message import batch, codec, records
+from headrace.message.batch import Limits
+from headrace.message.formats import RELEASE_FORMATS, FormatSupport, write_refusal
 from headrace.message.ids import MessageID
 from headrace.message.types import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Message,
+    MessageType,
 )
 from headrace.tso import TimestampAllocator
-from headrace.wal.api import AppendResult, ReadOptions, WALState
+from headrace.wal.api import (
+    AppendResult,
+    BatchAppendResult,
+    ReadOptions,
+    WALState,
+)
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
 from headrace.wal.contract import Backend, BackendWriter, Record, where
 from headrace.wal.damaged import damage_stats
 from headrace.wal.interceptors import stages
 from headrace.wal.interceptors.backpressure import note_opaque
-from headrace.wal.interceptors.chain import AppendContext
+from headrace.wal.interceptors.chain import AppendContext, BatchPart, representative
 from headrace.wal.interceptors.dedup import DedupWindow
+from headrace.wal.interceptors.planning import BATCH_OVERHEAD
 from headrace.wal.interceptors.segments import (
     CollectionHooks,
     SegmentInterceptor,
@@ -56,7 +64,7 @@ from headrace.wal.progress import OpaqueSpan, Progress, RetentionOptions, widene
 from headrace.wal.rebuild import History, TailScan, rebuild, replay_from
 from headrace.wal.scanner import DEFAULT_READ_BATCH, Scanner, open_backend_scanner
 from headrace.wal.ticks import TickScheduler
-from headrace.wal.validation import Validator, validate
+from headrace.wal.validation import CheckedBatch, Validator, validate
 
 __all__ = ["WAL", "Scanner", "WALOptions", "open_backend_scanner", "validate"]
 
@@ -90,7 +98,23 @@ class WALOptions:
     message_format: int = codec.FORMAT_VERSION
     """The message format the WAL writes: the cluster's format version, which
     a node checks it can write before it opens the WAL
-    (:mod:`headrace.message.formats`)."""
+    (:mod:`headrace.message.formats`). Format 2 stores record batches
+    (:meth:`WAL.append_batches`)."""
+    max_batch_bytes: int | None = None
+    """Largest record batch a producer may append (one backend record); None:
+    ``max_message_bytes`` plus what a batch of one message adds to it, so a
+    batch is never larger than the largest message stored alone."""
+    release_formats: FormatSupport = RELEASE_FORMATS
+    """What the release running the WAL can write (a node passes its own)."""
+
+    @property
+    def batch_limits(self) -> Limits:
+        """The bounds of a producer's record batch."""
+        most = self.max_batch_bytes
+        return Limits(
+            self.max_message_bytes,
+            self.max_message_bytes + BATCH_OVERHEAD if most is None else most,
+        )
 
     def __post_init__(self) -> None:
         minimums: dict[str, float] = {
@@ -102,9 +126,17 @@ class WALOptions:
             "max_open_txns": 1,
             "read_batch": 1,
         }
-        if self.message_format not in RELEASE_FORMATS.writes:
+        refusal = write_refusal(self.release_formats, self.message_format)
+        if refusal:
+            raise errors.InvalidArgument(f"WAL option message_format: {refusal}")
+        if self.max_batch_bytes is not None and (
+            isinstance(self.max_batch_bytes, bool)
+            or not isinstance(self.max_batch_bytes, int)
+            or self.max_batch_bytes < batch.HEADER_SIZE + batch.RECORD_HEADER_SIZE
+        ):
             raise errors.InvalidArgument(
-                f"WAL option message_format: {write_refusal(RELEASE_FORMATS, self.message_format)}"
+                f"WAL option max_batch_bytes must be None or an integer of at least "
+                f"{batch.HEADER_SIZE + batch.RECORD_HEADER_SIZE}, got {self.max_batch_bytes!r}"
             )
         for name, least in minimums.items():
             value = getattr(self, name)
@@ -220,7 +252,9 @@ class WAL:
             scheduler=TickScheduler(pchannel) if scheduler is None else scheduler,
             serving=lambda: self._state is WALState.SERVING,
         )
-        self._validator = Validator(options.max_message_bytes)
+        self._validator = Validator(
+            options.max_message_bytes, options.batch_limits, collections=collections is not None
+        )
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -401,6 +435,79 @@ class WAL:
                 valid.append(ctx)
             contexts.append(ctx)
         # Only the stages declared for them see plain messages.
+        await self._run_chain(valid, plain=plain)
+        return [_outcome(ctx) for ctx in contexts]
+
+    async def append_batches(
+        self, batches: Sequence[bytes]
+    ) -> list[BatchAppendResult | errors.HeadraceError]:
+        """Append producers' record batches (message format 2, unstamped); one
+        result per batch, in order; a bad batch does not fail the others.
+
+        Each batch is checked as a whole (:meth:`Validator.check_batch`). A
+        batch holding no DDL, transaction control or collection message
+        passes the interceptors as one context and is stored as one record
+        with one timetick; any other must hold that one message, which takes
+        the per-message path (its result is then that message's). Batches
+        are deduplicated by their producer id and sequence."""
+        refusal = self._refusal() or self._batch_refusal()
+        if refusal is not None:
+            return [refusal] * len(batches)
+        check = self._validator.check_batch
+        contexts: list[AppendContext] = []
+        valid: list[AppendContext] = []
+        plain = True
+        for data in batches:
+            checked = check(data)
+            ctx = self._batch_context(data, checked)
+            contexts.append(ctx)
+            if ctx.error is None:
+                valid.append(ctx)
+                header = ctx.batch.header if ctx.batch is not None else None
+                plain = (
+                    plain
+                    and isinstance(checked, CheckedBatch)
+                    and checked.whole
+                    and header is not None
+                    and not header.producer_id
+                    and not header.txn_id
+                )
+        await self._run_chain(valid, plain=plain)
+        return [_batch_outcome(ctx) for ctx in contexts]
+
+    def _batch_refusal(self) -> errors.HeadraceError | None:
+        if self._opts.message_format == batch.FORMAT_VERSION:
+            return None
+        return errors.InvalidArgument(
+            f"the WAL of pchannel {self.pchannel} writes message format "
+            f"{self._opts.message_format}, not record batches (message format "
+            f"{batch.FORMAT_VERSION}); send messages one by one, or switch the cluster to "
+            f"format {batch.FORMAT_VERSION} first (`headrace format set {batch.FORMAT_VERSION}`)"
+        )
+
+    def _batch_context(
+        self, data: bytes, checked: CheckedBatch | errors.HeadraceError
+    ) -> AppendContext:
+        """The context of one producer batch: the whole batch, or its one message
+        (checked as a message: the per-message path)."""
+        if isinstance(checked, errors.HeadraceError):
+            return AppendContext(_NO_MESSAGE, 0, error=checked)
+        header = checked.header
+        if checked.whole:
+            return AppendContext(
+                representative(header, checked.first_type),
+                header.length,
+                batch=BatchPart(header, bytearray(data)),
+            )
+        (msg,) = batch.messages(data, header)
+        outcome = self._validator.check(msg)
+        if isinstance(outcome, errors.HeadraceError):
+            return AppendContext(msg, 0, error=outcome)
+        return AppendContext(msg, outcome[0], batch=BatchPart(header))
+
+    async def _run_chain(self, valid: list[AppendContext], *, plain: bool) -> None:
+        """Pass ``valid`` through the interceptors (only the plain stages if
+        ``plain``) to the log."""
         interceptors = self._interceptors
         chain = interceptors.plain_chain if plain else interceptors.chain
         self._inflight += 1
@@ -416,7 +523,6 @@ class WAL:
                 self._sync.attention()  # a transaction or segment may have a chore due
         if self._appender.failure is not None:
             self._mark_failed()
-        return [_outcome(ctx) for ctx in contexts]
 
     def _refusal(self) -> errors.HeadraceError | None:
         state = self._state
@@ -469,6 +575,16 @@ class WAL:
         return self._appender.last_timetick
 
     @property
+    def message_format(self) -> int:
+        """The message format the WAL writes (2: it takes record batches)."""
+        return self._opts.message_format
+
+    @property
+    def max_batch_bytes(self) -> int:
+        """Largest record batch :meth:`append_batches` takes."""
+        return self._opts.batch_limits.max_batch_bytes
+
+    @property
     def progress(self) -> Progress:
         """Bytes appended, sampled positions and the flush state (retention)."""
         return self._appender.progress
@@ -512,6 +628,20 @@ class WAL:
         """Write what the WAL's interceptors write themselves (rollbacks, seals)."""
         await self._appender.write(batch)
         note_opaque(self.progress, batch, plain=False)
+
+
+_NO_MESSAGE = Message(MessageType.INSERT)
+"""The message of a context refused before it had one (a malformed batch)."""
+
+
+def _batch_outcome(ctx: AppendContext) -> BatchAppendResult | errors.HeadraceError:
+    outcome = _outcome(ctx)
+    if isinstance(outcome, errors.HeadraceError):
+        return outcome
+    part = ctx.batch
+    return BatchAppendResult.of(
+        outcome, 1 if part is None or part.data is None else part.header.count
+    )
 
 
 def _outcome(ctx: AppendContext) -> AppendResult | errors.HeadraceError:

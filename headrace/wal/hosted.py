@@ -8,7 +8,7 @@ from typing import Protocol
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.message.types import Message
-from headrace.wal.api import AppendResult, ReadOptions, WALState
+from headrace.wal.api import AppendResult, BatchAppendResult, ReadOptions, WALState
 from headrace.wal.scanner import Scanner
 
 
@@ -31,9 +31,19 @@ class HostedWAL(Protocol):
     @property
     def last_id(self) -> MessageID | None: ...
 
+    @property
+    def message_format(self) -> int: ...
+
+    @property
+    def max_batch_bytes(self) -> int: ...
+
     async def append_many(
         self, msgs: Sequence[Message]
     ) -> list[AppendResult | errors.HeadraceError]: ...
+
+    async def append_batches(
+        self, batches: Sequence[bytes]
+    ) -> list[BatchAppendResult | errors.HeadraceError]: ...
 
     def read(self, options: ReadOptions) -> Scanner: ...
 

@@ -25,14 +25,20 @@ import dataclasses
 from collections.abc import Callable
 
 from headrace import errors
-from headrace.message import ids, records
+from headrace.message import batch, ids, records
 from headrace.message.ids import MessageID
 from headrace.message.types import Message
-from headrace.wal.api import AppendResult
 from headrace.wal.buffer import Position
 from headrace.wal.contract import Backend, Record, StartPosition
 from headrace.wal.interceptors.backpressure import is_opaque
-from headrace.wal.interceptors.dedup import DEDUP_FROM, DedupWindow, ProducerKey, logged_pair
+from headrace.wal.interceptors.dedup import (
+    DEDUP_FROM,
+    DedupWindow,
+    Key,
+    Remembered,
+    logged_batch_pair,
+    logged_pair,
+)
 from headrace.wal.progress import OpaqueLog, OpaqueSpan, OpaqueSummary, inherited
 
 READ_TIMEOUT_S = 5.0
@@ -41,7 +47,7 @@ FIRST_PROBE = 256
 """Records the first probe back from the last record covers."""
 PROBE_GROWTH = 4
 
-Pair = tuple[ProducerKey, AppendResult]
+Pair = tuple[Key, Remembered]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -275,7 +281,12 @@ async def _read(
                 if before is not None and record.id >= before:
                     return Span(tuple(pairs), anchor, start is None)
                 read += 1
-                for mid, msg in records.entries(record.id, record.data):
+                data = record.data
+                if batch.is_batch(data) and not _decode_batch(record.id, data, pairs, observe):
+                    if record.id >= last:
+                        return Span(tuple(pairs), anchor, start is None)
+                    continue
+                for mid, msg in records.entries(record.id, data):
                     if observe is not None:
                         observe(mid, msg)
                     if msg.properties:
@@ -287,3 +298,20 @@ async def _read(
                     return Span(tuple(pairs), anchor, start is None)
     finally:
         await reader.close()
+
+
+def _decode_batch(
+    rid: MessageID,
+    data: bytes,
+    pairs: list[Pair],
+    observe: Callable[[MessageID, Message], None] | None,
+) -> bool:
+    """A record batch read back: its dedup pair from the header alone (added
+    to ``pairs``); whether its messages must be decoded too: for ``observe``,
+    for the rebuild anchor of the WAL's own ticks and fences (system batches),
+    or for the per-message keys of a batch without a producer id."""
+    header = batch.read_header(data)
+    pair = logged_batch_pair(rid, header)
+    if pair is not None:
+        pairs.append(pair)
+    return observe is not None or header.system or not header.producer_id

@@ -10,16 +10,34 @@ ones (a producer's dedup key), whose size it computes without encoding. For
 anything else it asks :func:`validate`. The two agree on every input, accepted
 or refused, and on the error (``tests/wal/test_validation.py`` checks it
 property-based).
+
+Record batches (message format 2) likewise: :func:`validate_batch` is the
+rule, checking a producer's batch as a whole and each of its messages as
+:func:`validate` does (it decodes them); :meth:`Validator.check_batch` gives
+the same answer from the batch's framing and properties blocks alone, never
+touching a payload. Both also say how the batch travels (:class:`CheckedBatch`):
+*whole*, as one record through the interceptors, or, if it holds a DDL, a
+transaction control message (BEGIN/COMMIT/ROLLBACK_TXN) or, on a WAL with
+collections, a message naming a collection, decoded through the per-message
+path. So does a batch without a producer id whose message carries format 1's
+per-message dedup properties (a message first sent to an owner writing format
+1, retried after the switch: the WAL deduplicates it by those). Such a batch
+must hold that one message alone: its messages would get ids and timeticks of
+their own, which one batch result could not state.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 
 from headrace import errors
-from headrace.message import codec
+from headrace.message import batch, codec
+from headrace.message.batch import BatchHeader, Limits
+from headrace.message.properties import PRODUCER_ID
 from headrace.message.types import Message, MessageType, validate_vchannel
+from headrace.table.messages import COLLECTION
 from headrace.wal.interceptors.txn import TXN_RELEVANT
 
 SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))
@@ -107,13 +125,189 @@ collection: only the lock stage has anything to do for it). A bare tuple:
 one is made per appended message."""
 
 
-class Validator:
-    """:func:`validate` with a fast path for the common message (one per WAL)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckedBatch:
+    """A producer's batch that passed: its header, and how it travels."""
 
-    def __init__(self, max_bytes: int) -> None:
+    header: BatchHeader
+    whole: bool
+    """As one record through the interceptors (else: its one message, decoded,
+    through the per-message path)."""
+    first_type: MessageType
+
+
+_TYPES = {int(t): t for t in MessageType}
+_PER_MESSAGE_TYPES = frozenset(int(t) for t in TXN_RELEVANT)
+
+
+def _batch_refusal(header: BatchHeader, limits: Limits) -> errors.HeadraceError | None:
+    """The batch-wide checks after its framing and CRCs, in order (both paths
+    make them): size, the stamp, the system flag."""
+    if header.length > limits.max_batch_bytes:
+        return errors.MessageTooLarge(
+            f"record batch of {header.length} bytes ({header.count} messages) exceeds the "
+            f"maximum of {limits.max_batch_bytes} bytes; nothing was written"
+        )
+    if header.base_timetick or header.term:
+        return errors.InvalidArgument(
+            f"a producer's record batch carries timetick and term 0 (the WAL stamps them), "
+            f"got timetick {header.base_timetick}, term {header.term}"
+        )
+    if header.system:
+        return errors.InvalidArgument(
+            "record batches flagged system are written by the WAL itself, not by producers"
+        )
+    return None
+
+
+def _malformed(exc: errors.CorruptData) -> errors.InvalidArgument:
+    return errors.InvalidArgument(f"malformed record batch: {exc.message}; nothing was written")
+
+
+def _in_message(i: int, exc: errors.HeadraceError) -> errors.HeadraceError:
+    return type(exc)(f"message {i} of the batch: {exc.message}")
+
+
+def _route(
+    header: BatchHeader, per_message: bool, first_type: MessageType
+) -> CheckedBatch | errors.HeadraceError:
+    if per_message and header.count > 1:
+        return errors.InvalidArgument(
+            f"a record batch holding a DDL, transaction control (BEGIN/COMMIT/ROLLBACK_TXN) or "
+            f"collection message must hold that message alone: send them one per batch "
+            f"(this one holds {header.count} messages); nothing was written"
+        )
+    return CheckedBatch(header, not per_message, first_type)
+
+
+def validate_batch(
+    data: bytes, limits: Limits, *, collections: bool
+) -> CheckedBatch | errors.HeadraceError:
+    """The rule for a producer's record batch (decodes every message):
+    :func:`_batch_refusal`, a well-formed vchannel, each message as
+    :func:`validate` says, then the route (``collections``: the WAL has
+    collection hooks, so a message naming a collection goes per message)."""
+    try:
+        header = batch.verify(data)
+    except errors.CorruptData as exc:
+        return _malformed(exc)
+    refusal = _batch_refusal(header, limits)
+    if refusal is not None:
+        return refusal
+    try:
+        validate_vchannel(header.vchannel)
+        msgs = batch.messages(data, header)
+    except errors.CorruptData as exc:
+        return _malformed(exc)
+    except errors.HeadraceError as exc:
+        return exc
+    for i, msg in enumerate(msgs):
+        try:
+            validate(msg, limits.max_message_bytes)
+        except errors.HeadraceError as exc:
+            return _in_message(i, exc)
+    keyed = not header.producer_id
+    per_message = any(
+        msg.type in TXN_RELEVANT
+        or (collections and COLLECTION in msg.properties)
+        or (keyed and PRODUCER_ID in msg.properties)
+        for msg in msgs
+    )
+    return _route(header, per_message, msgs[0].type)
+
+
+def goes_alone(msg: Message) -> bool:
+    """Whether a producer sends ``msg`` in a record batch of its own (pure): a
+    DDL, a transaction control message or a message naming a collection may
+    take the per-message path (a WAL with collection hooks sends a collection
+    message there), which takes batches of one message only."""
+    return msg.type in TXN_RELEVANT or COLLECTION in msg.properties
+
+
+class Validator:
+    """:func:`validate` with a fast path for the common message, and
+    :func:`validate_batch` without decoding payloads (one per WAL)."""
+
+    def __init__(
+        self, max_bytes: int, limits: Limits | None = None, *, collections: bool = False
+    ) -> None:
+        """``limits``: of record batches (default: ``max_bytes`` per message,
+        a batch as large); ``collections``: the WAL has collection hooks."""
         self.max_bytes = max_bytes
+        self.limits = Limits(max_bytes, max_bytes) if limits is None else limits
+        self.collections = collections
         self._good: set[str] = set()
         """Vchannel names that passed :func:`validate` (well formed, hence ASCII)."""
+
+    def check_batch(self, data: bytes) -> CheckedBatch | errors.HeadraceError:
+        """What :func:`validate_batch` says of ``data``, from its framing and
+        properties blocks (payloads are only measured)."""
+        limits = self.limits
+        try:
+            header, shapes = batch.survey(data)
+        except errors.CorruptData as exc:
+            return _malformed(exc)
+        refusal = _batch_refusal(header, limits)
+        if refusal is not None:
+            return refusal
+        vchannel = header.vchannel
+        if vchannel not in self._good:
+            try:
+                validate_vchannel(vchannel)
+            except errors.HeadraceError as exc:
+                return exc
+            self._remember(vchannel)
+        view = memoryview(data)
+        props_sizes: list[int] = []
+        per_message = False
+        collections = self.collections
+        keyed = not header.producer_id
+        decode_properties = codec.decode_properties
+        for shape in shapes:
+            plen = shape.properties_length
+            if not plen:
+                props_sizes.append(0)
+                continue
+            at = shape.properties_at
+            try:
+                properties = decode_properties(view[at : at + plen])
+            except errors.CorruptData as exc:
+                return _malformed(exc)
+            props_sizes.append(plen if properties else 0)
+            per_message = (
+                per_message
+                or (collections and COLLECTION in properties)
+                or (keyed and PRODUCER_ID in properties)
+            )
+        base = _PLAIN_SIZE + len(vchannel) + (8 if header.txn_id else 0)
+        max_bytes = limits.max_message_bytes
+        types = _TYPES
+        for i, (shape, props) in enumerate(zip(shapes, props_sizes, strict=True)):
+            kind = types[shape.type_code]
+            if kind in SYSTEM:
+                return _in_message(
+                    i,
+                    errors.InvalidArgument(
+                        f"{kind.name} messages are written by the WAL itself, not by producers"
+                    ),
+                )
+            size = base + props + shape.payload_length
+            if size > max_bytes:
+                return _in_message(
+                    i,
+                    errors.MessageTooLarge(
+                        f"message of {size} bytes (payload {shape.payload_length}) exceeds the "
+                        f"maximum of {max_bytes} bytes; nothing was written"
+                    ),
+                )
+            per_message = per_message or shape.type_code in _PER_MESSAGE_TYPES
+        return _route(header, per_message, types[shapes[0].type_code])
+
+    def _remember(self, vchannel: str) -> None:
+        good = self._good
+        if len(good) >= GOOD_VCHANNELS_MAX:
+            good.clear()
+        good.add(vchannel)
 
     def check(self, msg: Message) -> Checked | errors.HeadraceError:
         """What :func:`validate` says of ``msg``: accepted (size, plain) or the error."""
@@ -144,9 +338,6 @@ class Validator:
             size = validate(msg, self.max_bytes)
         except errors.HeadraceError as exc:
             return exc
-        good = self._good
-        if len(good) >= GOOD_VCHANNELS_MAX:
-            good.clear()
-        good.add(msg.vchannel)
+        self._remember(msg.vchannel)
         plain = msg.type not in _NOT_PLAIN and not msg.txn_id and not msg.properties
         return (size, plain)

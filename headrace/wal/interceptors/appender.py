@@ -30,7 +30,7 @@ from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.tso import TimestampAllocator
 from headrace.wal.api import AppendResult
-from headrace.wal.buffer import Position, WriteAheadBuffer
+from headrace.wal.buffer import Position, WriteAheadBuffer, end_of
 from headrace.wal.contract import BackendWriter, Record
 from headrace.wal.interceptors.chain import AppendContext
 from headrace.wal.interceptors.planning import (
@@ -395,16 +395,17 @@ class Appender:
             ids = future.result()
             early = batch.early
             if early is not None and early.ids is ids:
-                entries, timeticks = early.entries, early.timeticks
+                columns = early.columns
             else:
                 unsettle(batch)
-                entries, timeticks = settle(batch, ids, self.last_id)
+                columns = settle(batch, ids, self.last_id)
+            entries, timeticks = columns.entries, columns.timeticks
             if entries:
-                self.last_id = entries[-1].id
+                self.last_id = end_of(entries[-1]).id
             self.appended_total += len(batch.records)
             if batch.records and entries:
-                self.progress.appended(entries[-1].id, timeticks[-1], sum(map(len, batch.records)))
-            self._buffer.extend_columns(entries, timeticks, batch.sizes, batch.persisted)
+                self.progress.appended(self.last_id, timeticks[-1], sum(map(len, batch.records)))
+            self._buffer.extend_columns(entries, timeticks, columns.sizes, columns.persisted)
         elif isinstance(error, errors.Fenced):
             unsettle(batch)
             self.failure = error

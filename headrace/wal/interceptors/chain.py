@@ -32,22 +32,55 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from headrace import errors
-from headrace.message.types import Message
+from headrace.message.batch import BatchHeader
+from headrace.message.types import EMPTY_PROPERTIES, Message, MessageType
 from headrace.wal.api import AppendResult
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchPart:
+    """The record batch (message format 2) a context comes from.
+
+    ``data``: the whole verified batch, when the context carries it as one
+    record (the fast path: the appender stamps it in place and stores it as it
+    is; the context's message is then only a representative view of it, see
+    :func:`representative`); None when the batch's one message travels
+    decoded as the context's message (the per-message path)."""
+
+    header: BatchHeader
+    data: bytearray | None = None
+
+    @property
+    def dedup_key(self) -> tuple[int, int] | None:
+        """``(producer id, sequence)``; None for producer id 0 (not deduplicated)."""
+        header = self.header
+        return (header.producer_id, header.sequence) if header.producer_id else None
+
+
+def representative(header: BatchHeader, first_type: MessageType) -> Message:
+    """What the interceptors see of a whole batch: its vchannel, txn id and first
+    message's type, no payload and no properties (a batch on the fast path holds
+    no DDL, no transaction control and no collection message, so its messages
+    look alike to every stage)."""
+    return Message(first_type, header.vchannel, b"", EMPTY_PROPERTIES, 0, 0, header.txn_id)
 
 
 @dataclasses.dataclass(slots=True)
 class AppendContext:
-    """One message on its way through the chain.
+    """One message, or one whole record batch, on its way through the chain.
 
-    ``size`` is the message's encoded size as validated; the timetick stage
-    encodes the message once, after stamping its timetick and term.
+    ``size`` is the message's encoded size as validated (a whole batch's:
+    its length); the timetick stage encodes the message once, after stamping
+    its timetick and term (stamps a whole batch in place). ``batch``: the
+    record batch the context comes from, if any (its dedup key, and the bytes
+    of a whole batch).
     """
 
     message: Message
     size: int
     result: AppendResult | None = None
     error: errors.HeadraceError | None = None
+    batch: BatchPart | None = None
 
     @property
     def settled(self) -> bool:

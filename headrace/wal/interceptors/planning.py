@@ -4,6 +4,12 @@ A :class:`Batch` collects the requests of one backend append. Planning gives
 each message its timetick and the term and encodes it; settling turns the ids
 the backend returned into every caller's :class:`AppendResult` and the
 write-ahead buffer's entries.
+
+In message format 2 every record is a record batch: a context carrying a
+whole producer batch gets its messages' timeticks (consecutive, reserved at
+once), is stamped in place and stored as it is (the buffer keeps it whole);
+any other message (the WAL's ticks and fences, the per-message path) is
+stored as a batch of its own, with its batch's dedup key if it came from one.
 """
 
 from __future__ import annotations
@@ -13,8 +19,11 @@ import dataclasses
 from typing import NamedTuple
 
 from headrace import errors
+from headrace.message import batch as batches
 from headrace.message import codec
+from headrace.message.batch import BatchHeader
 from headrace.message.ids import MessageID
+from headrace.message.records import BatchEntry, message_id
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.wal.api import AppendResult
 from headrace.wal.interceptors.chain import AppendContext
@@ -52,6 +61,7 @@ class Batch:
         "records",
         "requests",
         "sizes",
+        "wholes",
     )
 
     def __init__(self) -> None:
@@ -64,14 +74,25 @@ class Batch:
         self.count = 0
         self.early: Settled | None = None
         """Settled ahead with the ids the backend announced (see :func:`settle_early`)."""
+        self.wholes: dict[int, tuple[bytes, BatchHeader]] = {}
+        """Planned contexts (by position) that are whole record batches: the
+        stored bytes and their stamped header."""
+
+
+class Columns(NamedTuple):
+    """The write-ahead buffer's entries of a settled batch, by columns."""
+
+    entries: list[LogEntry | BatchEntry]
+    timeticks: list[int]
+    sizes: list[int]
+    persisted: list[bool]
 
 
 class Settled(NamedTuple):
-    """A batch's bookkeeping for the ids ``ids``: the buffer's entries and timeticks."""
+    """A batch's bookkeeping for the ids ``ids``."""
 
     ids: list[MessageID]
-    entries: list[LogEntry]
-    timeticks: list[int]
+    columns: Columns
 
 
 @dataclasses.dataclass(slots=True)
@@ -88,6 +109,34 @@ class Stamp:
     """The message format every record is encoded in (the cluster's, see
     :mod:`headrace.message.formats`)."""
 
+    @property
+    def batches(self) -> bool:
+        """Records are record batches (message format 2)."""
+        return self.message_format == batches.FORMAT_VERSION
+
+
+BATCH_OVERHEAD = batches.HEADER_SIZE + batches.RECORD_HEADER_SIZE
+"""What a record batch of one message adds to the message's size in format 1, at most."""
+
+
+def alone(msg: Message, ctx: AppendContext, max_bytes: int) -> bytes:
+    """``msg`` (stamped) stored as a record batch of its own, with the dedup key
+    of the producer batch it came from, if any."""
+    part = ctx.batch
+    header = None if part is None else part.header
+    info = batches.BatchInfo(
+        msg.vchannel,
+        0 if header is None else header.producer_id,
+        0 if header is None else header.sequence,
+        msg.txn_id,
+        system=msg.type in SYSTEM,
+    )
+    data = bytearray(
+        batches.encode([msg], info, batches.Limits(max_bytes, max_bytes + BATCH_OVERHEAD))
+    )
+    batches.stamp(data, msg.timetick, msg.term)
+    return bytes(data)
+
 
 def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> None:
     """Timeticks from ``first`` (never below the last one plus one), the term
@@ -102,6 +151,8 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
     encode = codec.encode
     max_bytes = stamp.max_bytes
     message_format = stamp.message_format
+    as_batches = stamp.batches
+    wholes = batch.wholes
     i = first
     contexts, messages, sizes = batch.contexts, batch.messages, batch.sizes
     persisted, records = batch.persisted, batch.records
@@ -113,6 +164,22 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
             m = ctx.message
             kind = m.type
             stamped = Message(kind, m.vchannel, m.payload, m.properties, tt, term, m.txn_id)
+            part = ctx.batch
+            if part is not None and part.data is not None:
+                # A whole batch: its messages get tt, tt + 1, ... (reserved at once).
+                batches.stamp(part.data, tt, term)
+                record = bytes(part.data)
+                header = dataclasses.replace(part.header, base_timetick=tt, term=term)
+                wholes[len(contexts)] = (record, header)
+                tt = header.last_timetick
+                i += header.count - 1
+                dirty = True
+                records.append(record)
+                contexts.append(ctx)
+                messages.append(stamped)
+                sizes.append(len(record))
+                persisted.append(True)
+                continue
             if sync_tick and not dirty and kind in SYSTEM:
                 contexts.append(ctx)
                 messages.append(stamped)
@@ -120,7 +187,11 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
                 persisted.append(False)
                 continue
             try:
-                data = encode(stamped, max_bytes, message_format)
+                data = (
+                    alone(stamped, ctx, max_bytes)
+                    if as_batches
+                    else encode(stamped, max_bytes, message_format)
+                )
             except errors.HeadraceError as exc:
                 ctx.fail(exc)
                 continue
@@ -155,33 +226,43 @@ def make_result(mid: MessageID, timetick: int, term: int, txn_id: int) -> Append
     return result
 
 
-def settle(
-    batch: Batch, ids: list[MessageID], last_id: MessageID | None
-) -> tuple[list[LogEntry], list[int]]:
+def settle(batch: Batch, ids: list[MessageID], last_id: MessageID | None) -> Columns:
     """Every planned context's result from the backend's ``ids`` (a tick that
-    was not persisted carries the id of the last persisted record, starting
-    from ``last_id``); the buffer's entries and their timeticks."""
-    messages = batch.messages
+    was not persisted carries the id of the last persisted message, starting
+    from ``last_id``); the buffer's entries (a whole record batch as one
+    :class:`~headrace.message.records.BatchEntry`, its last timetick in the
+    timeticks column)."""
+    messages, wholes = batch.messages, batch.wholes
     if len(ids) == len(messages):
         entry_ids = ids  # every planned message was persisted: one id each
     else:
         entry_ids = []
         it = iter(ids)
-        for stored in batch.persisted:
+        for i, stored in enumerate(batch.persisted):
             if stored:
-                last_id = next(it)
+                rid = next(it)
+                entry_ids.append(rid)
+                whole = wholes.get(i)
+                last_id = rid if whole is None else message_id(rid, whole[1].count - 1)
+                continue
             assert last_id is not None, "a sync tick before any persisted record"
             entry_ids.append(last_id)
     new_tuple = tuple.__new__
-    entries: list[LogEntry] = []
+    entries: list[LogEntry | BatchEntry] = []
     append = entries.append
     timeticks: list[int] = []
-    for ctx, mid, msg in zip(batch.contexts, entry_ids, messages, strict=True):
+    for i, (ctx, mid, msg) in enumerate(zip(batch.contexts, entry_ids, messages, strict=True)):
         tt = msg.timetick
         ctx.result = make_result(mid, tt, msg.term, msg.txn_id)
-        append(new_tuple(LogEntry, (mid, msg)))
-        timeticks.append(tt)
-    return entries, timeticks
+        whole = wholes.get(i) if wholes else None
+        if whole is None:
+            append(new_tuple(LogEntry, (mid, msg)))
+            timeticks.append(tt)
+        else:
+            record, header = whole
+            append(BatchEntry(mid, header, record))
+            timeticks.append(header.last_timetick)
+    return Columns(entries, timeticks, batch.sizes, batch.persisted)
 
 
 def settle_early(batch: Batch, ids: list[MessageID]) -> None:
@@ -191,7 +272,7 @@ def settle_early(batch: Batch, ids: list[MessageID]) -> None:
     resolved; :func:`unsettle` takes them back if the append fails.
     """
     if len(ids) == len(batch.messages):  # every message persisted: no earlier id needed
-        batch.early = Settled(ids, *settle(batch, ids, None))
+        batch.early = Settled(ids, settle(batch, ids, None))
 
 
 def unsettle(batch: Batch) -> None:

@@ -640,7 +640,7 @@ class SegmentInterceptor:
     def tick_properties(self) -> dict[str, str]:
         """What the WAL's ticks and fences say about its segments."""
         start = self.table.read_from(self._last_id())
-        return {} if start is None else {SEGMENTS_FROM: str(start)}
+        return {} if start is None else {SEGMENTS_FROM: str(start.record_id())}
 
     # -- capabilities (see .chain) -----------------------------------------
 

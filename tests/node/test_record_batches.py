@@ -1,0 +1,163 @@
+"""The Produce stream with record batches (message format 2): the node tells
+the format it writes, passes batches to the WAL without decoding them, and
+answers one RecordBatchResult per batch; refusals per batch."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+import pytest
+
+from headrace.cluster import NEW_CLUSTER_ROUTING, ClusterFormat, route
+from headrace.coordinator import writestop
+from headrace.message import batch
+from headrace.message.batch import BatchInfo
+from headrace.message.formats import FormatSupport
+from headrace.message.types import Message, MessageType
+from headrace.proto import rpc
+from headrace.proto import streaming_pb2 as pb
+from tests.node.harness import HANG_GUARD, Cluster, until
+
+P = "pchannel-000"
+BATCHES = FormatSupport.of(reads={1, 2}, writes={1, 2})
+
+
+async def node_channel(cluster: Cluster, cluster_format: int) -> grpc.aio.Channel:
+    await cluster.configure([P])
+    await cluster.metastore.put(
+        cluster.keys.format, ClusterFormat(version=cluster_format).to_json()
+    )
+    node = await cluster.start_node("node-a", formats=BATCHES)
+    await cluster.assign(P, "node-a", 1)
+    return grpc.aio.insecure_channel(node.address)
+
+
+@pytest.fixture
+async def format_2(cluster: Cluster) -> AsyncIterator[grpc.aio.Channel]:
+    async with await node_channel(cluster, 2) as channel:
+        yield channel
+
+
+def record_batch(vchannel: str, *payloads: bytes, sequence: int = 0) -> bytes:
+    msgs = [Message(MessageType.INSERT, vchannel, p) for p in payloads]
+    return batch.encode(
+        msgs, BatchInfo(vchannel, producer_id=9 if sequence else 0, sequence=sequence)
+    )
+
+
+async def produce(
+    channel: grpc.aio.Channel, requests: Sequence[pb.ProduceBatch]
+) -> tuple[pb.ProducerOpened, list[pb.BatchResult]]:
+    call = rpc.producer_stub(channel).Produce(timeout=HANG_GUARD)
+    await call.write(pb.ProduceRequest(open=pb.OpenProducer(pchannel=P)))
+    opened = await call.read()
+    assert isinstance(opened, pb.ProduceResponse)
+    for request in requests:
+        await call.write(pb.ProduceRequest(batch=request))
+    results = []
+    for _ in requests:
+        response = await call.read()
+        assert isinstance(response, pb.ProduceResponse)
+        results.append(response.batch)
+    await call.done_writing()
+    return opened.opened, results
+
+
+async def test_the_stream_says_the_format_and_takes_record_batches(
+    cluster: Cluster, format_2: grpc.aio.Channel
+) -> None:
+    opened, (result,) = await produce(
+        format_2,
+        [pb.ProduceBatch(batch_id=1, record_batches=[record_batch("v", b"a"), b"junk"])],
+    )
+    assert opened.message_format == 2 and opened.max_batch_bytes > opened.max_message_bytes
+    assert result.batch_id == 1 and not result.results
+    good, bad = result.batch_results
+    assert not good.HasField("error") and good.count == 1 and good.term == 1
+    assert bad.error.code == "INVALID_ARGUMENT" and "malformed record batch" in bad.error.message
+    stored = [batch.read_header(r) for r in cluster.store.channels[P].records]
+    assert [h.count for h in stored if not h.system] == [1]
+    assert str(good.id).startswith("memory:")
+
+
+async def test_a_format_1_owner_says_so_and_refuses_record_batches(cluster: Cluster) -> None:
+    async with await node_channel(cluster, 1) as channel:
+        opened, (result,) = await produce(
+            channel, [pb.ProduceBatch(batch_id=1, record_batches=[record_batch("v", b"a")])]
+        )
+    assert opened.message_format == 1
+    (refused,) = result.batch_results
+    assert refused.error.code == "INVALID_ARGUMENT"
+    assert "writes message format 1, not record batches (message format 2)" in (
+        refused.error.message
+    )
+
+
+async def test_a_request_with_messages_and_record_batches_is_refused_whole(
+    format_2: grpc.aio.Channel,
+) -> None:
+    mixed = pb.ProduceBatch(
+        batch_id=1,
+        messages=[pb.ProduceMessage(type=MessageType.INSERT, vchannel="v", payload=b"m")],
+        record_batches=[record_batch("v", b"a")],
+    )
+    _opened, (result,) = await produce(format_2, [mixed])
+    assert [r.error.code for r in result.batch_results] == ["INVALID_ARGUMENT"]
+    assert [r.error.code for r in result.results] == ["INVALID_ARGUMENT"]
+    assert "not both" in result.results[0].error.message
+
+
+async def test_a_record_batch_of_another_pchannel_is_refused(
+    cluster: Cluster, format_2: grpc.aio.Channel
+) -> None:
+    pchannels = [P, "pchannel-001"]
+    await cluster.configure(pchannels)
+    node = cluster.nodes["node-a"]
+    assert node.manager is not None
+    directory = node.manager.directory
+    await until(lambda: directory.config is not None and len(directory.config.pchannels) == 2)
+    mine = next(f"v{i}" for i in range(100) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) == P)
+    other = next(f"v{i}" for i in range(100) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) != P)
+    _opened, (result,) = await produce(
+        format_2,
+        [
+            pb.ProduceBatch(
+                batch_id=1, record_batches=[record_batch(mine, b"ok"), record_batch(other, b"no")]
+            )
+        ],
+    )
+    ok, misrouted = result.batch_results
+    assert not ok.HasField("error")
+    assert misrouted.error.code == "INVALID_ARGUMENT" and "pchannel-001" in misrouted.error.message
+
+
+async def test_a_write_stop_refuses_record_batches_unless_all_their_messages_pass(
+    cluster: Cluster, format_2: grpc.aio.Channel
+) -> None:
+    await writestop.stop_writes(cluster.metastore, cluster.keys, "upgrade")
+    gate = cluster.nodes["node-a"].write_gate
+    await until(lambda: gate.observed.stop is not None)
+    flush = batch.encode([Message(MessageType.FLUSH, "v")], BatchInfo("v"))
+    _opened, (result,) = await produce(
+        format_2, [pb.ProduceBatch(batch_id=1, record_batches=[record_batch("v", b"x"), flush])]
+    )
+    data, passing = result.batch_results
+    assert data.error.code == "WRITES_STOPPED" and data.error.retryable
+    assert not passing.HasField("error")
+
+
+async def test_a_retried_record_batch_is_answered_with_its_first_result(
+    cluster: Cluster, format_2: grpc.aio.Channel
+) -> None:
+    sent = record_batch("v", b"once", sequence=1)
+    _opened, (first, again) = await produce(
+        format_2,
+        [
+            pb.ProduceBatch(batch_id=1, record_batches=[sent]),
+            pb.ProduceBatch(batch_id=2, record_batches=[sent]),
+        ],
+    )
+    assert first.batch_results[0] == again.batch_results[0]
+    stored = [batch.read_header(r) for r in cluster.store.channels[P].records]
+    assert [h.sequence for h in stored if not h.system] == [1]
