@@ -29,8 +29,9 @@ from headrace.client.discovery import ClusterView, Owner
 from headrace.client.errors import from_rpc_error
 from headrace.client.session import Session
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
-from headrace.message import ids
+from headrace.message import batch, ids
 from headrace.message.ids import MessageID
+from headrace.message.records import message_id
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
@@ -70,6 +71,16 @@ def to_entry(proto: pb.ConsumedMessage) -> LogEntry:
         proto.txn_id,
     )
     return LogEntry(mid, message)
+
+
+def item_entries(item: pb.ConsumedItem) -> list[LogEntry]:
+    """The messages of one item of a Consume response (a message, or a record
+    batch checked whole); CorruptData if the node sent something unreadable."""
+    if item.WhichOneof("item") != "batch":
+        return [to_entry(item.message)]
+    first = ids.parse(item.batch.first_id)
+    msgs = batch.messages(item.batch.data)
+    return [LogEntry(message_id(first, i), msg) for i, msg in enumerate(msgs)]
 
 
 Inbound = pb.ConsumeResponse | Owner | errors.HeadraceError
@@ -168,7 +179,7 @@ class Consumer:
         self.owner: Owner | None = None
         self.reconnects = 0
         self._stream: _Stream | None = None
-        self._buffer: collections.deque[pb.ConsumedMessage] = collections.deque()
+        self._buffer: collections.deque[LogEntry] = collections.deque()
         self._avoid: Owner | None = None
         self._backoff = self.options.retry_backoff
         self._closed = False
@@ -187,8 +198,7 @@ class Consumer:
             if self._closed:
                 raise StopAsyncIteration
             while self._buffer:
-                proto = self._buffer.popleft()
-                entry = to_entry(proto)
+                entry = self._buffer.popleft()
                 self.last_id = entry.id
                 self.last_timetick = max(self.last_timetick, entry.message.timetick)
                 vchannel = entry.message.vchannel
@@ -241,7 +251,9 @@ class Consumer:
             # Resolved "latest": a reconnect resumes here, not at a later "latest".
             self.last_id = ids.parse(inbound.start_after_id)
             self.last_timetick = inbound.start_after_timetick
-        self._buffer.extend(inbound.messages)
+        self._buffer.extend(to_entry(m) for m in inbound.messages)
+        for item in inbound.items:
+            self._buffer.extend(item_entries(item))
 
     def _leave(self, stream: _Stream, successor: Owner) -> None:
         """Give up ``stream``: ``successor`` serves its pchannel under a higher term."""
@@ -297,6 +309,7 @@ class Consumer:
             types=sorted(int(t) for t in self.types),
             max_batch_messages=self.options.max_batch_messages,
             max_batch_bytes=self.options.max_batch_bytes,
+            accept_batches=True,
         )
         if self.last_id is not None:
             request.policy = pb.DELIVER_POLICY_START_AFTER

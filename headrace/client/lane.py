@@ -514,7 +514,7 @@ class Lane:
         results: RepeatedCompositeFieldContainer[pb.RecordBatchResult],
     ) -> None:
         """Each record batch's messages from its result: message ``i`` has the
-        first's id with index ``i`` and the batch's timetick."""
+        first's id with index ``i`` and the batch's base timetick + ``i``."""
         if len(results) != len(sealed):
             stream.retry_sealed.extend(sealed)
             stream.fail(errors.Unavailable("a Produce response of the wrong length"), broken=True)
@@ -535,11 +535,9 @@ class Lane:
                 for item in unit.items:
                     settle(item, first)
                 continue
+            tt, term, txn = result.timetick, result.term, result.txn_id
             for i, item in enumerate(unit.items):
-                settle(
-                    item,
-                    AppendResult(message_id(first, i), result.timetick, result.term, result.txn_id),
-                )
+                settle(item, AppendResult(message_id(first, i), tt + i, term, txn))
             stream.acked += len(unit.items)
 
 

@@ -9,6 +9,7 @@ batch stored as record ``R`` has id ``R.with_index(i)`` (``R`` itself for
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from headrace import errors
@@ -24,6 +25,66 @@ _new_tuple = tuple.__new__
 def message_id(record_id: MessageID, index: int) -> MessageID:
     """Id of message ``index`` of the record ``record_id``."""
     return record_id.with_index(index) if index else record_id
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchEntry:
+    """A stored record batch as one unit (the write-ahead buffer holds these,
+    and readers that take batches get them whole)."""
+
+    id: MessageID
+    """The record's id, which is also its first message's."""
+    header: batch.BatchHeader
+    """Checked when the batch was appended or read."""
+    data: bytes
+
+    @property
+    def count(self) -> int:
+        return self.header.count
+
+    @property
+    def last_id(self) -> MessageID:
+        return message_id(self.id, self.header.count - 1)
+
+    @property
+    def last_timetick(self) -> int:
+        return self.header.last_timetick
+
+    def entries(self) -> list[LogEntry]:
+        """The batch's messages as log entries."""
+        rid = self.id
+        msgs = batch.messages(self.data, self.header)
+        return [_new_tuple(LogEntry, (message_id(rid, i), m)) for i, m in enumerate(msgs)]
+
+    def position_of(self, mid: MessageID) -> int | None:
+        """Index of the message ``mid`` in this batch, None if it is not one of its."""
+        rid = self.id
+        if mid.index >= self.header.count or mid.record_id() != rid:
+            return None
+        return mid.index
+
+    def expand(
+        self,
+        keep: HeaderFilter | None,
+        out: list[Decoded],
+    ) -> None:
+        """The batch's messages onto ``out``, with ``keep`` applied as
+        :func:`decode_block` applies it."""
+        _expand_checked(self.id, self.data, self.header, keep, out)
+
+    def accepted_whole(self, keep: HeaderFilter | None) -> bool:
+        """Whether ``keep`` passes every message of the batch (it then goes whole)."""
+        header = self.header
+        if keep is None:
+            return True
+        if keep.vchannels and header.vchannel and header.vchannel not in keep.vchannels:
+            return False
+        if header.base_timetick < keep.min_timetick:
+            return False
+        if keep.types:
+            kinds = keep.types
+            return all(t in kinds for t in batch.record_types(self.data, header))
+        return True
 
 
 def entries(record_id: MessageID, data: bytes) -> list[LogEntry]:
@@ -42,6 +103,10 @@ def last_entry(record_id: MessageID, data: bytes) -> LogEntry:
     return LogEntry(message_id(record_id, len(msgs) - 1), msgs[-1])
 
 
+Decoded = LogEntry | Skipped | BatchEntry
+"""What :func:`decode_block` gives for a record, or each message of one."""
+
+
 def decode_block(
     data: bytes,
     bounds: Sequence[int],
@@ -49,8 +114,12 @@ def decode_block(
     *,
     verify: bool = True,
     keep: HeaderFilter | None = None,
-) -> list[LogEntry | Skipped]:
+    units: bool = False,
+) -> list[Decoded]:
     """:func:`codec.decode_block` for records of either format.
+
+    ``units``: a batch without a txn id that ``keep`` passes whole comes back
+    as one :class:`BatchEntry` (checked, not decoded) instead of its messages.
 
     Runs of format 1 records go to :func:`codec.decode_block` as they are; a
     batch comes back as its messages, in order. With ``keep``, the messages
@@ -67,8 +136,8 @@ def decode_block(
     starts = bounds[::2]
     first = next((i for i, start in enumerate(starts) if data.startswith(_BATCH, start)), None)
     if first is None:  # format 1 only (every log written before format 2)
-        return codec.decode_block(data, bounds, ids, verify=verify, keep=keep)
-    out: list[LogEntry | Skipped] = []
+        return list(codec.decode_block(data, bounds, ids, verify=verify, keep=keep))
+    out: list[Decoded] = []
     run = 0  # first record of the current format 1 run
     for i, start in enumerate(starts):
         if i < first or not data.startswith(_BATCH, start):
@@ -78,20 +147,25 @@ def decode_block(
                 data, bounds[2 * run : 2 * i], ids[run:i], verify=verify, keep=keep
             )
         run = i + 1
-        _expand(ids[i], data[start : bounds[2 * i + 1]], verify, keep, out)
+        raw = data[start : bounds[2 * i + 1]]
+        header = batch.verify(raw) if verify else batch.read_header(raw)
+        unit = BatchEntry(ids[i], header, raw)
+        if units and not header.txn_id and unit.accepted_whole(keep):
+            out.append(unit)
+        else:
+            unit.expand(keep, out)
     if run < len(ids):
         out += codec.decode_block(data, bounds[2 * run :], ids[run:], verify=verify, keep=keep)
     return out
 
 
-def _expand(
+def _expand_checked(
     record_id: MessageID,
     data: bytes,
-    verify: bool,
+    header: batch.BatchHeader,
     keep: HeaderFilter | None,
-    out: list[LogEntry | Skipped],
+    out: list[Decoded],
 ) -> None:
-    header = batch.verify(data) if verify else batch.read_header(data)
     vch, term = header.vchannel, header.term
     if keep is not None and not header.txn_id:
         if keep.vchannels and vch and vch not in keep.vchannels:
@@ -112,7 +186,7 @@ def _filtered(
     data: bytes,
     header: batch.BatchHeader,
     keep: HeaderFilter,
-    out: list[LogEntry | Skipped],
+    out: list[Decoded],
 ) -> None:
     msgs: list[Message] = batch.messages(data, header)
     for i, msg in enumerate(msgs):

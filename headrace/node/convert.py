@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import collections
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
@@ -10,6 +12,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from headrace import errors
 from headrace.cluster import ClusterConfig
 from headrace.message import batch, ids
+from headrace.message.records import BatchEntry
 from headrace.message.types import (
     VCHANNEL_PATTERN,
     LogEntry,
@@ -175,6 +178,78 @@ def add_consumed(out: RepeatedCompositeFieldContainer[pb.ConsumedMessage], entry
         payload=msg.payload,
     )
     return len(msg.payload) + 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Packed:
+    """What went into one Consume response."""
+
+    messages: int
+    newest: int
+    """Timetick of the last message packed (0 if none)."""
+
+
+def messages_in(entries: Iterable[LogEntry | BatchEntry]) -> int:
+    """How many messages ``entries`` hold (a batch counts as its messages)."""
+    return sum(e.count if type(e) is BatchEntry else 1 for e in entries)
+
+
+def pack_messages(
+    out: RepeatedCompositeFieldContainer[pb.ConsumedMessage],
+    carry: collections.deque[LogEntry | BatchEntry],
+    max_messages: int,
+    max_bytes: int,
+) -> Packed:
+    """Move entries of ``carry`` to ``out`` within the bounds (no batches in it)."""
+    size = 0
+    newest = 0
+    while carry and len(out) < max_messages and size < max_bytes:
+        entry = carry.popleft()
+        assert isinstance(entry, LogEntry), "a client that reads no batches gets none"
+        size += add_consumed(out, entry)
+        newest = entry.message.timetick
+    return Packed(len(out), newest)
+
+
+def pack_items(
+    out: RepeatedCompositeFieldContainer[pb.ConsumedItem],
+    carry: collections.deque[LogEntry | BatchEntry],
+    max_messages: int,
+    max_bytes: int,
+) -> Packed:
+    """Move entries of ``carry`` to ``out`` within the bounds: a batch goes as
+    it is stored (at least one item goes, whatever its size)."""
+    size = count = newest = 0
+    while carry and count < max_messages and size < max_bytes:
+        entry = carry.popleft()
+        if type(entry) is BatchEntry:
+            out.add(batch=pb.ConsumedBatch(first_id=str(entry.id), data=entry.data))
+            size += len(entry.data)
+            count += entry.count
+            newest = entry.last_timetick
+            continue
+        assert isinstance(entry, LogEntry)
+        msg = entry.message
+        out.add(message=consumed_message(entry))
+        size += len(msg.payload) + 64
+        count += 1
+        newest = entry.message.timetick
+    return Packed(count, newest)
+
+
+def consumed_message(entry: LogEntry) -> pb.ConsumedMessage:
+    """``entry`` as a message of a Consume response (see :func:`add_consumed`)."""
+    msg = entry.message
+    return pb.ConsumedMessage(
+        id=str(entry.id),
+        type=msg.type,
+        vchannel=msg.vchannel,
+        timetick=msg.timetick,
+        term=msg.term,
+        txn_id=msg.txn_id,
+        properties=msg.properties,
+        payload=msg.payload,
+    )
 
 
 def consume_header(

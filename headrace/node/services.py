@@ -21,6 +21,7 @@ import grpc
 from headrace import errors
 from headrace.cluster import Keys
 from headrace.guarded import cancel_and_settle
+from headrace.message.records import BatchEntry
 from headrace.message.types import LogEntry, Message
 from headrace.metastore.contract import Metastore
 from headrace.node import convert
@@ -389,19 +390,20 @@ class ConsumerService(rpc.ConsumerServicer):
         stream_id = next(self._ids)
         stats = self.streams[stream_id] = ConsumeStats(request.pchannel)
         failure: errors.HeadraceError | None = None
-        carry: collections.deque[LogEntry] = collections.deque()
+        carry: collections.deque[LogEntry | BatchEntry] = collections.deque()
+        bounds = Bounds(max_messages, max_bytes, request.accept_batches)
         try:
             yield convert.consume_header(self.manager.node_id, wal.term, request, scanner)
             while True:
-                response = await self._fill(scanner, wal, stats, (max_messages, max_bytes), carry)
+                response, packed = await self._fill(scanner, wal, stats, bounds, carry)
                 yield response
-                stats.sent += len(response.messages)
-                if self.metrics is not None and response.messages:
+                stats.sent += packed.messages
+                if self.metrics is not None and packed.messages:
                     self.metrics.consumed(
                         request.pchannel,
-                        messages=len(response.messages),
+                        messages=packed.messages,
                         size=response.ByteSize(),
-                        newest=response.messages[-1].timetick,
+                        newest=packed.newest,
                         tail=wal.last_timetick,
                     )
         except errors.HeadraceError as exc:
@@ -419,28 +421,42 @@ class ConsumerService(rpc.ConsumerServicer):
         scanner: Scanner,
         wal: HostedWAL,
         stats: ConsumeStats,
-        bounds: tuple[int, int],
-        carry: collections.deque[LogEntry],
-    ) -> pb.ConsumeResponse:
+        bounds: Bounds,
+        carry: collections.deque[LogEntry | BatchEntry],
+    ) -> tuple[pb.ConsumeResponse, convert.Packed]:
         """Wait for entries, then pack what is ready within the bounds.
 
-        Entries come from the scanner in bulk (at most ``max_messages`` ahead);
-        those that do not fit this response wait in ``carry`` for the next.
+        Entries come from the scanner in bulk (at most ``max_messages`` ahead;
+        whole record batches for a client that reads them); those that do not
+        fit this response wait in ``carry`` for the next.
         """
-        max_messages, max_bytes = bounds
         while not carry:
-            carry.extend(await scanner.next_many(max_messages, self.limits.consume_poll_seconds))
+            poll = self.limits.consume_poll_seconds
+            if bounds.batches:
+                carry.extend(await scanner.next_units(bounds.messages, poll))
+            else:
+                carry.extend(await scanner.next_many(bounds.messages, poll))
             if not carry and self.manager.held.get(wal.pchannel) is not wal:
                 raise errors.NotOwner(f"{wal.pchannel} moved away from this node")
-        stats.pulled += len(carry)
+        stats.pulled += convert.messages_in(carry)
         response = pb.ConsumeResponse()
-        out = response.messages
-        size = 0
-        while carry and len(out) < max_messages and size < max_bytes:
-            size += convert.add_consumed(out, carry.popleft())
-        stats.pulled -= len(carry)
+        if bounds.batches:
+            packed = convert.pack_items(response.items, carry, bounds.messages, bounds.bytes)
+        else:
+            packed = convert.pack_messages(response.messages, carry, bounds.messages, bounds.bytes)
+        stats.pulled -= convert.messages_in(carry)
         stats.max_ahead = max(stats.max_ahead, stats.pulled - stats.sent)
-        return response
+        return response, packed
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bounds:
+    """What one Consume response may hold, and in which form."""
+
+    messages: int
+    bytes: int
+    batches: bool
+    """The client reads record batches (responses carry ``items``)."""
 
 
 # ------------------------------------------------------------------- Manager

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eheadrace/proto/streaming.proto\x12\x0bheadrace.v1\"\x95\x01\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x15\n\rowner_address\x18\x05 \x01(\t\x12\x0c\n\x04term\x18\x06 \x01(\x04\x12\x14\n\x0c\x63urrent_term\x18\x07 \x01(\x04\x12\x10\n\x08\x65\x61rliest\x18\x08 \x01(\t\"\xc5\x01\n\x0eProduceMessage\x12\x0c\n\x04type\x18\x01 \x01(\x05\x12\x10\n\x08vchannel\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12?\n\nproperties\x18\x04 \x03(\x0b\x32+.headrace.v1.ProduceMessage.PropertiesEntry\x12\x0e\n\x06txn_id\x18\x05 \x01(\x04\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x0cOpenProducer\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x13\n\x0bproducer_id\x18\x03 \x01(\t\"g\n\x0cProduceBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.headrace.v1.ProduceMessage\x12\x16\n\x0erecord_batches\x18\x03 \x03(\x0c\"r\n\x0eProduceRequest\x12)\n\x04open\x18\x01 \x01(\x0b\x32\x19.headrace.v1.OpenProducerH\x00\x12*\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x19.headrace.v1.ProduceBatchH\x00\x42\t\n\x07request\"\x8d\x01\n\x0eProducerOpened\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\x04\x12\x16\n\x0emessage_format\x18\x05 \x01(\x04\x12\x17\n\x0fmax_batch_bytes\x18\x06 \x01(\x04\"n\n\rMessageResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08timetick\x18\x02 \x01(\x04\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x0e\n\x06txn_id\x18\x04 \x01(\x04\x12!\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.headrace.v1.Error\"\x81\x01\n\x11RecordBatchResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\x10\n\x08timetick\x18\x03 \x01(\x04\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x0e\n\x06txn_id\x18\x05 \x01(\x04\x12!\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x12.headrace.v1.Error\"\x83\x01\n\x0b\x42\x61tchResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.headrace.v1.MessageResult\x12\x35\n\rbatch_results\x18\x03 \x03(\x0b\x32\x1e.headrace.v1.RecordBatchResult\"w\n\x0fProduceResponse\x12-\n\x06opened\x18\x01 \x01(\x0b\x32\x1b.headrace.v1.ProducerOpenedH\x00\x12)\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x18.headrace.v1.BatchResultH\x00\x42\n\n\x08response\"\x8b\x02\n\x0e\x43onsumeRequest\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12*\n\x06policy\x18\x02 \x01(\x0e\x32\x1a.headrace.v1.DeliverPolicy\x12\x10\n\x08start_id\x18\x03 \x01(\t\x12\x11\n\tvchannels\x18\x04 \x03(\t\x12\r\n\x05types\x18\x05 \x03(\x05\x12\x18\n\x0btimetick_gt\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x0btimetick_ge\x18\x07 \x01(\x04H\x01\x88\x01\x01\x12\x1a\n\x12max_batch_messages\x18\x08 \x01(\r\x12\x17\n\x0fmax_batch_bytes\x18\t \x01(\rB\x0e\n\x0c_timetick_gtB\x0e\n\x0c_timetick_ge\"\xf3\x01\n\x0f\x43onsumedMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\x05\x12\x10\n\x08vchannel\x18\x03 \x01(\t\x12\x10\n\x08timetick\x18\x04 \x01(\x04\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x0e\n\x06txn_id\x18\x06 \x01(\x04\x12@\n\nproperties\x18\x07 \x03(\x0b\x32,.headrace.v1.ConsumedMessage.PropertiesEntry\x12\x0f\n\x07payload\x18\x08 \x01(\x0c\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x96\x01\n\x0f\x43onsumeResponse\x12.\n\x08messages\x18\x01 \x03(\x0b\x32\x1c.headrace.v1.ConsumedMessage\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x16\n\x0estart_after_id\x18\x04 \x01(\t\x12\x1c\n\x14start_after_timetick\x18\x05 \x01(\x04\"\xbe\x01\n\x07WALInfo\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0f\n\x07last_id\x18\x04 \x01(\t\x12\x15\n\rlast_timetick\x18\x05 \x01(\x04\x12.\n\x05stats\x18\x06 \x03(\x0b\x32\x1f.headrace.v1.WALInfo.StatsEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"0\n\x0eOpenWALRequest\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\"4\n\x0fOpenWALResponse\x12!\n\x03wal\x18\x01 \x01(\x0b\x32\x14.headrace.v1.WALInfo\"1\n\x0f\x43loseWALRequest\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\"\x12\n\x10\x43loseWALResponse\"\x11\n\x0fListWALsRequest\"G\n\x10ListWALsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\"\n\x04wals\x18\x02 \x03(\x0b\x32\x14.headrace.v1.WALInfo*\xa1\x01\n\rDeliverPolicy\x12\x1e\n\x1a\x44\x45LIVER_POLICY_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44\x45LIVER_POLICY_ALL\x10\x01\x12\x19\n\x15\x44\x45LIVER_POLICY_LATEST\x10\x02\x12\x1d\n\x19\x44\x45LIVER_POLICY_START_FROM\x10\x03\x12\x1e\n\x1a\x44\x45LIVER_POLICY_START_AFTER\x10\x04\x32T\n\x08Producer\x12H\n\x07Produce\x12\x1b.headrace.v1.ProduceRequest\x1a\x1c.headrace.v1.ProduceResponse(\x01\x30\x01\x32R\n\x08\x43onsumer\x12\x46\n\x07\x43onsume\x12\x1b.headrace.v1.ConsumeRequest\x1a\x1c.headrace.v1.ConsumeResponse0\x01\x32\xe1\x01\n\x07Manager\x12\x44\n\x07OpenWAL\x12\x1b.headrace.v1.OpenWALRequest\x1a\x1c.headrace.v1.OpenWALResponse\x12G\n\x08\x43loseWAL\x12\x1c.headrace.v1.CloseWALRequest\x1a\x1d.headrace.v1.CloseWALResponse\x12G\n\x08ListWALs\x12\x1c.headrace.v1.ListWALsRequest\x1a\x1d.headrace.v1.ListWALsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eheadrace/proto/streaming.proto\x12\x0bheadrace.v1\"\x95\x01\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x15\n\rowner_address\x18\x05 \x01(\t\x12\x0c\n\x04term\x18\x06 \x01(\x04\x12\x14\n\x0c\x63urrent_term\x18\x07 \x01(\x04\x12\x10\n\x08\x65\x61rliest\x18\x08 \x01(\t\"\xc5\x01\n\x0eProduceMessage\x12\x0c\n\x04type\x18\x01 \x01(\x05\x12\x10\n\x08vchannel\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12?\n\nproperties\x18\x04 \x03(\x0b\x32+.headrace.v1.ProduceMessage.PropertiesEntry\x12\x0e\n\x06txn_id\x18\x05 \x01(\x04\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x0cOpenProducer\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x13\n\x0bproducer_id\x18\x03 \x01(\t\"g\n\x0cProduceBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.headrace.v1.ProduceMessage\x12\x16\n\x0erecord_batches\x18\x03 \x03(\x0c\"r\n\x0eProduceRequest\x12)\n\x04open\x18\x01 \x01(\x0b\x32\x19.headrace.v1.OpenProducerH\x00\x12*\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x19.headrace.v1.ProduceBatchH\x00\x42\t\n\x07request\"\x8d\x01\n\x0eProducerOpened\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\x04\x12\x16\n\x0emessage_format\x18\x05 \x01(\x04\x12\x17\n\x0fmax_batch_bytes\x18\x06 \x01(\x04\"n\n\rMessageResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08timetick\x18\x02 \x01(\x04\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x0e\n\x06txn_id\x18\x04 \x01(\x04\x12!\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.headrace.v1.Error\"\x81\x01\n\x11RecordBatchResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\x10\n\x08timetick\x18\x03 \x01(\x04\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x0e\n\x06txn_id\x18\x05 \x01(\x04\x12!\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x12.headrace.v1.Error\"\x83\x01\n\x0b\x42\x61tchResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.headrace.v1.MessageResult\x12\x35\n\rbatch_results\x18\x03 \x03(\x0b\x32\x1e.headrace.v1.RecordBatchResult\"w\n\x0fProduceResponse\x12-\n\x06opened\x18\x01 \x01(\x0b\x32\x1b.headrace.v1.ProducerOpenedH\x00\x12)\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x18.headrace.v1.BatchResultH\x00\x42\n\n\x08response\"\xa3\x02\n\x0e\x43onsumeRequest\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12*\n\x06policy\x18\x02 \x01(\x0e\x32\x1a.headrace.v1.DeliverPolicy\x12\x10\n\x08start_id\x18\x03 \x01(\t\x12\x11\n\tvchannels\x18\x04 \x03(\t\x12\r\n\x05types\x18\x05 \x03(\x05\x12\x18\n\x0btimetick_gt\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x0btimetick_ge\x18\x07 \x01(\x04H\x01\x88\x01\x01\x12\x1a\n\x12max_batch_messages\x18\x08 \x01(\r\x12\x17\n\x0fmax_batch_bytes\x18\t \x01(\r\x12\x16\n\x0e\x61\x63\x63\x65pt_batches\x18\n \x01(\x08\x42\x0e\n\x0c_timetick_gtB\x0e\n\x0c_timetick_ge\"\xf3\x01\n\x0f\x43onsumedMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\x05\x12\x10\n\x08vchannel\x18\x03 \x01(\t\x12\x10\n\x08timetick\x18\x04 \x01(\x04\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x0e\n\x06txn_id\x18\x06 \x01(\x04\x12@\n\nproperties\x18\x07 \x03(\x0b\x32,.headrace.v1.ConsumedMessage.PropertiesEntry\x12\x0f\n\x07payload\x18\x08 \x01(\x0c\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\rConsumedBatch\x12\x10\n\x08\x66irst_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"t\n\x0c\x43onsumedItem\x12/\n\x07message\x18\x01 \x01(\x0b\x32\x1c.headrace.v1.ConsumedMessageH\x00\x12+\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1a.headrace.v1.ConsumedBatchH\x00\x42\x06\n\x04item\"\xc0\x01\n\x0f\x43onsumeResponse\x12.\n\x08messages\x18\x01 \x03(\x0b\x32\x1c.headrace.v1.ConsumedMessage\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x16\n\x0estart_after_id\x18\x04 \x01(\t\x12\x1c\n\x14start_after_timetick\x18\x05 \x01(\x04\x12(\n\x05items\x18\x06 \x03(\x0b\x32\x19.headrace.v1.ConsumedItem\"\xbe\x01\n\x07WALInfo\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0f\n\x07last_id\x18\x04 \x01(\t\x12\x15\n\rlast_timetick\x18\x05 \x01(\x04\x12.\n\x05stats\x18\x06 \x03(\x0b\x32\x1f.headrace.v1.WALInfo.StatsEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"0\n\x0eOpenWALRequest\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\"4\n\x0fOpenWALResponse\x12!\n\x03wal\x18\x01 \x01(\x0b\x32\x14.headrace.v1.WALInfo\"1\n\x0f\x43loseWALRequest\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\"\x12\n\x10\x43loseWALResponse\"\x11\n\x0fListWALsRequest\"G\n\x10ListWALsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\"\n\x04wals\x18\x02 \x03(\x0b\x32\x14.headrace.v1.WALInfo*\xa1\x01\n\rDeliverPolicy\x12\x1e\n\x1a\x44\x45LIVER_POLICY_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44\x45LIVER_POLICY_ALL\x10\x01\x12\x19\n\x15\x44\x45LIVER_POLICY_LATEST\x10\x02\x12\x1d\n\x19\x44\x45LIVER_POLICY_START_FROM\x10\x03\x12\x1e\n\x1a\x44\x45LIVER_POLICY_START_AFTER\x10\x04\x32T\n\x08Producer\x12H\n\x07Produce\x12\x1b.headrace.v1.ProduceRequest\x1a\x1c.headrace.v1.ProduceResponse(\x01\x30\x01\x32R\n\x08\x43onsumer\x12\x46\n\x07\x43onsume\x12\x1b.headrace.v1.ConsumeRequest\x1a\x1c.headrace.v1.ConsumeResponse0\x01\x32\xe1\x01\n\x07Manager\x12\x44\n\x07OpenWAL\x12\x1b.headrace.v1.OpenWALRequest\x1a\x1c.headrace.v1.OpenWALResponse\x12G\n\x08\x43loseWAL\x12\x1c.headrace.v1.CloseWALRequest\x1a\x1d.headrace.v1.CloseWALResponse\x12G\n\x08ListWALs\x12\x1c.headrace.v1.ListWALsRequest\x1a\x1d.headrace.v1.ListWALsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONSUMEDMESSAGE_PROPERTIESENTRY']._serialized_options = b'8\001'
   _globals['_WALINFO_STATSENTRY']._loaded_options = None
   _globals['_WALINFO_STATSENTRY']._serialized_options = b'8\001'
-  _globals['_DELIVERPOLICY']._serialized_start=2462
-  _globals['_DELIVERPOLICY']._serialized_end=2623
+  _globals['_DELIVERPOLICY']._serialized_start=2695
+  _globals['_DELIVERPOLICY']._serialized_end=2856
   _globals['_ERROR']._serialized_start=48
   _globals['_ERROR']._serialized_end=197
   _globals['_PRODUCEMESSAGE']._serialized_start=200
@@ -62,33 +62,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRODUCERESPONSE']._serialized_start=1211
   _globals['_PRODUCERESPONSE']._serialized_end=1330
   _globals['_CONSUMEREQUEST']._serialized_start=1333
-  _globals['_CONSUMEREQUEST']._serialized_end=1600
-  _globals['_CONSUMEDMESSAGE']._serialized_start=1603
-  _globals['_CONSUMEDMESSAGE']._serialized_end=1846
+  _globals['_CONSUMEREQUEST']._serialized_end=1624
+  _globals['_CONSUMEDMESSAGE']._serialized_start=1627
+  _globals['_CONSUMEDMESSAGE']._serialized_end=1870
   _globals['_CONSUMEDMESSAGE_PROPERTIESENTRY']._serialized_start=348
   _globals['_CONSUMEDMESSAGE_PROPERTIESENTRY']._serialized_end=397
-  _globals['_CONSUMERESPONSE']._serialized_start=1849
-  _globals['_CONSUMERESPONSE']._serialized_end=1999
-  _globals['_WALINFO']._serialized_start=2002
-  _globals['_WALINFO']._serialized_end=2192
-  _globals['_WALINFO_STATSENTRY']._serialized_start=2148
-  _globals['_WALINFO_STATSENTRY']._serialized_end=2192
-  _globals['_OPENWALREQUEST']._serialized_start=2194
-  _globals['_OPENWALREQUEST']._serialized_end=2242
-  _globals['_OPENWALRESPONSE']._serialized_start=2244
-  _globals['_OPENWALRESPONSE']._serialized_end=2296
-  _globals['_CLOSEWALREQUEST']._serialized_start=2298
-  _globals['_CLOSEWALREQUEST']._serialized_end=2347
-  _globals['_CLOSEWALRESPONSE']._serialized_start=2349
-  _globals['_CLOSEWALRESPONSE']._serialized_end=2367
-  _globals['_LISTWALSREQUEST']._serialized_start=2369
-  _globals['_LISTWALSREQUEST']._serialized_end=2386
-  _globals['_LISTWALSRESPONSE']._serialized_start=2388
-  _globals['_LISTWALSRESPONSE']._serialized_end=2459
-  _globals['_PRODUCER']._serialized_start=2625
-  _globals['_PRODUCER']._serialized_end=2709
-  _globals['_CONSUMER']._serialized_start=2711
-  _globals['_CONSUMER']._serialized_end=2793
-  _globals['_MANAGER']._serialized_start=2796
-  _globals['_MANAGER']._serialized_end=3021
+  _globals['_CONSUMEDBATCH']._serialized_start=1872
+  _globals['_CONSUMEDBATCH']._serialized_end=1919
+  _globals['_CONSUMEDITEM']._serialized_start=1921
+  _globals['_CONSUMEDITEM']._serialized_end=2037
+  _globals['_CONSUMERESPONSE']._serialized_start=2040
+  _globals['_CONSUMERESPONSE']._serialized_end=2232
+  _globals['_WALINFO']._serialized_start=2235
+  _globals['_WALINFO']._serialized_end=2425
+  _globals['_WALINFO_STATSENTRY']._serialized_start=2381
+  _globals['_WALINFO_STATSENTRY']._serialized_end=2425
+  _globals['_OPENWALREQUEST']._serialized_start=2427
+  _globals['_OPENWALREQUEST']._serialized_end=2475
+  _globals['_OPENWALRESPONSE']._serialized_start=2477
+  _globals['_OPENWALRESPONSE']._serialized_end=2529
+  _globals['_CLOSEWALREQUEST']._serialized_start=2531
+  _globals['_CLOSEWALREQUEST']._serialized_end=2580
+  _globals['_CLOSEWALRESPONSE']._serialized_start=2582
+  _globals['_CLOSEWALRESPONSE']._serialized_end=2600
+  _globals['_LISTWALSREQUEST']._serialized_start=2602
+  _globals['_LISTWALSREQUEST']._serialized_end=2619
+  _globals['_LISTWALSRESPONSE']._serialized_start=2621
+  _globals['_LISTWALSRESPONSE']._serialized_end=2692
+  _globals['_PRODUCER']._serialized_start=2858
+  _globals['_PRODUCER']._serialized_end=2942
+  _globals['_CONSUMER']._serialized_start=2944
+  _globals['_CONSUMER']._serialized_end=3026
+  _globals['_MANAGER']._serialized_start=3029
+  _globals['_MANAGER']._serialized_end=3254
 # @@protoc_insertion_point(module_scope)

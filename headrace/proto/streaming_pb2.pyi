@@ -154,7 +154,7 @@ class ProduceResponse(_message.Message):
     def __init__(self, opened: _Optional[_Union[ProducerOpened, _Mapping]] = ..., batch: _Optional[_Union[BatchResult, _Mapping]] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("pchannel", "policy", "start_id", "vchannels", "types", "timetick_gt", "timetick_ge", "max_batch_messages", "max_batch_bytes")
+    __slots__ = ("pchannel", "policy", "start_id", "vchannels", "types", "timetick_gt", "timetick_ge", "max_batch_messages", "max_batch_bytes", "accept_batches")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     START_ID_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class ConsumeRequest(_message.Message):
     TIMETICK_GE_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     policy: DeliverPolicy
     start_id: str
@@ -173,7 +174,8 @@ class ConsumeRequest(_message.Message):
     timetick_ge: int
     max_batch_messages: int
     max_batch_bytes: int
-    def __init__(self, pchannel: _Optional[str] = ..., policy: _Optional[_Union[DeliverPolicy, str]] = ..., start_id: _Optional[str] = ..., vchannels: _Optional[_Iterable[str]] = ..., types: _Optional[_Iterable[int]] = ..., timetick_gt: _Optional[int] = ..., timetick_ge: _Optional[int] = ..., max_batch_messages: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ...) -> None: ...
+    accept_batches: bool
+    def __init__(self, pchannel: _Optional[str] = ..., policy: _Optional[_Union[DeliverPolicy, str]] = ..., start_id: _Optional[str] = ..., vchannels: _Optional[_Iterable[str]] = ..., types: _Optional[_Iterable[int]] = ..., timetick_gt: _Optional[int] = ..., timetick_ge: _Optional[int] = ..., max_batch_messages: _Optional[int] = ..., max_batch_bytes: _Optional[int] = ..., accept_batches: _Optional[bool] = ...) -> None: ...
 
 class ConsumedMessage(_message.Message):
     __slots__ = ("id", "type", "vchannel", "timetick", "term", "txn_id", "properties", "payload")
@@ -202,19 +204,37 @@ class ConsumedMessage(_message.Message):
     payload: bytes
     def __init__(self, id: _Optional[str] = ..., type: _Optional[int] = ..., vchannel: _Optional[str] = ..., timetick: _Optional[int] = ..., term: _Optional[int] = ..., txn_id: _Optional[int] = ..., properties: _Optional[_Mapping[str, str]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
+class ConsumedBatch(_message.Message):
+    __slots__ = ("first_id", "data")
+    FIRST_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    first_id: str
+    data: bytes
+    def __init__(self, first_id: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ConsumedItem(_message.Message):
+    __slots__ = ("message", "batch")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    message: ConsumedMessage
+    batch: ConsumedBatch
+    def __init__(self, message: _Optional[_Union[ConsumedMessage, _Mapping]] = ..., batch: _Optional[_Union[ConsumedBatch, _Mapping]] = ...) -> None: ...
+
 class ConsumeResponse(_message.Message):
-    __slots__ = ("messages", "node_id", "term", "start_after_id", "start_after_timetick")
+    __slots__ = ("messages", "node_id", "term", "start_after_id", "start_after_timetick", "items")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     START_AFTER_ID_FIELD_NUMBER: _ClassVar[int]
     START_AFTER_TIMETICK_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ConsumedMessage]
     node_id: str
     term: int
     start_after_id: str
     start_after_timetick: int
-    def __init__(self, messages: _Optional[_Iterable[_Union[ConsumedMessage, _Mapping]]] = ..., node_id: _Optional[str] = ..., term: _Optional[int] = ..., start_after_id: _Optional[str] = ..., start_after_timetick: _Optional[int] = ...) -> None: ...
+    items: _containers.RepeatedCompositeFieldContainer[ConsumedItem]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ConsumedMessage, _Mapping]]] = ..., node_id: _Optional[str] = ..., term: _Optional[int] = ..., start_after_id: _Optional[str] = ..., start_after_timetick: _Optional[int] = ..., items: _Optional[_Iterable[_Union[ConsumedItem, _Mapping]]] = ...) -> None: ...
 
 class WALInfo(_message.Message):
     __slots__ = ("pchannel", "term", "state", "last_id", "last_timetick", "stats")

@@ -9,6 +9,12 @@ evicted falls back to reading the backend (see :mod:`headrace.wal.scanner`).
 Positions are ``(id, timetick)`` pairs. Time ticks that were not persisted
 carry the id of the last persisted message, so ids alone do not order the
 buffer; timeticks strictly increase in log order and do.
+
+An entry is a message (:class:`LogEntry`) or a whole record batch
+(:class:`~headrace.message.records.BatchEntry`, format 2), kept as appended:
+the buffer's timetick of a batch is its last message's, and a position inside
+a batch (a message of it) maps to the batch, whose earlier messages the reader
+skips by timetick.
 """
 
 from __future__ import annotations
@@ -16,11 +22,23 @@ from __future__ import annotations
 import asyncio
 import bisect
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from headrace import errors
 from headrace.message.ids import MessageID
+from headrace.message.records import BatchEntry, message_id
 from headrace.message.types import LogEntry
+
+Item = LogEntry | BatchEntry
+"""What the buffer holds: a message, or a record batch whole."""
+
+
+def end_of(item: Item) -> Position:
+    """The position of an item's last message."""
+    if type(item) is BatchEntry:
+        return Position(item.last_id, item.last_timetick)
+    assert isinstance(item, LogEntry)
+    return Position(item.id, item.message.timetick)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,7 +61,7 @@ class WriteAheadBuffer:
     def __init__(self, max_bytes: int, base: Position) -> None:
         self._max_bytes = max(1, max_bytes)
         self._base = base
-        self._entries: list[LogEntry] = []
+        self._entries: list[Item] = []
         self._tts: list[int] = []
         self._sizes: list[int] = []
         self._persisted: list[bool] = []
@@ -58,20 +76,25 @@ class WriteAheadBuffer:
 
     # -- writer side -------------------------------------------------------
 
-    def extend(self, entries: list[tuple[LogEntry, int, bool]]) -> None:
+    def extend(self, entries: list[tuple[Item, int, bool]]) -> None:
         """Add ``(entry, encoded size, persisted)`` triples in log order."""
         self.extend_columns(
             [e for e, _, _ in entries],
-            [e.message.timetick for e, _, _ in entries],
+            [end_of(e).timetick for e, _, _ in entries],
             [size for _, size, _ in entries],
             [persisted for _, _, persisted in entries],
         )
 
     def extend_columns(
-        self, entries: list[LogEntry], timeticks: list[int], sizes: list[int], persisted: list[bool]
+        self,
+        entries: Sequence[Item],
+        timeticks: Sequence[int],
+        sizes: Sequence[int],
+        persisted: Sequence[bool],
     ) -> None:
         """:meth:`extend` by columns: entry ``i`` has ``timeticks[i]`` (its
-        message's), encoded size ``sizes[i]`` and ``persisted[i]``."""
+        message's; a batch's last message's), encoded size ``sizes[i]`` and
+        ``persisted[i]``."""
         if not len(entries) == len(timeticks) == len(sizes) == len(persisted):
             raise errors.InvalidArgument("write-ahead buffer columns differ in length")
         self._entries += entries
@@ -114,8 +137,7 @@ class WriteAheadBuffer:
             freed += sizes[i]
             i += 1
         if i > head:
-            entry = self._entries[i - 1]
-            self._base = Position(entry.id, entry.message.timetick)
+            self._base = end_of(self._entries[i - 1])
             self._bytes -= freed
             self._first_seq += i - head
             self._head = i
@@ -169,8 +191,7 @@ class WriteAheadBuffer:
     def last_position(self) -> Position:
         if len(self._entries) == self._head:
             return self._base
-        entry = self._entries[-1]
-        return Position(entry.id, entry.message.timetick)
+        return end_of(self._entries[-1])
 
     def seq_after(self, pos: Position) -> int | None:
         """Cursor of the successor of ``pos``, or None if it is not retained.
@@ -187,35 +208,56 @@ class WriteAheadBuffer:
 
     def locate_at(self, mid: MessageID) -> Position | None:
         """Position just before the persisted entry ``mid``, if retained."""
-        i = self._index_of_persisted(mid)
-        if i is None:
+        found = self._find_persisted(mid)
+        if found is None:
             return None
+        i, index = found
+        if index:  # inside a batch: its previous message
+            first_tt = self._first_tt(self._entries[i])
+            return Position(message_id(mid.record_id(), index - 1), first_tt + index - 1)
         if i == self._head:
             return self._base
-        prev = self._entries[i - 1]
-        return Position(prev.id, prev.message.timetick)
+        return end_of(self._entries[i - 1])
 
     def locate_after(self, mid: MessageID) -> Position | None:
         """Position of the persisted entry ``mid`` (or the base), if retained."""
         if self._base.id is not None and self._base.id == mid:
             return self._base
-        i = self._index_of_persisted(mid)
-        if i is None:
+        found = self._find_persisted(mid)
+        if found is None:
             return None
-        return Position(mid, self._tts[i])
+        i, index = found
+        return Position(mid, self._first_tt(self._entries[i]) + index)
 
-    def _index_of_persisted(self, mid: MessageID) -> int | None:
+    @staticmethod
+    def _first_tt(item: Item) -> int:
+        if type(item) is BatchEntry:
+            return item.header.base_timetick
+        assert isinstance(item, LogEntry)
+        return item.message.timetick
+
+    def _find_persisted(self, mid: MessageID) -> tuple[int, int] | None:
+        """Where the persisted message ``mid`` is: its entry's index and its
+        index in that entry (0 for a message entry), if retained."""
         entries = self._entries
         if len(entries) == self._head:
             return None
         if entries[self._head].id.backend != mid.backend:
             return None
+        # The first entry at or after mid: mid itself (a message, or a batch's
+        # first), or what follows it (unpersisted ticks carry the id of the last
+        # persisted message); then mid can only be inside the batch just before.
         i = bisect.bisect_left(entries, mid, lo=self._head, key=_entry_id)
         if i < len(entries) and entries[i].id == mid and self._persisted[i]:
-            return i
+            return i, 0
+        i -= 1
+        item = entries[i] if i >= self._head else None
+        if type(item) is BatchEntry and self._persisted[i]:
+            index = item.position_of(mid)
+            return None if index is None else (i, index)
         return None
 
-    def read(self, seq: int, max_entries: int) -> list[LogEntry] | None:
+    def read(self, seq: int, max_entries: int) -> list[Item] | None:
         """Entries from cursor ``seq`` on (at most ``max_entries``).
 
         None if ``seq`` was evicted; an empty list if nothing new yet.
@@ -236,5 +278,5 @@ class WriteAheadBuffer:
         await asyncio.wait({self._signal}, timeout=timeout)
 
 
-def _entry_id(entry: LogEntry) -> MessageID:
+def _entry_id(entry: Item) -> MessageID:
     return entry.id

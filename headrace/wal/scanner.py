@@ -20,12 +20,13 @@ import asyncio
 import dataclasses
 from collections import deque
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, cast
 
 from headrace import errors
 from headrace.message import records
 from headrace.message.codec import Skipped
 from headrace.message.ids import MessageID
+from headrace.message.records import BatchEntry, Decoded
 from headrace.message.types import LogEntry
 from headrace.wal.api import DeliverPolicy, ReadOptions
 from headrace.wal.buffer import START, Position, WriteAheadBuffer
@@ -63,7 +64,7 @@ class Scanner:
         self._buffer = buffer
         self._batch = max(1, batch_size)
         self._delivery = Delivery(options, max_txn_bytes)
-        self._raw: deque[LogEntry | Skipped] = deque()
+        self._raw: deque[Decoded] = deque()
         """Read but not yet consumed (bounded by one read batch); records the
         delivery's header filter rejects are left undecoded (:class:`Skipped`)."""
         self._raw_accepted = False
@@ -171,8 +172,8 @@ class Scanner:
         if at < len(ready) and not self._closed:
             self._ready_at = at + 1
             return ready[at]
-        out = await self.next_many(1, timeout)
-        return out[0] if out else None
+        got = await self.next_many(1, timeout)
+        return got[0] if got else None
 
     async def next_many(
         self,
@@ -186,25 +187,50 @@ class Scanner:
         (never waiting for more), so a caller can forward entries in batches.
         Errors as :meth:`next`.
         """
+        out: list[LogEntry] = []
+        await self._next(out, max_entries, timeout, units=False)
+        return out
+
+    async def next_units(
+        self,
+        max_entries: int = DEFAULT_READ_BATCH,
+        timeout: float | None = None,
+    ) -> list[LogEntry | BatchEntry]:
+        """:meth:`next_many`, with record batches whose every message is
+        delivered as they stand given as one :class:`BatchEntry` (counted as
+        its messages against ``max_entries``; a batch larger than that comes
+        alone). Messages of a batch the reader takes only in part (filters, a
+        start inside it, transactions held back) come as entries."""
+        out: list[LogEntry | BatchEntry] = []
+        await self._next(out, max_entries, timeout, units=True)
+        return out
+
+    async def _next(
+        self,
+        out: list[LogEntry] | list[LogEntry | BatchEntry],
+        max_entries: int,
+        timeout: float | None,
+        *,
+        units: bool,
+    ) -> None:
         if max_entries < 1:
             raise errors.InvalidArgument(f"max_entries must be at least 1, got {max_entries}")
         if self._closed:
             raise errors.Closed("the scanner was closed")
-        out: list[LogEntry] = []
-        self._take(out, max_entries)
+        self._take(out, max_entries, units)
         if out:
-            return out
+            return
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         waited = False
         while True:
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
             if remaining == 0.0 and waited:
-                return out
+                return
             waited = not await self._step(remaining)
-            self._take(out, max_entries)
+            self._take(out, max_entries, units)
             if out:
-                return out
+                return
 
     async def open(self) -> None:
         """Open the backend reader now if catching up (else on the first read)."""
@@ -321,6 +347,7 @@ class Scanner:
             block.ids,
             verify=not block.verified,
             keep=self._delivery.header_filter,
+            units=True,
         )
         if self._skip is not None:
             decoded = self._past_start(decoded)
@@ -328,18 +355,28 @@ class Scanner:
         self._raw_accepted = True
         return True
 
-    def _past_start(self, decoded: list[LogEntry | Skipped]) -> list[LogEntry | Skipped]:
+    def _past_start(self, decoded: list[Decoded]) -> list[Decoded]:
         """``decoded`` without the messages before the start (see :func:`record_start`)."""
         skip = self._skip
         assert skip is not None
-        keep = next((i for i, e in enumerate(decoded) if not skip.drops(e.id)), None)
-        if keep is None:
-            return []
-        self._skip = None
-        return decoded[keep:] if keep else decoded
+        for i, item in enumerate(decoded):
+            if type(item) is BatchEntry and skip.drops(item.id):
+                if skip.drops(item.last_id):
+                    continue
+                # The start is inside this batch: take it apart, and go on there.
+                expanded: list[Decoded] = []
+                item.expand(self._delivery.header_filter, expanded)
+                return self._past_start(expanded + decoded[i + 1 :])
+            if not skip.drops(item.id):
+                self._skip = None
+                return decoded[i:]
+        return []
 
-    def _take(self, out: list[LogEntry], room: int) -> None:
-        """Move up to ``room`` deliverable entries to ``out``, consuming read ones.
+    def _take(
+        self, out: list[LogEntry] | list[LogEntry | BatchEntry], room: int, units: bool
+    ) -> None:
+        """Move up to ``room`` deliverable entries to ``out``, consuming read ones
+        (``units``: batches delivered whole stay whole, see :meth:`next_units`).
 
         Leaves the scanner as ``len(out)`` calls of :meth:`next` would: the
         last delivered group (one entry or one transaction) in ``_ready``, the
@@ -352,37 +389,75 @@ class Scanner:
             self._ready_at = at + len(part)
             room -= len(part)
         if room > 0 and self._raw:
-            self._consume(out, room)
+            self._consume(cast("list[LogEntry | BatchEntry]", out), room, units)
 
-    def _consume(self, out: list[LogEntry], room: int) -> None:
+    def _whole(self, unit: BatchEntry, floor: int) -> bool:
+        """Whether ``unit`` can be delivered as it stands: no transaction held
+        or in it, nothing of it consumed yet, every message accepted."""
+        header = unit.header
+        return (
+            not header.txn_id
+            and not self._delivery.held
+            and header.base_timetick > floor
+            and unit.accepted_whole(self._delivery.header_filter)
+        )
+
+    def _pop(self, units: bool, floor: int, room: int, first: bool) -> Decoded | None:
+        """The next read entry; a batch stays whole if it can be delivered whole
+        (see :meth:`_whole`), else its messages come one by one. None: the
+        next is a whole batch larger than ``room`` (it waits for the next
+        call, unless it comes ``first``)."""
+        raw = self._raw
+        entry = raw.popleft()
+        while type(entry) is BatchEntry:
+            if units and self._whole(entry, floor):
+                if room >= entry.count or first:
+                    return entry
+                raw.appendleft(entry)
+                return None
+            expanded: list[Decoded] = []
+            entry.expand(self._delivery.header_filter, expanded)
+            raw.extendleft(reversed(expanded))
+            entry = raw.popleft()
+        return entry
+
+    def _consume(self, out: list[LogEntry | BatchEntry], room: int, units: bool) -> None:
         """Consume read entries until ``room`` entries went to ``out`` or none are left."""
-        raw, delivery = self._raw, self._delivery
-        feed, held = delivery.feed, delivery.held
+        raw, delivery, feed = self._raw, self._delivery, self._delivery.feed
         # Entries without a txn id pass as they are while no transaction is
         # held back, if the delivery's filter already accepted them.
         fast = self._raw_accepted
-        floor = self._pos_tt if self._pos_known else -1
-        before = floor
-        last: LogEntry | Skipped | None = None
+        before = floor = self._pos_tt if self._pos_known else -1
+        last_id: MessageID | None = None
         group: list[LogEntry] = []
         ready: list[LogEntry] | None = None
         taken = ready_floor = 0
         while raw and room > 0:
-            entry = raw.popleft()
+            entry = self._pop(units, floor, room, not out)
+            if entry is None:
+                break
+            if type(entry) is BatchEntry:  # delivered whole
+                out.append(entry)
+                room -= entry.count
+                before, floor = floor, entry.last_timetick
+                last_id = entry.last_id
+                ready, taken, ready_floor = None, 1, before
+                continue
             if isinstance(entry, Skipped):
                 if entry.timetick <= floor:
                     continue
                 floor = entry.timetick
-                last = entry
+                last_id = entry.id
                 delivery.skip(entry)
                 continue
+            assert isinstance(entry, LogEntry)
             msg = entry.message
             tt = msg.timetick
             if tt <= floor:
                 continue
             before, floor = floor, tt
-            last = entry
-            if fast and not msg.txn_id and not held:
+            last_id = entry.id
+            if fast and not msg.txn_id and not delivery.held:
                 out.append(entry)
                 room -= 1
                 ready, taken, ready_floor = None, 1, before
@@ -394,11 +469,23 @@ class Scanner:
                 room -= taken
                 ready, ready_floor = group, before
                 group = []
-        if last is not None:
-            self._pos_id, self._pos_tt, self._pos_known = last.id, floor, True
+        if last_id is not None:
+            self._pos_id, self._pos_tt, self._pos_known = last_id, floor, True
             if taken:
-                self._ready = ready if ready is not None else [out[-1]]
-                self._ready_at, self._ready_floor = taken, ready_floor
+                self._note_ready(out[-1], ready, taken, ready_floor)
+
+    def _note_ready(
+        self, last: LogEntry | BatchEntry, group: list[LogEntry] | None, taken: int, floor: int
+    ) -> None:
+        """Remember the last delivered group (``group``, or ``last`` alone) and
+        how much of it was handed out; a batch delivered whole leaves nothing."""
+        if type(last) is BatchEntry:
+            self._ready, self._ready_at = [], 0
+        else:
+            assert isinstance(last, LogEntry)
+            self._ready = group if group is not None else [last]
+            self._ready_at = taken
+        self._ready_floor = floor
 
     async def _named_truncation(self, exc: errors.Truncated) -> errors.Truncated:
         earliest = exc.earliest

@@ -42,6 +42,7 @@ from headrace.wal.interceptors.planning import (
     settle,
     settle_early,
     settle_failed,
+    ticks_needed,
     unsettle,
 )
 from headrace.wal.interceptors.txn import TXN_ID_BYTES
@@ -322,7 +323,8 @@ class Appender:
         if not taken:
             return
         try:
-            first = await self._tso.allocate(count)
+            # A whole record batch takes a timetick per message.
+            first = await self._tso.allocate(ticks_needed(taken) if self._stamp.batches else count)
         except asyncio.CancelledError:
             self._queue.extendleft(reversed(taken))  # planned later, or failed by abort()
             raise
@@ -401,10 +403,12 @@ class Appender:
                 columns = settle(batch, ids, self.last_id)
             entries, timeticks = columns.entries, columns.timeticks
             if entries:
-                self.last_id = end_of(entries[-1]).id
+                last_id = end_of(entries[-1]).id
+                assert last_id is not None
+                self.last_id = last_id
+                if batch.records:
+                    self.progress.appended(last_id, timeticks[-1], sum(map(len, batch.records)))
             self.appended_total += len(batch.records)
-            if batch.records and entries:
-                self.progress.appended(self.last_id, timeticks[-1], sum(map(len, batch.records)))
             self._buffer.extend_columns(entries, timeticks, columns.sizes, columns.persisted)
         elif isinstance(error, errors.Fenced):
             unsettle(batch)

@@ -26,7 +26,7 @@ from headrace.message.ids import MessageID
 from headrace.message.records import BatchEntry, message_id
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.wal.api import AppendResult
-from headrace.wal.interceptors.chain import AppendContext
+from headrace.wal.interceptors.chain import AppendContext, BatchPart
 
 SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))
 
@@ -138,6 +138,23 @@ def alone(msg: Message, ctx: AppendContext, max_bytes: int) -> bytes:
     return bytes(data)
 
 
+def stamped_whole(part: BatchPart, base_timetick: int, term: int) -> tuple[bytes, BatchHeader]:
+    """A producer's whole batch stamped in place: the bytes to store, its header."""
+    assert part.data is not None
+    batches.stamp(part.data, base_timetick, term)
+    header = dataclasses.replace(part.header, base_timetick=base_timetick, term=term)
+    return bytes(part.data), header
+
+
+def ticks_needed(requests: list[Request]) -> int:
+    """Timeticks ``requests`` take: one per message, a whole batch's messages included."""
+    return sum(
+        ctx.batch.header.count if ctx.batch is not None and ctx.batch.data is not None else 1
+        for request in requests
+        for ctx in request.contexts
+    )
+
+
 def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> None:
     """Timeticks from ``first`` (never below the last one plus one), the term
     and the encoding of ``requests``' messages, added to ``batch`` in order.
@@ -167,9 +184,7 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
             part = ctx.batch
             if part is not None and part.data is not None:
                 # A whole batch: its messages get tt, tt + 1, ... (reserved at once).
-                batches.stamp(part.data, tt, term)
-                record = bytes(part.data)
-                header = dataclasses.replace(part.header, base_timetick=tt, term=term)
+                record, header = stamped_whole(part, tt, term)
                 wholes[len(contexts)] = (record, header)
                 tt = header.last_timetick
                 i += header.count - 1
