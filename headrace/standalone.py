@@ -65,6 +65,7 @@ from headrace import cluster, dirlock, errors, metrics, runtime
 from headrace.coordinator import coordinator as coord_mod
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, settle
 from headrace.logs import LogFormat
+from headrace.message.formats import RELEASE_FORMATS
 from headrace.metastore import factory
 from headrace.metastore.contract import Metastore
 
@@ -84,6 +85,8 @@ class StandaloneConfig:
     segment_bytes: int | None = None
     """Local WAL segment size (None: the backend's default)."""
     timetick_interval_ms: float = 10.0
+    message_format: int = max(RELEASE_FORMATS.writes)
+    """Message format of a new cluster (an existing one keeps its own)."""
     ready_timeout_s: float = 60.0
     restart_nodes: bool = True
     wal: str = "local"
@@ -626,6 +629,7 @@ async def _run_locked(cfg: StandaloneConfig, stop: asyncio.Event, *, announce: b
             wal_backend=cfg.wal,
             lease_ttl_s=cfg.lease_ttl_s,
             coordinator_id=f"standalone-{os.getpid()}",
+            message_format=cfg.message_format,
         ),
     )
     procs = supervised_processes(cfg)

@@ -34,12 +34,14 @@ from headrace.bench import report, tailprobe
 from headrace.bench.certs import make_certs
 from headrace.client.client import ClientOptions, HeadraceClient
 from headrace.coordinator import coordinator as coord_mod
+from headrace.message import batch
+from headrace.message.formats import RELEASE_FORMATS
 from headrace.message.types import Message, MessageType
 from headrace.metastore import factory
 from headrace.tls import ENV_CA, ENV_CERT, ENV_KEY, ENV_SERVER_NAME, ClientTLS, ServerTLS
 from headrace.tso import LocalTSO
 from headrace.wal import registry
-from headrace.wal.framework import WAL
+from headrace.wal.framework import WAL, WALOptions
 
 PCHANNEL = "bench-000"
 VCHANNEL = "bench-vchannel"
@@ -68,23 +70,51 @@ async def _run_producers(producers: int, sizes: list[int], send: Any) -> tuple[f
     return time.perf_counter() - start, latencies
 
 
-async def baseline(root: Path, messages: int, payload: bytes, chunk: int, producers: int) -> float:
-    """Messages/s appended to a framework WAL on the local backend, in process."""
+async def baseline(
+    root: Path, load: Load, message_format: int = max(RELEASE_FORMATS.writes)
+) -> float:
+    """Messages/s appended to a framework WAL on the local backend, in process.
+
+    In format 2 each chunk is encoded as one record batch (in the clock, as
+    the client does it on the other side) and appended with ``append_batches``.
+    """
     backend = registry.create("local", root=str(root), fsync="batch")
-    wal = await WAL.open(backend, PCHANNEL, 1, tso=LocalTSO())
-    msg = Message(MessageType.INSERT, VCHANNEL, payload)
+    options = WALOptions(message_format=message_format)
+    wal = await WAL.open(backend, PCHANNEL, 1, tso=LocalTSO(), options=options)
+    msg = Message(MessageType.INSERT, VCHANNEL, load.payload)
+    info = batch.BatchInfo(VCHANNEL)
 
     async def send(n: int) -> None:
         for outcome in await wal.append_many([msg] * n):
             if isinstance(outcome, errors.HeadraceError):
                 raise outcome
 
+    async def send_batch(n: int) -> None:
+        (outcome,) = await wal.append_batches([batch.encode([msg] * n, info)])
+        if isinstance(outcome, errors.HeadraceError):
+            raise outcome
+
+    sender = send_batch if message_format == batch.FORMAT_VERSION else send
     try:
-        elapsed, _ = await _run_producers(producers, _chunks(messages, chunk), send)
+        elapsed, _ = await _run_producers(
+            load.producers, _chunks(load.messages, load.chunk), sender
+        )
     finally:
         await wal.close()
         await backend.close()
-    return messages / elapsed
+    return load.messages / elapsed
+
+
+def node_rss_mib(pid: int) -> float:
+    """Peak resident memory of process ``pid`` so far (VmHWM), in MiB; 0 if unknown."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
 
 
 class _Cluster:
@@ -103,7 +133,11 @@ class _Cluster:
         coordinator = coord_mod.Coordinator(
             store,
             cluster.DEFAULT_CLUSTER,
-            coord_mod.CoordinatorConfig(pchannels=[PCHANNEL], coordinator_id="bench"),
+            coord_mod.CoordinatorConfig(
+                pchannels=[PCHANNEL],
+                coordinator_id="bench",
+                message_format=self.setup.message_format,
+            ),
         )
         self._store = store
         self.coord_task = asyncio.create_task(coordinator.run(self.stop))
@@ -129,6 +163,10 @@ class _Cluster:
             stderr=log,
         )
         log.close()
+
+    def rss_mib(self) -> float:
+        """The node process's peak resident memory so far, in MiB."""
+        return 0.0 if self.proc is None else node_rss_mib(self.proc.pid)
 
     async def close(self) -> None:
         self.stop.set()
@@ -241,13 +279,18 @@ async def bench_node(
     chunk: int = 256,
     producers: int = 4,
     tail_seconds: float = 5.0,
+    message_format: int = max(RELEASE_FORMATS.writes),
 ) -> dict[str, Any]:
+    """The node's rate against the in-process WAL's (same format), its tail
+    latency at half that rate, its peak RSS (``node_rss_mib``)."""
     if messages < chunk or size < 8:
         raise errors.InvalidArgument(f"need messages >= {chunk} and size >= 8")
     runtime.tune_process()
     payload = bytes(size)
-    base_rate = await baseline(root / "baseline", messages, payload, chunk, producers)
-    node_cluster = _Cluster(root)
+    setup = NodeSetup(message_format=message_format)
+    load = Load(messages, payload, chunk, producers)
+    base_rate = await baseline(root / "baseline", load, message_format)
+    node_cluster = _Cluster(root, setup)
     await node_cluster.start()
     try:
         async with HeadraceClient(node_cluster.url) as client:
@@ -256,9 +299,13 @@ async def bench_node(
             delays, sent = await _tail_latency(
                 client, node_cluster.url, rate / 2, tail_seconds, size
             )
+            rss = node_cluster.rss_mib()
     finally:
         await node_cluster.close()
     return {
+        "message_format": message_format,
+        "node_rss_mib": rss,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
         "messages": messages,
         "size": size,
         "chunk": chunk,
@@ -295,6 +342,8 @@ class NodeSetup:
     metrics_listen: str = ""
     tls: ServerTLS | None = None
     client_tls: ClientTLS | None = None
+    message_format: int = max(RELEASE_FORMATS.writes)
+    """The cluster's message format (2: record batches)."""
 
     def node_flags(self) -> list[str]:
         flags = ["--metrics-listen", self.metrics_listen] if self.metrics_listen else []

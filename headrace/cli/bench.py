@@ -21,6 +21,13 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     b = sub.add_parser("node", help="messages through a node over loopback vs in-process WAL")
     b.add_argument("--messages", type=int, default=50_000)
     b.add_argument("--size", type=int, default=1024)
+    b.add_argument(
+        "--format",
+        type=int,
+        default=2,
+        choices=[1, 2],
+        help="the cluster's message format: 2, record batches (default); 1, a record per message",
+    )
     b.add_argument("--dir", default=None)
     b.add_argument(
         "--metrics",
@@ -277,7 +284,7 @@ async def node(args: argparse.Namespace) -> int:
             )
         else:
             result = await bench_node.bench_node(
-                messages=args.messages, size=args.size, root=Path(tmp)
+                messages=args.messages, size=args.size, root=Path(tmp), message_format=args.format
             )
     _emit(result, args.json)
     return 0

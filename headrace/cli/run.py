@@ -28,6 +28,7 @@ from headrace.cli.retentionflags import (
 )
 from headrace.client import api as client_api
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
+from headrace.message.formats import RELEASE_FORMATS
 from headrace.node import server as node_server
 from headrace.tls import ServerTLS
 from headrace.wal.framework import WALOptions
@@ -58,6 +59,14 @@ def add_standalone_args(p: argparse.ArgumentParser) -> None:
         "(default 64 MiB); truncation deletes whole segment files",
     )
     p.add_argument("--timetick-interval-ms", type=positive_float, default=10.0)
+    p.add_argument(
+        "--message-format",
+        type=int,
+        choices=sorted(RELEASE_FORMATS.writes),
+        default=max(RELEASE_FORMATS.writes),
+        help="message format a new cluster writes (default: the newest, record batches); "
+        "an existing cluster keeps its own (headrace format set)",
+    )
     p.add_argument(
         "--wal",
         choices=WAL_BACKENDS,
@@ -335,6 +344,7 @@ def standalone_config(
         fsync=args.fsync,
         segment_bytes=args.segment_bytes,
         timetick_interval_ms=args.timetick_interval_ms,
+        message_format=args.message_format,
         wal=args.wal,
         wal_args=tuple(walflags.forward_flags(args)),
         node_args=(

@@ -25,13 +25,20 @@ import uuid
 from collections.abc import Sequence
 
 from headrace import errors
-from headrace.cluster import NEW_CLUSTER_ROUTING, AssignmentState, ClusterConfig, Keys
+from headrace.cluster import (
+    NEW_CLUSTER_ROUTING,
+    AssignmentState,
+    ClusterConfig,
+    ClusterFormat,
+    Keys,
+)
 from headrace.coordinator import state
 from headrace.coordinator.control import ControlKeys, parse_record
 from headrace.coordinator.election import Election, Leadership, NotLeader
 from headrace.coordinator.reconcile import Plan, Policy, View, reconcile
 from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task, wait_any
+from headrace.message.formats import DEFAULT_FORMAT, RELEASE_FORMATS, write_refusal
 from headrace.metastore.contract import Compare, Delete, Metastore, Op, Put
 
 log = logging.getLogger(__name__)
@@ -54,6 +61,11 @@ class CoordinatorConfig:
     relist_interval_s: float = 2.0
     max_moves_per_round: int = 2
     retry_backoff_s: float = 0.5
+    message_format: int = DEFAULT_FORMAT
+    """Message format a new cluster starts in (one this coordinator creates; an
+    existing cluster keeps its own, switched by ``headrace format set``). As
+    Kafka's ``log.message.format.version``: a cluster whose nodes may run an
+    older release starts in the format they all write."""
 
     def validate(self) -> None:
         if self.pchannels is not None:
@@ -76,6 +88,9 @@ class CoordinatorConfig:
                 raise errors.InvalidArgument(f"{name} must be positive, got {value}")
         if self.max_moves_per_round < 1:
             raise errors.InvalidArgument("max_moves_per_round must be at least 1")
+        refusal = write_refusal(RELEASE_FORMATS, self.message_format)
+        if refusal:
+            raise errors.InvalidArgument(f"a new cluster's message format: {refusal}")
 
 
 @dataclasses.dataclass
@@ -246,12 +261,29 @@ class Coordinator:
                 wal_backend=self.config.wal_backend or "local",
                 routing=NEW_CLUSTER_ROUTING,
             )
-            result = await leadership.guarded_txn(
-                [Compare.absent(self.keys.config)], [Put(self.keys.config, config.to_json())]
-            )
+            guards = [Compare.absent(self.keys.config)]
+            puts = [Put(self.keys.config, config.to_json())]
+            wanted_format = self.config.message_format
+            if (
+                wanted_format != DEFAULT_FORMAT
+                and await self.metastore.get(self.keys.format) is None
+            ):
+                guards.append(Compare.absent(self.keys.format))
+                record = ClusterFormat(
+                    version=wanted_format,
+                    previous=DEFAULT_FORMAT,
+                    changed_at=time.time(),
+                    reason="the cluster's message format at creation",
+                )
+                puts.append(Put(self.keys.format, record.to_json()))
+            result = await leadership.guarded_txn(guards, puts)
             if not result.succeeded:
                 return False
-            log.info("created cluster config with %d pchannels", len(config.pchannels))
+            log.info(
+                "created cluster config with %d pchannels, message format %d",
+                len(config.pchannels),
+                self.config.message_format,
+            )
         else:
             config = parse_record(ClusterConfig, kv.value)
             if wanted is not None and list(wanted) != config.pchannels:

@@ -66,7 +66,7 @@ class FormatSupport:
         return f"reads {describe(self.reads)}, writes {describe(self.writes)}"
 
 
-RELEASE_FORMATS = FormatSupport.of(reads={1, 2}, writes={1})
+RELEASE_FORMATS = FormatSupport.of(reads={1, 2}, writes={1, 2})
 """What this release's codec reads and can write: format 1 messages
 (:mod:`.codec`) and format 2 record batches (:mod:`.batch`)."""
 

@@ -22,7 +22,6 @@ from headrace.client.producer import batch_producer_id
 from headrace.cluster import AssignmentState
 from headrace.message import batch
 from headrace.message.formats import FormatSupport
-from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.node.errors import to_proto
 from headrace.proto import streaming_pb2 as pb
@@ -33,11 +32,7 @@ P = "pchannel-000"
 VCHANNELS = ["a", "b", "c"]
 BATCHES = FormatSupport.of(reads={1, 2}, writes={1, 2})
 """A release writing record batches (injected: RELEASE_FORMATS does not yet)."""
-needs_index = pytest.mark.skipif(
-    not hasattr(MessageID, "with_index"),
-    reason="batches of several messages need message ids with an index (MessageID.with_index)",
-)
-PER_REQUEST = [1, pytest.param(16, marks=needs_index)]
+PER_REQUEST = [1, 16]
 """Messages a producer puts in one request (1: every record batch holds one)."""
 
 

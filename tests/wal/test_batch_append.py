@@ -38,10 +38,6 @@ BATCHES = FormatSupport.of(reads={1, 2}, writes={1, 2})
 """A release that writes record batches (this one's RELEASE_FORMATS does not yet)."""
 QUIET = WALOptions(timetick_interval_ms=3_600_000, message_format=2, release_formats=BATCHES)
 WAIT = 10.0
-needs_index = pytest.mark.skipif(
-    not hasattr(MessageID, "with_index"),
-    reason="batches of several messages need message ids with an index (MessageID.with_index)",
-)
 
 
 def rows(vchannel: str, n: int, tag: str = "r", txn_id: int = 0) -> list[Message]:
@@ -97,7 +93,6 @@ async def open_wal(backend: Backend, term: int = 1, options: WALOptions = QUIET)
     return await WAL.open(backend, "p", term, tso=LocalTSO(), options=options)
 
 
-@needs_index
 @pytest.mark.parametrize("kind", ["memory", "local"])
 async def test_a_batch_is_one_record_with_consecutive_ids_and_one_timetick(
     kind: str, tmp_path: Path
@@ -196,7 +191,6 @@ async def test_a_retry_is_known_by_its_key_alone() -> None:
     await wal.close()
 
 
-@needs_index
 async def test_a_sequence_reused_with_another_count_is_refused() -> None:
     wal = await open_wal(MemoryBackend())
     results(await wal.append_batches([encoded(rows("v", 1, "x"), producer_id=5, sequence=9)]))
@@ -380,7 +374,6 @@ async def test_what_needs_the_per_message_path_goes_alone_with_its_own_result() 
     assert dropped.timetick > committed.timetick
 
 
-@needs_index
 async def test_a_transaction_body_of_several_messages_goes_whole() -> None:
     backend = MemoryBackend()
     wal = await open_wal(backend)
@@ -463,7 +456,7 @@ class _FlakyBackend(DelegatingBackend):
         return self.writer
 
 
-@pytest.mark.parametrize("size", [1, pytest.param(4, marks=needs_index)])
+@pytest.mark.parametrize("size", [1, 4])
 async def test_recovery_after_a_failed_append_reads_a_last_record_that_is_a_batch(
     size: int,
 ) -> None:
@@ -511,7 +504,6 @@ async def test_a_message_first_sent_in_format_1_is_deduplicated_after_the_switch
     assert len(payloads) == 1
 
 
-@needs_index
 @pytest.mark.parametrize("kind", ["memory", "local"])
 async def test_a_reopen_after_batches_of_several_messages_reads_from_a_record(
     kind: str, tmp_path: Path
