@@ -51,6 +51,7 @@ from typing import Any
 
 from headrace import errors, runtime
 from headrace.bench import broker, report
+from headrace.message import batch as batches
 from headrace.message import codec
 from headrace.message.types import Message, MessageType
 from headrace.tso import LocalTSO
@@ -94,10 +95,34 @@ def _encoded(msgs: list[Message]) -> list[bytes]:
     return [codec.encode(m.with_stamp(i + 1, 1)) for i, m in enumerate(msgs)]
 
 
-def baseline_rate(path: str, msgs: list[Message], batch: int) -> float:
-    """Messages per second of a plain write+fsync loop over the same bytes."""
+def client_batches(msgs: list[Message], batch: int) -> list[bytes]:
+    """``msgs`` as format 2 record batches of ``batch`` messages, as a client sends them."""
+    info = batches.BatchInfo(VCHANNEL)
+    return [batches.encode(msgs[i : i + batch], info) for i in range(0, len(msgs), batch)]
+
+
+def _stamped_batches(msgs: list[Message], batch: int) -> list[bytes]:
+    """The batches as the WAL stores them (stamped)."""
+    out = []
+    for i, data in enumerate(client_batches(msgs, batch)):
+        stamped = bytearray(data)
+        batches.stamp(stamped, 1 + i * batch, 1)
+        out.append(bytes(stamped))
+    return out
+
+
+def _records(msgs: list[Message], batch: int, message_format: int) -> list[list[bytes]]:
+    """The records one backend append per batch stores: ``batch`` format 1
+    messages, or one format 2 batch."""
+    if message_format == batches.FORMAT_VERSION:
+        return [[data] for data in _stamped_batches(msgs, batch)]
     encoded = _encoded(msgs)
-    chunks = [b"".join(encoded[i : i + batch]) for i in range(0, len(encoded), batch)]
+    return [encoded[i : i + batch] for i in range(0, len(encoded), batch)]
+
+
+def baseline_rate(path: str, msgs: list[Message], batch: int, message_format: int = 1) -> float:
+    """Messages per second of a plain write+fsync loop over the same bytes."""
+    chunks = [b"".join(chunk) for chunk in _records(msgs, batch, message_format)]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         start = time.perf_counter()
@@ -112,8 +137,15 @@ def baseline_rate(path: str, msgs: list[Message], batch: int) -> float:
     return report.rate(len(msgs), elapsed)
 
 
-def decode_rate(msgs: list[Message]) -> float:
-    """Messages per second :func:`codec.decode` alone manages on these messages."""
+def decode_rate(msgs: list[Message], batch: int, message_format: int = 1) -> float:
+    """Messages per second the codec alone decodes these messages at
+    (:func:`codec.decode` per message, or :func:`batch.messages` per batch)."""
+    if message_format == batches.FORMAT_VERSION:
+        stamped = _stamped_batches(msgs, batch)
+        start = time.perf_counter()
+        for data in stamped:
+            batches.messages(data)
+        return report.rate(len(msgs), time.perf_counter() - start)
     encoded = _encoded(msgs)
     decode = codec.decode
     start = time.perf_counter()
@@ -122,10 +154,16 @@ def decode_rate(msgs: list[Message]) -> float:
     return report.rate(len(encoded), time.perf_counter() - start)
 
 
+def encode_rate(msgs: list[Message], batch: int) -> float:
+    """Messages per second a client encodes these messages into batches at."""
+    start = time.perf_counter()
+    client_batches(msgs, batch)
+    return report.rate(len(msgs), time.perf_counter() - start)
+
+
 async def _backend_append(rnd: _Round, backend: Backend, msgs: list[Message]) -> float:
     """The backend writer alone, with the same pre-encoded batches."""
-    encoded = _encoded(msgs)
-    chunks = [encoded[i : i + rnd.batch] for i in range(0, len(encoded), rnd.batch)]
+    chunks = _records(msgs, rnd.batch, rnd.options.message_format)
     writer = await backend.open_writer(rnd.raw_pchannel, 1)
     try:
         start = time.perf_counter()
@@ -141,7 +179,6 @@ async def _wal_append(
     rnd: _Round, backend: Backend, msgs: list[Message], producers: int, pchannel: str
 ) -> tuple[float, list[float]]:
     wal = await WAL.open(backend, pchannel, 1, tso=LocalTSO(), options=rnd.options)
-    batches = [msgs[i : i + rnd.batch] for i in range(0, len(msgs), rnd.batch)]
     latencies: list[float] = []
 
     async def produce(mine: list[list[Message]]) -> None:
@@ -153,9 +190,29 @@ async def _wal_append(
                 if isinstance(result, errors.HeadraceError):
                     raise result
 
+    async def produce_batches(mine: list[bytes]) -> None:
+        for data in mine:
+            t0 = time.perf_counter()
+            (result,) = await wal.append_batches([data])
+            latencies.append(time.perf_counter() - t0)
+            if isinstance(result, errors.HeadraceError):
+                raise result
+
+    # Format 2: the client's encoding happens before, as the baseline's does.
+    encoded = (
+        client_batches(msgs, rnd.batch)
+        if rnd.options.message_format == batches.FORMAT_VERSION
+        else None
+    )
+    chunks = [msgs[i : i + rnd.batch] for i in range(0, len(msgs), rnd.batch)]
     try:
         start = time.perf_counter()
-        await asyncio.gather(*(produce(batches[k::producers]) for k in range(producers)))
+        if encoded is not None:
+            await asyncio.gather(
+                *(produce_batches(encoded[k::producers]) for k in range(producers))
+            )
+        else:
+            await asyncio.gather(*(produce(chunks[k::producers]) for k in range(producers)))
         elapsed = time.perf_counter() - start
     finally:
         await wal.close()
@@ -245,8 +302,15 @@ async def bench_wal(
     producers: int = 1,
     rounds: int = 5,
     settings: Mapping[str, Any] | None = None,
+    message_format: int = 1,
 ) -> dict[str, Any]:
     """Run the benchmark; a JSON-ready dict of rates, ratio and latencies.
+
+    ``message_format`` 2 writes record batches: each producer batch is one
+    client-encoded format 2 batch (encoded before the clock starts, as the
+    baseline's bytes are; ``encode`` reports what the encoding costs),
+    appended with ``WAL.append_batches`` and stored as one backend record, and
+    the baseline writes the same batches.
 
     ``settings`` go to the backend factory (e.g. Kafka's bootstrap servers).
     Baseline and WAL alternate for ``rounds`` rounds on fresh files and fresh
@@ -274,7 +338,11 @@ async def bench_wal(
         raise errors.InvalidArgument(
             "messages, batch, producers and rounds must be positive, size non-negative"
         )
-    setup = _Setup(backend, messages, size, batch, producers, rounds, dict(settings or {}))
+    if message_format not in (1, batches.FORMAT_VERSION):
+        raise errors.InvalidArgument(f"message_format is 1 or 2, not {message_format}")
+    setup = _Setup(
+        backend, messages, size, batch, producers, rounds, dict(settings or {}), message_format
+    )
     with runtime.process_tuning() as gc_settings:
         return await _bench(setup, root, gc_settings)
 
@@ -288,16 +356,17 @@ class _Setup:
     producers: int
     rounds: int
     settings: Mapping[str, Any]
+    message_format: int = 1
 
 
 def _wal_options(setup: _Setup) -> WALOptions:
     if setup.backend in broker.BROKERS:
         # The product's defaults: batches queued meanwhile share a backend
         # append (the raw producer, too, sends what is in flight together).
-        return WALOptions()
+        return WALOptions(message_format=setup.message_format)
     # One backend append (and fsync) per batch, as in the file baseline; a
     # sync tick may ride along with a batch.
-    return WALOptions(max_batch_messages=setup.batch + 1)
+    return WALOptions(max_batch_messages=setup.batch + 1, message_format=setup.message_format)
 
 
 async def _raw(
@@ -306,6 +375,9 @@ async def _raw(
     run = broker.RawRun(
         setup.backend, setup.settings, pchannel, setup.batch, inflight, transactional
     )
+    # Format 2 or not, the baseline sends the same messages one record each
+    # (with its own batching, as configured): the WAL may beat it by sending
+    # fewer, larger records.
     return await broker.raw_producer(run, _encoded(msgs))
 
 
@@ -324,7 +396,7 @@ async def _measure_round(
 ) -> _Measured:
     """One round: figures, the WAL's and the baselines' per-batch latencies."""
     if setup.backend not in broker.BROKERS:
-        baseline = baseline_rate(base_path, msgs, setup.batch)
+        baseline = baseline_rate(base_path, msgs, setup.batch, setup.message_format)
         figures, latencies = await _one_round(rnd, msgs)
         figures["baseline"] = baseline
         return _Measured(figures, latencies)
@@ -378,7 +450,9 @@ async def _bench(
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(base_path)
                 shutil.rmtree(rnd.root, ignore_errors=True)
-            measured.figures["decode"] = decode_rate(msgs)
+            measured.figures["decode"] = decode_rate(msgs, setup.batch, setup.message_format)
+            if setup.message_format == batches.FORMAT_VERSION:
+                measured.figures["encode"] = encode_rate(msgs, setup.batch)
             measured_rounds.append(measured)
     finally:
         if own_root:
@@ -389,6 +463,7 @@ async def _bench(
         "size": setup.size,
         "batch": setup.batch,
         "producers": setup.producers,
+        "message_format": setup.message_format,
         "gc_tuned": runtime.gc_tuned(),
         "gc_thresholds": list(gc_settings.thresholds),
         "loadavg": [round(x, 2) for x in (*load_before, *os.getloadavg())],

@@ -64,6 +64,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "producer keeps in flight (default 1)",
     )
     b.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    b.add_argument(
+        "--format",
+        type=int,
+        default=1,
+        choices=[1, 2],
+        help="message format the WAL writes: 1, a record per message; 2, a record batch per "
+        "producer batch (default 1)",
+    )
     b.add_argument("--dir", default=None, help="directory for the local WAL (default: temp)")
     b.add_argument("--kafka-bootstrap", default=None, help="host:port of a Kafka broker")
     b.add_argument("--pulsar-url", default=None, help="pulsar://host:port of a Pulsar broker")
@@ -266,6 +274,7 @@ async def wal(args: argparse.Namespace) -> int:
             producers=args.producers,
             rounds=args.rounds,
             settings=settings,
+            message_format=args.format,
         )
     _emit(result, args.json)
     return 0
