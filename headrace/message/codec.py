@@ -137,7 +137,7 @@ def encode(
     numbers outside 0..2**64-1) raise InvalidArgument, and so does a format
     this release cannot write.
     """
-    if format_version not in _WRITES:
+    if format_version != FORMAT_VERSION:
         raise errors.InvalidArgument(_unwritable(format_version))
     try:
         return _encode(msg, max_size)
@@ -200,6 +200,11 @@ def _unreadable(version: int) -> str:
 
 
 def _unwritable(format_version: int) -> str:
+    if format_version in _WRITES:
+        return (
+            f"message format {format_version} is written as record batches "
+            "(headrace.message.batch), not as single messages"
+        )
     return (
         f"cannot encode message format version {format_version} "
         f"(this release writes {describe(_WRITES)})"

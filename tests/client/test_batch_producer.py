@@ -94,9 +94,16 @@ async def test_a_producer_sends_record_batches_to_a_format_2_owner(
     assert all(not m.properties for _d, _h, msgs in records for m in msgs), (
         "no per-message dedup properties in format 2"
     )
-    by_tick = collections.Counter(r.timetick for r in results)
+    by_record = collections.defaultdict(list)
+    for r in results:
+        by_record[r.id.record_id()].append(r)
     sizes = sorted(h.count for _d, h, _m in records)
-    assert sorted(by_tick.values()) == sizes, "a batch's messages share its timetick"
+    assert sorted(len(rs) for rs in by_record.values()) == sizes, "one record per batch"
+    for rs in by_record.values():
+        rs.sort(key=lambda r: r.id)
+        assert [r.timetick - rs[0].timetick for r in rs] == list(range(len(rs))), (
+            "a batch's messages have consecutive timeticks"
+        )
     if per_request > 1:
         assert max(sizes) > 1, "messages of one vchannel ride in one batch"
 

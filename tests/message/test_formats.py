@@ -22,14 +22,16 @@ def supports(draw: st.DrawFn) -> FormatSupport:
 
 
 def test_release_declares_format_1_and_the_codec_follows_it() -> None:
-    assert FormatSupport.of({1, 2}, {1}) == formats.RELEASE_FORMATS
+    assert FormatSupport.of({1, 2}, {1, 2}) == formats.RELEASE_FORMATS
     assert FormatSupport.of({1}, {1}) == formats.LEGACY_FORMATS
     data = codec.encode(Message(MessageType.INSERT, "v", b"x"), format_version=1)
     assert data[2] == 1
-    with pytest.raises(
-        errors.InvalidArgument, match=r"format version 2 \(this release writes \{1\}\)"
-    ):
+    with pytest.raises(errors.InvalidArgument, match=r"format 2 is written as record batches"):
         codec.encode(Message(MessageType.INSERT, "v", b"x"), format_version=2)
+    with pytest.raises(
+        errors.InvalidArgument, match=r"format version 3 \(this release writes \{1, 2\}\)"
+    ):
+        codec.encode(Message(MessageType.INSERT, "v", b"x"), format_version=3)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Appending record batches (message format 2): one record, one timetick, one
+"""Appending record batches (message format 2): one record, consecutive timeticks, one
 dedup key per batch; refusals named; the per-message path for what needs it.
 
 Batches of several messages need message ids with an index
@@ -94,7 +94,7 @@ async def open_wal(backend: Backend, term: int = 1, options: WALOptions = QUIET)
 
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
-async def test_a_batch_is_one_record_with_consecutive_ids_and_one_timetick(
+async def test_a_batch_is_one_record_with_consecutive_ids_and_timeticks(
     kind: str, tmp_path: Path
 ) -> None:
     backend = backend_of(kind, tmp_path)
@@ -108,17 +108,22 @@ async def test_a_batch_is_one_record_with_consecutive_ids_and_one_timetick(
         assert message_ids[0] == result.record_id
         assert [m.record_id() for m in message_ids] == [result.record_id] * result.count
         assert [m.index for m in message_ids] == list(range(result.count))
-    assert [r.timetick for r in outcomes] == sorted({r.timetick for r in outcomes})
+    ticks = [t for r in outcomes for t in (m.timetick for m in r.results())]
+    assert ticks == sorted(set(ticks)), "every message its own timetick, in order"
+    assert [(m.id, m.timetick - r.timetick) for r in outcomes for m in r.results()] == [
+        (mid, i) for r in outcomes for i, mid in enumerate(r.message_ids())
+    ]
     records = await stored(backend)
     headers = data_batches(records)
     assert [h.count for h in headers] == sizes, "one backend record per batch"
     by_id = {r.id: batch.read_header(r.data) for r in records}
     for result in outcomes:
-        assert by_id[result.record_id].timetick == result.timetick
+        assert by_id[result.record_id].base_timetick == result.timetick
         assert by_id[result.record_id].term == 1
     stamped = batch.messages(next(r.data for r in records if r.id == outcomes[0].record_id))
     assert [m.payload for m in stamped] == [m.payload for m in rows("v", 5, "b5")]
-    assert {m.timetick for m in stamped} == {outcomes[0].timetick}
+    first = outcomes[0].timetick
+    assert [m.timetick for m in stamped] == [first + i for i in range(5)]
 
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
@@ -131,7 +136,7 @@ async def test_a_batch_of_one_message_is_one_record(kind: str, tmp_path: Path) -
     assert [r.message_ids() for r in outcomes] == [[r.record_id] for r in outcomes]
     headers = data_batches(await stored(backend))
     assert [h.count for h in headers] == [1, 1, 1]
-    assert [h.timetick for h in headers] == [r.timetick for r in outcomes]
+    assert [h.base_timetick for h in headers] == [r.timetick for r in outcomes]
 
 
 async def test_tail_readers_get_the_messages_of_a_batch() -> None:
@@ -423,7 +428,8 @@ async def test_batches_and_single_messages_interleaved_keep_timeticks_increasing
         done = await asyncio.gather(batches("a"), singles("b"), batches("c"), singles("d"))
     await wal.close()
     records = await stored(backend)
-    ticks = [batch.read_header(r.data).timetick for r in records]
+    headers = [batch.read_header(r.data) for r in records]
+    ticks = [h.base_timetick + i for h in headers for i in range(h.count)]
     assert all(a < b for a, b in itertools.pairwise(ticks)), ticks
     acknowledged = {r.timetick for rs in done for r in rs}
     assert len(acknowledged) == 20 * 2 + 20 * 2 * 2
@@ -477,9 +483,9 @@ async def test_recovery_after_a_failed_append_reads_a_last_record_that_is_a_batc
             break
         await asyncio.sleep(0.01)
     assert wal.last_id == expected
-    assert wal.last_timetick == header.timetick
+    assert wal.last_timetick == header.last_timetick
     (after,) = results(await wal.append_batches([encoded(rows("v", 1, "after"))]))
-    assert after.timetick > header.timetick
+    assert after.timetick > header.last_timetick
     await wal.close()
 
 

@@ -374,12 +374,12 @@ def test_bad_options_are_refused(bad: dict[str, Any]) -> None:
         WALOptions(**bad)
 
 
-@pytest.mark.parametrize("version", [0, 2])
+@pytest.mark.parametrize("version", [0, 3])
 def test_a_message_format_this_release_cannot_write_is_refused(version: int) -> None:
     with pytest.raises(
         errors.InvalidArgument,
         match=rf"message_format: the cluster writes message format {version}, which this "
-        r"release cannot write \(reads \{1, 2\}, writes \{1\}\)",
+        r"release cannot write \(reads \{1, 2\}, writes \{1, 2\}\)",
     ):
         WALOptions(message_format=version)
 
