@@ -35,7 +35,7 @@ from headrace import errors
 from headrace.client.flushing import FlushRequested
 from headrace.cluster import Assignment, AssignmentState, ClusterConfig, Keys, NodeInfo
 from headrace.coordinator import state, writestop
-from headrace.message.formats import RELEASE_FORMATS, FormatSupport
+from headrace.message.formats import LEGACY_FORMATS, RELEASE_FORMATS, FormatSupport
 from headrace.message.ids import MessageID
 from headrace.metastore.contract import Compare, Metastore, Put
 from headrace.metastore.factory import open_metastore
@@ -68,7 +68,9 @@ BROKEN_SUFFIX = ":broken"
 """The simulated kubelet never makes a pod of such an image Ready."""
 PCA = (models.API_VERSION, "PChannelAssignment")
 FORMAT_2_IMAGE = "headrace-node:f2"
-"""A simulated release that reads and writes message formats 1 and 2."""
+"""A simulated release that reads and writes message formats 1 and 2 (as this
+one does); every other simulated image reads and writes format 1 only (a
+release from before record batches), so that fake clusters upgrade as before."""
 IMAGE_VERSIONS = {"headrace-node:v2": "0.2.0", "headrace-node:v3": "0.3.0", FORMAT_2_IMAGE: "0.4.0"}
 """The version a simulated node of these images registers; any other image's
 registers this tree's ``headrace.__version__``, as every real node of the
@@ -244,7 +246,7 @@ class SimKubelet:
                 )
                 continue
             keys = Keys(f"{self.namespace}.{cluster}")
-            formats = IMAGE_FORMATS.get(image, RELEASE_FORMATS)
+            formats = IMAGE_FORMATS.get(image, LEGACY_FORMATS)
             node = SimNode(self.store, keys, meta["name"], sim_version(image), formats)
             await node.start()
             self.nodes[key] = node

@@ -2,11 +2,12 @@
 format when the target release writes a newer one; a rollback is possible
 until that switch and refused (Blocked, saying why) after it.
 
-Every real node of the test bed runs this release (format 1 only), so the
-switch itself runs on the fake bed, whose simulated nodes of
-``FORMAT_2_IMAGE`` advertise formats {1, 2}; the switch goes through the same
-``ClusterControl.set_format`` (the metastore record) as in the operator. On
-the real API server the plan records the formats and switches nothing.
+Simulated nodes of the fake bed run a release writing format 1 only, except
+those of ``FORMAT_2_IMAGE`` (formats {1, 2}, as this release); the switch goes
+through the same ``ClusterControl.set_format`` (the metastore record) as in
+the operator. Every real node of the test bed runs this release, which writes
+format 2: on the real API server any plan ends by switching a cluster still
+writing format 1 (operator clusters start in it) to 2.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from headrace.message.formats import FormatSupport
+from headrace.message.formats import RELEASE_FORMATS, FormatSupport
 from headrace_operator.upgradeplan import format_to_switch, rollback_refusal, source_reads
 from tests.headrace_operator.op_harness import FORMAT_2_IMAGE, Bed, condition, is_ready
 from tests.headrace_operator.test_upgrade_steps import (
@@ -84,7 +85,7 @@ async def test_the_last_step_switches_the_format_after_every_node_runs_the_targe
     bed: Bed,
 ) -> None:
     if bed.real:
-        pytest.skip("every real node runs this release: format 1 only (see the module doc)")
+        pytest.skip("every real node runs this release: no older one to start from")
     await bed.create_cluster("fmt", nodes=3, pchannels=3)
     await bed.converge("fmt", is_ready, what="Ready")
     await create_plan(bed, "fmt-up", "fmt", image=FORMAT_2_IMAGE)
@@ -113,7 +114,7 @@ async def test_the_last_step_switches_the_format_after_every_node_runs_the_targe
 
 async def test_rollback_before_the_switch_runs_back_and_after_it_is_refused(bed: Bed) -> None:
     if bed.real:
-        pytest.skip("every real node runs this release: format 1 only (see the module doc)")
+        pytest.skip("every real node runs this release: no older one to roll back to")
     await bed.create_cluster("back", nodes=2, pchannels=2)
     await bed.converge("back", is_ready, what="Ready")
     # Before the switch: one node on the new release, then rollback runs the loop back.
@@ -156,14 +157,23 @@ async def test_rollback_before_the_switch_runs_back_and_after_it_is_refused(bed:
     assert await cluster_format(bed, "back") == 2
 
 
-async def test_a_target_writing_no_newer_format_switches_nothing(bed: Bed) -> None:
-    """On both beds: the target release (this one) writes format 1, as the
-    cluster does; the plan records the formats and succeeds without a switch."""
+async def test_a_plan_switches_only_to_a_format_the_target_writes(bed: Bed) -> None:
+    """On the fake bed the target release writes format 1, as the cluster
+    does: the plan records the formats and succeeds without a switch. On the
+    real bed the target is this release, which writes format 2: the plan's
+    last step switches the cluster to it."""
     await bed.create_cluster("same", nodes=2, pchannels=2)
     await bed.converge("same", is_ready, what="Ready")
     await create_plan(bed, "same-up", "same")
     status = await run_until(bed, "same", "same-up", lambda s: s["phase"] == "Succeeded")
-    assert status["formats"] == {
+    formats = status["formats"]
+    if bed.real:
+        assert (formats["cluster"], formats["switchedFrom"], formats["switchedTo"]) == (2, 1, 2)
+        assert formats["sourceReads"] == sorted(RELEASE_FORMATS.reads)
+        assert await cluster_format(bed, "same") == 2
+        assert (await bed.event_reasons()).count("UpgradeFormatSwitched") == 1
+        return
+    assert formats == {
         "cluster": 1,
         "sourceReads": [1],
         "switchedFrom": 0,
