@@ -226,14 +226,16 @@ def test_node_logs_in_normal_operation(standalone: Standalone) -> None:
 
 
 def test_format_show_and_a_refused_switch(standalone: Standalone) -> None:
-    """The standalone's nodes advertise this release's formats; a switch to a
-    format no node writes is refused, naming each node's."""
+    """The standalone creates its cluster in the newest format its release
+    writes; its nodes advertise this release's formats; a switch to a format no
+    node writes is refused, naming each node's, and so is one backwards."""
     url = standalone.url
     reads, writes = sorted(RELEASE_FORMATS.reads), sorted(RELEASE_FORMATS.writes)
     out = cli("format", "show", "--metastore", url, "--json")
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout)
-    assert shown["message_format"] == 1 and shown["common_writable"] == max(writes)
+    newest = max(writes)
+    assert shown["message_format"] == newest and shown["common_writable"] == newest
     assert shown["nodes"] == {
         "node-0": {"reads": reads, "writes": writes},
         "node-1": {"reads": reads, "writes": writes},
@@ -246,14 +248,24 @@ def test_format_show_and_a_refused_switch(standalone: Standalone) -> None:
         f"cannot switch cluster 'default' to message format {unwritten}: not every registered "
         f"node can read and write format {unwritten}: node-0 {each}, node-1 {each}"
     ) in out.stderr
-    out = cli("format", "set", "1", "--metastore", url, "--json")
+    out = cli("format", "set", str(newest), "--metastore", url, "--json")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == {"message_format": 1, "previous": 1, "changed": False}
+    assert json.loads(out.stdout) == {
+        "message_format": newest,
+        "previous": newest,
+        "changed": False,
+    }
+    if newest > 1:
+        out = cli("format", "set", "1", "--metastore", url)
+        assert out.returncode == 2 and "formats only move forward" in out.stderr, out.stderr
     report = status(url)
-    assert report["message_format"] == 1
+    assert report["message_format"] == newest
     assert {(n["node_id"], tuple(n["reads"]), tuple(n["writes"])) for n in report["nodes"]} == {
         ("node-0", tuple(reads), tuple(writes)),
         ("node-1", tuple(reads), tuple(writes)),
     }
-    assert all(p["formats"] == [1] and p["reason"] == "" for p in report["pchannels"])
-    assert "message format 1" in cli("status", "--metastore", url).stdout
+    # A log without a record counts as format 1 (logs from before formats were
+    # recorded): the first open adds the cluster's format to that.
+    logs = sorted({1, newest})
+    assert all(p["formats"] == logs and p["reason"] == "" for p in report["pchannels"])
+    assert f"message format {newest}" in cli("status", "--metastore", url).stdout
