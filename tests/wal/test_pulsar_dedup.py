@@ -170,3 +170,73 @@ async def test_deduplication_warn_writes_on_a_broker_without_it(
         assert [r.data for r in await _read_all(backend, "p0", mid)] == [b"written"]
     finally:
         await backend.close()
+
+
+def _link(pulsar_url: str) -> Any:
+    from headrace.wal.pulsar import client  # noqa: PLC0415
+    from headrace.wal.pulsar.writer import PulsarLink  # noqa: PLC0415
+
+    settings = parse_settings(
+        {"service_url": pulsar_url, "topic_prefix": f"dedup.{uuid.uuid4().hex[:12]}."}
+    )
+    shared = client.new_client(settings)
+    try:
+        client.ensure_topics(shared, settings, "p0")
+    finally:
+        shared.close()
+    return PulsarLink(settings, "p0", 1)
+
+
+def _resend_from(link: Any, sequence_id: int, last_acknowledged: MessageID) -> None:
+    """Make the link's next send reuse sequence ids from ``sequence_id`` on, as the
+    client does when it resends on a new connection messages whose receipts were
+    lost: the last receipt the link got is ``last_acknowledged``'s."""
+    link._next_seq = sequence_id
+    link._floor = last_acknowledged
+
+
+@pytest.mark.pulsar
+async def test_a_resent_record_gets_the_id_of_its_stored_copy(pulsar_url: str) -> None:
+    from headrace.wal.brokers.stamps import Kind, Stamp  # noqa: PLC0415
+
+    def run() -> None:
+        link = _link(pulsar_url)
+        try:
+            link.take()
+            data = Stamp(Kind.DATA, 1, 5)
+            [fence] = link.send([b""], Stamp(Kind.FENCE, 1, 5))
+            first = link.send([b"a", b"b", b"c"], data)
+            _resend_from(link, FIRST_SEQUENCE_ID + 2, first[0])  # after fence and check: b, c
+            assert link.send([b"b", b"c"], data) == first[1:]
+            # A new producer of the same name continues after the broker's last id.
+            link.take()
+            [later] = link.send([b"d"], data)
+            assert later > first[-1]
+            stored = link.stored(fence, later)
+            assert [mid for mid, _ in stored] == first, f"stored twice: {stored}"
+        finally:
+            link.release()
+
+    await asyncio.to_thread(run)
+
+
+@pytest.mark.pulsar
+async def test_a_dropped_copy_of_other_bytes_is_not_acknowledged(pulsar_url: str) -> None:
+    from headrace.wal.brokers.stamps import Kind, Stamp  # noqa: PLC0415
+
+    def run() -> None:
+        link = _link(pulsar_url)
+        try:
+            link.take()
+            data = Stamp(Kind.DATA, 1, 5)
+            [fence] = link.send([b""], Stamp(Kind.FENCE, 1, 5))
+            link.send([b"a", b"b"], data)
+            _resend_from(link, FIRST_SEQUENCE_ID + 1, fence)
+            # The broker drops these under ids it stored other bytes with: they are
+            # not written, so they must not be acknowledged.
+            with pytest.raises(errors.Unavailable, match="copies of stored"):
+                link.send([b"x", b"y"], data)
+        finally:
+            link.release()
+
+    await asyncio.to_thread(run)
