@@ -30,7 +30,7 @@ from headrace.wal.pulsar.writer import FIRST_SEQUENCE_ID, next_sequence_id, prod
 
 pytestmark = pytest.mark.timeout(240)
 
-_RECORDS_PER_APPEND = 3000
+_RECORDS_PER_APPEND = 1500
 _ROUNDS = 4
 
 
@@ -240,3 +240,46 @@ async def test_a_dropped_copy_of_other_bytes_is_not_acknowledged(pulsar_url: str
             link.release()
 
     await asyncio.to_thread(run)
+
+
+def _take_producer(backend: Backend, pchannel: str) -> None:
+    """Fence the writer's producer like a stale opener that then gives up."""
+    import pulsar  # noqa: PLC0415
+
+    from headrace.wal.pulsar.backend import PulsarBackend  # noqa: PLC0415
+
+    assert isinstance(backend, PulsarBackend)
+    interloper = pulsar.Client(backend.settings.service_url)
+    try:
+        producer = interloper.create_producer(
+            backend.settings.topic(pchannel),
+            access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing,
+        )
+        producer.close()
+    finally:
+        interloper.close()
+
+
+@pytest.mark.pulsar
+async def test_records_stored_when_the_producer_was_taken_midway_are_stored_once(
+    backend: Backend,
+) -> None:
+    pchannel = "p0"
+    writer = await backend.open_writer(pchannel, 1)
+    sent: list[bytes] = []
+    acked: list[MessageID] = []
+    try:
+        for round_ in range(_ROUNDS):
+            records = [b"r%d-%06d" % (round_, i) for i in range(_RECORDS_PER_APPEND)]
+            append = asyncio.ensure_future(writer.append(records))
+            await asyncio.sleep(0.05 * (round_ + 1))
+            await asyncio.to_thread(_take_producer, backend, pchannel)
+            acked += await append
+            sent += records
+    finally:
+        await writer.close()
+    stored = await _read_all(backend, pchannel, acked[-1])
+    copies = len(stored) - len({r.data for r in stored})
+    assert copies == 0, f"{copies} of {len(stored)} stored records are copies"
+    assert [r.data for r in stored] == sent
+    assert [r.id for r in stored] == acked, "the ids acknowledged are not those stored"

@@ -39,6 +39,7 @@ from disturbing the others.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import threading
@@ -80,6 +81,25 @@ def next_sequence_id(planned: int, broker_last: int) -> int:
     for its name (a new producer of the name), never below :data:`FIRST_SEQUENCE_ID`
     (pure)."""
     return max(planned, broker_last + 1, FIRST_SEQUENCE_ID)
+
+
+def stored_count(first_seq: int, count: int, broker_last: int) -> int:
+    """How many of ``count`` records sent under sequence ids from ``first_seq`` on the
+    broker stored, given the last id it stored for the producer name (pure)."""
+    return max(0, min(count, broker_last - first_seq + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unsettled:
+    """The unacknowledged rest of a send lost with its producer."""
+
+    records: tuple[bytes, ...]
+    props: dict[str, str]
+    first_seq: int
+    after: PulsarMessageID | None
+    """The link's floor when the send was lost: its records lie after it."""
+    stored: tuple[PulsarMessageID, ...] | None = None
+    """The ids of the leading records found stored, once the link took the topic back."""
 
 
 def is_duplicate_receipt(mid: Any) -> bool:
@@ -132,6 +152,7 @@ class PulsarLink:
         self._floor: PulsarMessageID | None = None
         """The last id this link saw at the topic's end or got acknowledged: every
         message its producers send later is stored after it."""
+        self._unsettled: _Unsettled | None = None
 
     def look(self) -> End[PulsarMessageID]:
         last = client.read_last(self._client, self._settings, self.topic)
@@ -149,9 +170,37 @@ class PulsarLink:
                 access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing,
                 **producer_options(self._settings),
             )
-            self._next_seq = next_sequence_id(self._next_seq, self._producer.last_sequence_id())
+            broker_last = self._producer.last_sequence_id()
+            self._next_seq = next_sequence_id(self._next_seq, broker_last)
+            self._find_unsettled(broker_last)
         except pulsar.PulsarException as exc:
             raise client.translate(exc, f"taking {self.topic}", self._settings) from None
+
+    def _find_unsettled(self, broker_last: int) -> None:
+        """Read back which records of the send lost with the previous producer the
+        broker stored: before anything of the new producer, the last ones of the name."""
+        lost = self._unsettled
+        if lost is None or lost.stored is not None:
+            return
+        count = stored_count(lost.first_seq, len(lost.records), broker_last)
+        found = self._own_last(lost.after, count) if count else []
+        ids: list[PulsarMessageID] = []
+        for message, data in zip(found, lost.records, strict=False):
+            if message.data() != data or message.properties() != lost.props:
+                break
+            ids.append(client.from_pulsar(message.message_id()))
+        self._unsettled = dataclasses.replace(lost, stored=tuple(ids))
+
+    def recovered(self, records: Sequence[bytes]) -> list[PulsarMessageID]:
+        lost, self._unsettled = self._unsettled, None
+        if lost is None or not lost.stored:
+            return []
+        ids: list[PulsarMessageID] = []
+        for mid, data, sent in zip(lost.stored, records, lost.records, strict=False):
+            if data != sent:
+                break
+            ids.append(mid)
+        return ids
 
     def held(self) -> bool:
         return self._producer is not None
@@ -163,7 +212,7 @@ class PulsarLink:
         props = properties(stamp)
         first = self._next_seq
         self._next_seq += len(records)
-        ids = self._settle(records, props, self._dispatch(records, props, first))
+        ids = self._settle(records, props, first, self._dispatch(records, props, first))
         if stamp.kind is Kind.FENCE and records:
             self._check_deduplication(records[-1], props, first + len(records) - 1)
         return ids
@@ -187,7 +236,7 @@ class PulsarLink:
         except pulsar.PulsarException as exc:
             self.drop()
             if isinstance(exc, pulsar.ProducerFenced | pulsar.AlreadyClosed):
-                raise Lost(self._known_prefix(sends.acked)) from None
+                raise self._lost(batch, props, first, sends.acked) from None
             raise client.translate(exc, f"appending to {self.topic}", self._settings) from None
         if not sends.wait(
             self._settings.send_timeout_ms / 1000 + self._settings.operation_timeout_s
@@ -200,7 +249,7 @@ class PulsarLink:
         return sends
 
     def _settle(
-        self, batch: Sequence[bytes], props: dict[str, str], sends: _Sends
+        self, batch: Sequence[bytes], props: dict[str, str], first_seq: int, sends: _Sends
     ) -> list[PulsarMessageID]:
         """The ids of ``batch`` once every record was acknowledged, else the failure."""
         if sends.failure is None:
@@ -218,26 +267,36 @@ class PulsarLink:
             )
         self.drop()
         if first in (pulsar.Result.ProducerFenced, pulsar.Result.AlreadyClosed):
-            raise Lost(self._known_prefix(sends.acked))
+            raise self._lost(batch, props, first_seq, sends.acked)
         raise errors.Unavailable(
             f"pulsar: appending to {self.topic} failed with {first} "
             f"({self._settings.service_url}); a prefix of the records may have been written"
         )
 
-    def _known_prefix(self, acked: Sequence[PulsarMessageID | None]) -> list[PulsarMessageID]:
-        """The acknowledged records of a failed send, if their ids are all known.
+    def _lost(
+        self,
+        batch: Sequence[bytes],
+        props: dict[str, str],
+        first_seq: int,
+        acked: Sequence[PulsarMessageID | None],
+    ) -> Lost | errors.Unavailable:
+        """What a send lost with its producer raises: :class:`Lost` with the ids of
+        its acknowledged records, the rest kept to be found at the next take.
 
         A failed send's records after its acknowledged ones may be stored too, so
         the stored copy of a duplicate among them cannot be told apart: then the
         send is not reported as lost (the writer would resend) but as failed."""
         known = [mid for mid in acked if mid is not None]
         if len(known) < len(acked):
-            raise errors.Unavailable(
+            return errors.Unavailable(
                 f"pulsar: {self.topic} was taken from this writer while it resent records the "
                 f"broker had stored ({self._settings.service_url}); a prefix of the records "
                 "may have been written"
             )
-        return known
+        self._unsettled = _Unsettled(
+            tuple(batch[len(known) :]), props, first_seq + len(known), self._floor
+        )
+        return Lost(known)
 
     def _resolve(
         self, batch: Sequence[bytes], props: dict[str, str], acked: list[PulsarMessageID | None]
@@ -247,14 +306,7 @@ class PulsarLink:
         last messages of this link's producer name."""
         if None not in acked:
             return [mid for mid in acked if mid is not None]
-        found = client.read_own_last(
-            self._client,
-            self._settings,
-            self.topic,
-            after=self._floor,
-            producer_name=self.producer_name,
-            count=len(batch),
-        )
+        found = self._own_last(self._floor, len(batch))
         ids = [client.from_pulsar(message.message_id()) for message in found]
         matches = len(found) == len(batch) and all(
             message.data() == data
@@ -270,12 +322,22 @@ class PulsarLink:
             )
         return ids
 
+    def _own_last(self, after: PulsarMessageID | None, count: int) -> list[pulsar.Message]:
+        return client.read_own_last(
+            self._client,
+            self._settings,
+            self.topic,
+            after=after,
+            producer_name=self.producer_name,
+            count=count,
+        )
+
     def _check_deduplication(self, record: bytes, props: dict[str, str], seq: int) -> None:
         """Send ``record`` (just acknowledged under ``seq``) once more under ``seq``:
         a broker that deduplicates the topic drops the copy."""
         sends = self._dispatch([record], props, seq)
         if sends.failure is not None:
-            self._settle([record], props, sends)
+            self._settle([record], props, seq, sends)
         if sends.acked == [None]:
             return
         what = (
