@@ -26,7 +26,12 @@ from headrace.message.ids import MessageID
 from headrace.wal import registry
 from headrace.wal.contract import Backend, Record, StartPosition
 from headrace.wal.pulsar.settings import parse_settings
-from headrace.wal.pulsar.writer import FIRST_SEQUENCE_ID, next_sequence_id, producer_name
+from headrace.wal.pulsar.writer import (
+    FIRST_SEQUENCE_ID,
+    next_sequence_id,
+    producer_name,
+    stored_count,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -41,6 +46,14 @@ def test_sequence_ids_continue_above_everything_used() -> None:
     # ... and never reuses an id the link already gave (maybe stored, maybe not).
     assert next_sequence_id(60, 41) == 60
     assert next_sequence_id(0, -1) == 1, "0 means 'none given' to the client"
+
+
+def test_how_many_records_of_a_lost_send_the_broker_stored() -> None:
+    # Records sent under 10, 11, 12; the broker's last id for the name says.
+    assert stored_count(10, 3, -1) == 0
+    assert stored_count(10, 3, 9) == 0
+    assert stored_count(10, 3, 11) == 2
+    assert stored_count(10, 3, 40) == 3, "later ids are the new producer's, not these"
 
 
 def test_each_writer_has_a_producer_name_of_its_own() -> None:

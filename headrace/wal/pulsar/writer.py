@@ -30,6 +30,13 @@ Every take checks that the broker deduplicates: the fence record is sent a
 second time under its sequence id, and that copy must come back as a
 duplicate (settings ``deduplication``: refuse, or warn).
 
+When the producer is lost in the middle of a send, the broker may have
+stored records whose receipts were lost with it. The writer takes the topic
+back and would send them again under new sequence ids (above its new fence
+record's): the new producer of the same name learns the broker's last
+sequence id for it, so the link knows how many of them are stored, reads
+them back and hands their ids to the writer (:meth:`PulsarLink.recovered`).
+
 Each writer has a client (so a TCP connection) of its own. When a producer is
 fenced while its sends are on the wire, the broker closes that producer's
 whole connection, and the client resends the unacknowledged messages of every
