@@ -296,3 +296,19 @@ async def test_records_stored_when_the_producer_was_taken_midway_are_stored_once
     assert copies == 0, f"{copies} of {len(stored)} stored records are copies"
     assert [r.data for r in stored] == sent
     assert [r.id for r in stored] == acked, "the ids acknowledged are not those stored"
+
+
+def test_the_node_command_takes_the_deduplication_setting() -> None:
+    from headrace.bench.procs import backend_args  # noqa: PLC0415
+    from headrace.cli.main import build_parser  # noqa: PLC0415
+    from headrace.cli.walflags import broker_settings  # noqa: PLC0415
+
+    settings = {"service_url": "pulsar://b:6650", "deduplication": "warn"}
+    flags = backend_args("pulsar", settings)
+    assert flags[2:4] == ["--pulsar-deduplication", "warn"], flags
+    node = ["node", "--node-id", "n1", "--metastore", "sqlite:///tmp/m.db"]
+    assert broker_settings(build_parser().parse_args([*node, *flags]))["deduplication"] == "warn"
+    plain = build_parser().parse_args([*node, "--wal", "pulsar", "--pulsar-url", "pulsar://b:1"])
+    assert "deduplication" not in broker_settings(plain)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*node, *flags[:3], "off"])
