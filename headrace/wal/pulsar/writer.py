@@ -47,7 +47,6 @@ from disturbing the others.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import secrets
 import threading
 from collections.abc import Sequence
@@ -63,7 +62,6 @@ from headrace.wal.pulsar.fencing import PulsarStamp, properties
 from headrace.wal.pulsar.message_id import PulsarMessageID
 from headrace.wal.pulsar.settings import PulsarSettings
 
-LOG = logging.getLogger("headrace.wal.pulsar")
 FIRST_SEQUENCE_ID = 1
 """The client takes a sequence id of 0 for "none given" and numbers the message itself."""
 
@@ -355,7 +353,7 @@ class PulsarLink:
             f"{self._settings.tenant}/{self._settings.namespace} --enable`"
         )
         if self._settings.deduplication == "warn":
-            LOG.warning("%s (writing on: deduplication=warn)", what)
+            client.LOG.warning("%s (writing on: deduplication=warn)", what)
             return
         self.drop()
         raise errors.Unavailable(
