@@ -128,3 +128,21 @@ def broker_control() -> Callable[[str], _SessionBrokerControl]:
         return _SessionBrokerControl(_RUNNING[kind])
 
     return control
+
+
+@pytest.fixture(scope="session")
+def pulsar_admin_url() -> str:
+    """``http://host:port`` of the session Pulsar standalone's admin REST API. An
+    external broker (``HEADRACE_PULSAR_URL``) needs ``HEADRACE_PULSAR_ADMIN_URL``
+    too, else the test is skipped, saying so."""
+    if os.environ.get("HEADRACE_PULSAR_URL"):
+        external = os.environ.get("HEADRACE_PULSAR_ADMIN_URL")
+        if not external:
+            pytest.skip(
+                "HEADRACE_PULSAR_URL names an external broker without HEADRACE_PULSAR_ADMIN_URL"
+            )
+        return external
+    pulsar_service_url()
+    server = _RUNNING["pulsar"]
+    assert isinstance(server, PulsarStandalone)
+    return server.admin_url

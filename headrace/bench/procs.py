@@ -62,6 +62,7 @@ _BACKEND_FLAGS: dict[str, dict[str, str]] = {
         "service_url": "--pulsar-url",
         "tenant": "--pulsar-tenant",
         "namespace": "--pulsar-namespace",
+        "deduplication": "--pulsar-deduplication",
         "operation_timeout_s": "--wal-operation-timeout",
         "pulsar": "--pulsar-config",
     },

@@ -27,6 +27,7 @@ from typing import Any
 from headrace import errors
 from headrace.wal.framework import OPEN_TIMEOUT_FACTOR
 from headrace.wal.kafka.settings import parse_settings as parse_kafka
+from headrace.wal.pulsar.settings import DEDUPLICATION_MODES
 from headrace.wal.pulsar.settings import parse_settings as parse_pulsar
 
 BROKERS = ("kafka", "pulsar")
@@ -153,6 +154,12 @@ FLAGS = (
     Flag("--pulsar-tenant", "pulsar", "tenant of the topics (default public)", metavar="NAME"),
     Flag(
         "--pulsar-namespace", "pulsar", "namespace of the topics (default default)", metavar="NAME"
+    ),
+    Flag(
+        "--pulsar-deduplication",
+        "pulsar",
+        "require (default: refuse a broker that does not deduplicate the WAL's topics) or warn",
+        choices=DEDUPLICATION_MODES,
     ),
     Flag(
         "--pulsar-config",
@@ -423,6 +430,7 @@ def pulsar_settings(args: argparse.Namespace, env: Mapping[str, str]) -> dict[st
         settings,
         tenant=args.pulsar_tenant,
         namespace=args.pulsar_namespace,
+        deduplication=args.pulsar_deduplication,
         operation_timeout_s=args.wal_operation_timeout,
     )
     parse_pulsar(settings)

@@ -92,6 +92,8 @@ def standalone_conf(broker_port: int, web_port: int) -> str:
         "allowAutoTopicCreation": "true",
         "allowAutoTopicCreationType": "non-partitioned",
         "brokerDeleteInactiveTopicsEnabled": "false",
+        # The WAL needs it: a record the client resends is stored once (docs/backends.md).
+        "brokerDeduplicationEnabled": "true",
         "managedLedgerDefaultEnsembleSize": "1",
         "managedLedgerDefaultWriteQuorum": "1",
         "managedLedgerDefaultAckQuorum": "1",

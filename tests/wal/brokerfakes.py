@@ -48,6 +48,9 @@ class FakeTopic:
         """Whether links read back the range before their fence (as Pulsar's do)."""
         self.fence_after: int | None = None
         """Fence the sending link after this many more records are stored."""
+        self.receipts_lost = 0
+        """With ``fence_after``: this many more of the send's records are stored
+        before the fence, their receipts lost with the producer."""
         self.land_before_fence: list[tuple[FakeStamp, bytes]] = []
         """Records in flight that are stored right before the next fence record."""
         self.takes = 0
@@ -66,6 +69,7 @@ class FakeLink:
         self.topic = f"fake.{pchannel}"
         self._topic = topic
         self._epoch: int | None = None
+        self._unreported: list[tuple[MemoryMessageID, bytes]] = []
         self.released = False
 
     def look(self) -> End[MemoryMessageID]:
@@ -95,15 +99,26 @@ class FakeLink:
                     topic.append(landed, data)
                 topic.land_before_fence = []
             written: list[MemoryMessageID] = []
-            for data in records:
+            for position, data in enumerate(records):
                 if topic.fence_after is not None and len(written) == topic.fence_after:
                     topic.fence_after = None
+                    unreported = records[position : position + topic.receipts_lost]
+                    self._unreported = [(topic.append(stamp, d), d) for d in unreported]
                     topic.epoch += 1
                 if self._epoch != topic.epoch:
                     self._epoch = None
                     raise Lost(written)
                 written.append(topic.append(stamp, data))
             return written
+
+    def recovered(self, records: Sequence[bytes]) -> list[MemoryMessageID]:
+        unreported, self._unreported = self._unreported, []
+        ids: list[MemoryMessageID] = []
+        for (mid, stored), data in zip(unreported, records, strict=False):
+            if stored != data:
+                break
+            ids.append(mid)
+        return ids
 
     def stored(
         self, after: MemoryMessageID | None, until: MemoryMessageID

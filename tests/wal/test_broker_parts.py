@@ -61,7 +61,7 @@ def pulsar_parts(url: str) -> Parts[PulsarMessageID]:
 
     def link(pchannel: str) -> PulsarLink:
         client.ensure_topics(shared, settings, pchannel)
-        return PulsarLink(settings, pchannel)
+        return PulsarLink(settings, pchannel, 1)
 
     def source(pchannel: str, start: StartPosition) -> PulsarSource:
         return PulsarSource(settings, shared, pchannel, start)

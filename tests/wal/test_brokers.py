@@ -186,6 +186,17 @@ async def test_a_send_fenced_midway_sends_only_the_rest() -> None:
     await writer.close()
 
 
+async def test_records_stored_without_their_receipts_are_not_sent_again() -> None:
+    topic = FakeTopic()
+    writer = await _writer(topic, 3)
+    topic.fence_after, topic.receipts_lost = 2, 1
+    ids = await writer.append([b"1", b"2", b"3", b"4"])
+    data = [(mid, d) for mid, stamp, d in topic.records if stamp.kind is Kind.DATA]
+    assert [d for _, d in data] == [b"1", b"2", b"3", b"4"]
+    assert ids == [mid for mid, _ in data]
+    await writer.close()
+
+
 async def test_a_writer_that_keeps_losing_gives_up() -> None:
     class Unlucky(FakeLink):
         def send(self, records, stamp):  # type: ignore[no-untyped-def]

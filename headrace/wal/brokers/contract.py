@@ -88,6 +88,13 @@ class Link(Protocol[I]):
         fenced the producer; other failures as :mod:`headrace.errors` types.
         """
 
+    def recovered(self, records: Sequence[bytes]) -> list[I]:
+        """After the link took its topic back from whoever fenced its producer: the
+        ids of the leading ``records`` (the unacknowledged rest of the send that
+        raised :class:`Lost`) that the broker stored anyway, their receipts lost
+        with the producer. Empty if there are none, or if ``records`` are not that
+        rest."""
+
     def stored(self, after: I | None, until: I) -> Sequence[tuple[I, Stamp[I]]] | None:
         """The stamps of the records after ``after`` (from the start when None)
         and before ``until``, read from storage; None if the link does not need

@@ -8,7 +8,9 @@ record that was in flight at the take before that fence record, the writer
 reads that range back and yields to a higher term found there
 (:func:`~.stamps.overtaken`). A writer that loses its producer to a *lower*
 term (a stale opener that then gave up) takes it back and sends what was not
-stored, so the highest term always wins.
+stored (what the broker stored without a receipt reaching the writer is
+:meth:`~.contract.Link.recovered`, not sent again), so the highest term
+always wins.
 
 Appends arriving while a send is in flight go out together in the next one
 (:mod:`headrace.wal.groupcommit`); each call's records stay consecutive.
@@ -138,6 +140,7 @@ class BrokerWriter(BackendWriter, Generic[I]):
         for _ in range(MAX_REACQUIRE):
             if not self._link.held():
                 self._acquire(True)
+                written += self._link.recovered(unsent(batch, written))
             try:
                 written += self._link.send(unsent(batch, written), self._data)
                 return written

@@ -124,6 +124,10 @@ class KafkaLink:
             exc, f"appending to {self.topic} (nothing was acknowledged)", self._settings
         )
 
+    def recovered(self, records: Sequence[bytes]) -> list[KafkaMessageID]:
+        """Nothing: a transaction lost with its producer is aborted, none of it is read."""
+        return []
+
     def stored(
         self, after: KafkaMessageID | None, until: KafkaMessageID
     ) -> Sequence[tuple[KafkaMessageID, KafkaStamp]] | None:

@@ -42,7 +42,7 @@ class PulsarBackend(Backend):
 
     async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
         return await self._plumbing.open_writer(
-            pchannel, term, lambda: PulsarLink(self.settings, pchannel)
+            pchannel, term, lambda: PulsarLink(self.settings, pchannel, term)
         )
 
     async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:

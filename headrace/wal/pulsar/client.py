@@ -7,6 +7,7 @@ name the service URL.
 
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Any
 
@@ -203,6 +204,33 @@ def read_stamps(
             reader.close()
     except pulsar.PulsarException as exc:
         raise translate(exc, f"reading {topic} up to {until}", settings) from None
+
+
+def read_own_last(
+    client: pulsar.Client,
+    settings: PulsarSettings,
+    topic: str,
+    *,
+    after: PulsarMessageID | None,
+    producer_name: str,
+    count: int,
+) -> list[pulsar.Message]:
+    """The last ``count`` (at most) messages of ``producer_name`` stored after ``after``
+    (from the earliest when None), in log order."""
+    position = pulsar.MessageId.earliest if after is None else to_pulsar(after)
+    own: collections.deque[pulsar.Message] = collections.deque(maxlen=count)
+    try:
+        reader = _reader(client, topic, position, False)
+        try:
+            while reader.has_message_available():
+                message: pulsar.Message = reader.read_next(_millis(settings))
+                if message.producer_name() == producer_name:
+                    own.append(message)
+        finally:
+            reader.close()
+    except pulsar.PulsarException as exc:
+        raise translate(exc, f"reading back {topic}", settings) from None
+    return list(own)
 
 
 def read_exact(

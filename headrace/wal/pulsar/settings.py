@@ -11,6 +11,11 @@ Keyword settings (``registry.create("pulsar", ...)``):
   connecting to a broker (at most 10 s; ``pulsar.connection_timeout_ms`` overrides).
 * ``send_timeout_ms`` (30000): a send not acknowledged by then fails.
 * ``auth_token``: a JWT for token authentication (not shown by ``describe``).
+* ``deduplication`` (``"require"``): the broker must deduplicate the WAL's
+  topics (``brokerDeduplicationEnabled`` or the namespace/topic policy), which
+  every writer checks when it takes its topic; a broker that does not is
+  refused with a clear error. ``"warn"`` only logs a warning and writes on:
+  then a record the client resends after a lost connection can be stored twice.
 * ``pulsar`` (a dict) and any ``pulsar.<name>`` keyword: further keyword
   arguments of ``pulsar.Client`` (``use_tls``, ``tls_trust_certs_file_path``,
   ``authentication``, ``listener_name``, ...).
@@ -33,6 +38,7 @@ SUBSCRIPTION = "headrace-truncation"
 KEEP_SUBSCRIPTION = "headrace-keep"
 """Durable subscription of the truncation-mark topic that is never acknowledged."""
 _OWNED = frozenset({"service_url", "operation_timeout_seconds", "logger"})
+DEDUPLICATION_MODES = ("require", "warn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +50,7 @@ class PulsarSettings:
     operation_timeout_s: float = 30.0
     send_timeout_ms: int = 30_000
     auth_token: str | None = None
+    deduplication: str = "require"
     client: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def topic(self, pchannel: str) -> str:
@@ -89,6 +96,7 @@ class PulsarSettings:
             "namespace": self.namespace,
             "topic_prefix": self.topic_prefix,
             "operation_timeout_s": self.operation_timeout_s,
+            "deduplication": self.deduplication,
             "auth": "token"
             if self.auth_token
             else ("custom" if "authentication" in self.client else "none"),
@@ -106,6 +114,7 @@ _KNOWN = frozenset(
         "operation_timeout_s",
         "send_timeout_ms",
         "auth_token",
+        "deduplication",
         "pulsar",
     }
 )
@@ -133,6 +142,12 @@ def parse_settings(raw: Mapping[str, Any]) -> PulsarSettings:
     token = raw.get("auth_token")
     if token is not None and not isinstance(token, str):
         raise errors.InvalidArgument("pulsar setting auth_token must be a string")
+    deduplication = raw.get("deduplication", "require")
+    if deduplication not in DEDUPLICATION_MODES:
+        raise errors.InvalidArgument(
+            f"pulsar setting deduplication must be one of {', '.join(DEDUPLICATION_MODES)}, "
+            f"got {deduplication!r}"
+        )
     return PulsarSettings(
         service_url=url,
         tenant=_name(raw, "tenant", "public"),
@@ -141,5 +156,6 @@ def parse_settings(raw: Mapping[str, Any]) -> PulsarSettings:
         operation_timeout_s=positive_number(raw, "operation_timeout_s", 30.0, "pulsar"),
         send_timeout_ms=integer(raw, "send_timeout_ms", 30_000, 1, "pulsar"),
         auth_token=token,
+        deduplication=deduplication,
         client=client_options(raw, "pulsar", _OWNED),
     )
