@@ -18,9 +18,10 @@ import pytest
 from headrace import errors
 from headrace.client.client import HeadraceClient
 from headrace.cluster import NEW_CLUSTER_ROUTING, default_pchannels, route
-from headrace.message import codec
+from headrace.message import records
 from headrace.message.types import MessageType
 from headrace.wal.local import files
+from headrace.wal.local.message_id import LocalMessageID
 from headrace.wal.local.segment import FRAME, HEADER_SIZE
 from tests.test_standalone import Standalone, cli
 
@@ -43,17 +44,20 @@ def damage_middle_insert(directory: Path) -> tuple[Path, int, int]:
     name = files.list_segments(str(directory))[0]
     path = directory / name.filename
     data = bytearray(path.read_bytes())
-    inserts, pos = [], HEADER_SIZE
+    inserts: list[tuple[int, int]] = []  # (offset, messages) of records of INSERTs
+    pos = HEADER_SIZE
     while pos + FRAME.size <= len(data):
         length = FRAME.unpack_from(data, pos)[0]
         body = bytes(data[pos + FRAME.size : pos + FRAME.size + length])
-        if codec.decode(body).type is MessageType.INSERT:
-            inserts.append(pos)
+        entries = records.entries(LocalMessageID(0), body)  # either message format
+        if all(e.message.type is MessageType.INSERT for e in entries):
+            inserts.append((pos, len(entries)))
         pos += FRAME.size + length
-    offset = inserts[len(inserts) // 2]
+    middle = len(inserts) // 2
+    offset = inserts[middle][0]
     data[offset + FRAME.size + 1] ^= 0xFF
     path.write_bytes(bytes(data))
-    return path, offset, len(inserts) // 2
+    return path, offset, sum(count for _, count in inserts[:middle])
 
 
 async def test_standalone_stays_up_with_one_damaged_pchannel(tmp_path: Path) -> None:

@@ -76,10 +76,18 @@ def _dump_segment(link: Link, marker: int) -> Iterator[DumpRow]:
 def _row(mid: str, data: bytes, segment_term: int) -> DumpRow:
     try:
         if batch.is_batch(data):
-            head = batch.read_header(data)
-            kind = f"BATCH[{head.count}]"
-            return DumpRow(mid, kind, head.vchannel, head.base_timetick, head.term, len(data))
+            return _batch_row(mid, data)
         header = codec.peek(data)
     except errors.CorruptData as exc:
         return DumpRow(mid, "?", "", 0, segment_term, len(data), exc.message)
     return DumpRow(mid, header.type.name, header.vchannel, header.timetick, header.term, len(data))
+
+
+def _batch_row(mid: str, data: bytes) -> DumpRow:
+    """A record batch: one message shows as that message; more as ``BATCH[n]``
+    (its first timetick)."""
+    head = batch.read_header(data)
+    kind = f"BATCH[{head.count}]"
+    if head.count == 1:
+        kind = batch.record_types(data, head)[0].name
+    return DumpRow(mid, kind, head.vchannel, head.base_timetick, head.term, len(data))
