@@ -103,6 +103,7 @@ def summary(
         "p50_ms": round(statistics.median(latencies) * 1000, 3) if latencies else 0.0,
         "p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
         "scan_msgs_per_s": round(best("scan"), 1),
+        "scan_decoded_msgs_per_s": round(best("scan_decoded"), 1),
         "backend_append_msgs_per_s": round(best("backend"), 1),
         "backend_scan_records_per_s": round(best("scan_backend"), 1),
         "decode_msgs_per_s": round(best("decode"), 1),

@@ -10,8 +10,10 @@ Baseline and WAL alternate round by round. Each round also runs the WAL with
 two producers (``*_2p`` fields), whose batches share backend appends.
 
 The scan reads the written log back through a backend scanner (no
-write-ahead buffer) on a freshly opened backend, in batches
-(``Scanner.next_many``), as the node's consume path does.
+write-ahead buffer) on a freshly opened backend, in batches, as the node's
+consume path does (``Scanner.next_units``: a record batch goes on whole,
+``scan_msgs_per_s``), and decoded into one entry per message
+(``Scanner.next_many``, ``scan_decoded_msgs_per_s``).
 
 On Kafka and Pulsar (``backend="kafka"``/``"pulsar"``) the baseline is the
 broker's raw client producer instead, on the same broker, with the same
@@ -53,6 +55,7 @@ from headrace import errors, runtime
 from headrace.bench import broker, report
 from headrace.message import batch as batches
 from headrace.message import codec
+from headrace.message.records import BatchEntry
 from headrace.message.types import Message, MessageType
 from headrace.tso import LocalTSO
 from headrace.wal import registry
@@ -219,17 +222,24 @@ async def _wal_append(
     return report.rate(len(msgs), elapsed), latencies
 
 
-async def _scan(rnd: _Round, backend: Backend, expected: int) -> float:
+async def _scan(rnd: _Round, backend: Backend, expected: int, *, units: bool) -> float:
+    """Messages/s read back through a backend scanner: as the node's Consume
+    reads (``units``: a record batch whole, as it goes on the wire), or
+    decoded into one entry per message (``next_many``)."""
     options = ReadOptions(types=[MessageType.INSERT])
     scanner = await open_backend_scanner(backend, rnd.pchannel, options, batch_size=_SCAN_BATCH)
     seen = 0
     try:
         start = time.perf_counter()
         while seen < expected:
-            entries = await scanner.next_many(_SCAN_BATCH, timeout=_STALL_S)
-            if not entries:
+            if units:
+                got = await scanner.next_units(_SCAN_BATCH, timeout=_STALL_S)
+                count = sum(g.count if isinstance(g, BatchEntry) else 1 for g in got)
+            else:
+                count = len(await scanner.next_many(_SCAN_BATCH, timeout=_STALL_S))
+            if not count:
                 raise errors.Unavailable(f"scan stalled after {seen} of {expected} messages")
-            seen += len(entries)
+            seen += count
         elapsed = time.perf_counter() - start
     finally:
         await scanner.close()
@@ -274,16 +284,18 @@ async def _one_round(rnd: _Round, msgs: list[Message]) -> tuple[dict[str, float]
                 rnd, writer_backend, msgs, _EXTRA_PRODUCERS, f"{rnd.pchannel}-2p"
             )
         if not fresh:
-            figures["scan"] = await _scan(rnd, writer_backend, len(msgs))
+            figures["scan"] = await _scan(rnd, writer_backend, len(msgs), units=True)
+            figures["scan_decoded"] = await _scan(rnd, writer_backend, len(msgs), units=False)
             figures["scan_backend"] = await _raw_scan(rnd, writer_backend)
     finally:
         await writer_backend.close()
     if fresh:
-        reader_backend = rnd.create()
-        try:
-            figures["scan"] = await _scan(rnd, reader_backend, len(msgs))
-        finally:
-            await reader_backend.close()
+        for key, units in (("scan", True), ("scan_decoded", False)):
+            reader_backend = rnd.create()
+            try:
+                figures[key] = await _scan(rnd, reader_backend, len(msgs), units=units)
+            finally:
+                await reader_backend.close()
         reader_backend = rnd.create()
         try:
             figures["scan_backend"] = await _raw_scan(rnd, reader_backend)

@@ -41,7 +41,6 @@ from headrace.client.lane import Lane, LaneContext
 from headrace.client.routing import fitted, split_by_shard, split_keys_by_shard
 from headrace.client.sending import Group, Item, Outcome, ProducerOptions
 from headrace.client.session import Session
-from headrace.message.properties import PRODUCER_ID, PRODUCER_SEQ
 from headrace.message.types import Message, MessageType
 from headrace.table import messages as table_messages
 from headrace.table.collections import Collection, CollectionStore
@@ -230,11 +229,8 @@ class Producer:
         return lane
 
     def _item(self, msg: Message, group: Group, index: int, deadline: float) -> Item:
-        properties = dict(msg.properties)
-        properties[PRODUCER_ID] = self.producer_id
-        properties[PRODUCER_SEQ] = str(next(self._seq))
         size = len(msg.payload) + len(msg.vchannel) + 96
-        return Item(msg, properties, size, group, index, deadline)
+        return Item(msg, self.producer_id, next(self._seq), size, group, index, deadline)
 
     def settle(self, item: Item, outcome: Outcome) -> None:
         """Report ``item``'s outcome and give back its bytes."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from headrace import errors
 from headrace.message import batch
 from headrace.message.batch import BatchInfo, Limits
+from headrace.message.properties import PRODUCER_ID, PRODUCER_SEQ
 from headrace.message.types import Message
 from headrace.wal.api import AppendResult
 from headrace.wal.validation import goes_alone
@@ -83,10 +84,13 @@ _PENDING = errors.Unavailable("not sent yet")
 
 @dataclasses.dataclass(slots=True)
 class Item:
-    """One message on its way: stamped properties, size, where its outcome goes."""
+    """One message on its way: its dedup key, size, where its outcome goes."""
 
     message: Message
-    properties: Mapping[str, str]
+    producer_id: str
+    seq: int
+    """With ``producer_id``, the message's own dedup key: sent as its properties
+    to an owner writing format 1 (format 2 dedups whole batches instead)."""
     size: int
     group: Group
     index: int
@@ -94,6 +98,15 @@ class Item:
     sent_one_by_one: bool = False
     """It was sent to an owner writing format 1, with its dedup properties: to
     a format 2 owner it goes alone with them (see :func:`seal`)."""
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        """The message's properties stamped with its dedup key (built when asked:
+        only a format 1 owner, or a message first sent to one, needs them)."""
+        stamped = dict(self.message.properties)
+        stamped[PRODUCER_ID] = self.producer_id
+        stamped[PRODUCER_SEQ] = str(self.seq)
+        return stamped
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

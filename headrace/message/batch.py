@@ -261,6 +261,60 @@ class RecordShape(NamedTuple):
     payload_length: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outline:
+    """What a batch's records hold, in aggregate, read from their framing alone."""
+
+    type_codes: frozenset[int]
+    first_type_code: int
+    max_payload: int
+    """Largest payload of a record without properties (0 if none)."""
+    with_properties: bool
+    """Some record has a properties block."""
+
+
+def outline(data: bytes | bytearray | memoryview) -> tuple[BatchHeader, Outline]:
+    """:func:`verify`, also giving the records' :class:`Outline` from the same
+    walk (no per-record objects: the common producer batch is checked at the
+    cost of one ``unpack`` per record)."""
+    header = _checked_body(data)
+    pos, end, count = header.records_at, header.length, 0
+    unpack = _RECORD.unpack_from
+    known = _TYPES
+    codes: set[int] = set()
+    add = codes.add
+    max_payload = 0
+    props = False
+    while pos < end:
+        if end - pos < RECORD_HEADER_SIZE:
+            raise errors.CorruptData(f"record {count} of the batch is cut short")
+        length, tcode, _flags, _res, plen = unpack(data, pos)
+        if tcode not in known:
+            raise errors.CorruptData(f"record {count} of the batch has unknown type code {tcode}")
+        if length < 8 + plen or pos + 4 + length > end:
+            raise errors.CorruptData(f"record {count} of the batch has a bad length")
+        if plen:
+            props = True
+        elif length - 8 > max_payload:
+            max_payload = length - 8
+        add(tcode)
+        pos += 4 + length
+        count += 1
+    if count != header.count:
+        raise errors.CorruptData(f"batch holds {count} records, its header says {header.count}")
+    first = unpack(data, header.records_at)[1]
+    return header, Outline(frozenset(codes), first, max_payload, props)
+
+
+def _checked_body(data: bytes | bytearray | memoryview) -> BatchHeader:
+    """The header, checked, and the body's CRC checked."""
+    header = read_header(data)
+    (body_crc,) = _CRC.unpack_from(data, _BODY_CRC_AT)
+    if _crc(memoryview(data)[_BODY_AT:]) != body_crc:
+        raise errors.CorruptData("batch CRC mismatch")
+    return header
+
+
 def verify(data: bytes | bytearray | memoryview) -> BatchHeader:
     """Check a whole batch without decoding its messages: header, body CRC and
     record framing (lengths, type codes, count). CorruptData naming the first fault."""
@@ -270,11 +324,7 @@ def verify(data: bytes | bytearray | memoryview) -> BatchHeader:
 def survey(data: bytes | bytearray | memoryview) -> tuple[BatchHeader, list[RecordShape]]:
     """:func:`verify`, also giving every record's shape (type code, where its
     properties lie, payload length) from the same walk, without decoding anything."""
-    header = read_header(data)
-    view = memoryview(data)
-    (body_crc,) = _CRC.unpack_from(data, _BODY_CRC_AT)
-    if _crc(view[_BODY_AT:]) != body_crc:
-        raise errors.CorruptData("batch CRC mismatch")
+    header = _checked_body(data)
     pos, end, count = header.records_at, header.length, 0
     unpack = _RECORD.unpack_from
     types = _TYPES
@@ -301,6 +351,13 @@ def stamp(data: bytearray, base_timetick: int, term: int) -> None:
     """Set the batch's base timetick and term in place (and the stamp's CRC)."""
     _STAMP.pack_into(data, _STAMP_AT, base_timetick, term)
     _CRC.pack_into(data, _STAMP_CRC_AT, _crc(memoryview(data)[_STAMP_AT:_STAMP_CRC_AT]))
+
+
+def stamped(data: bytes, base_timetick: int, term: int) -> bytes:
+    """``data`` with its base timetick and term set (and the stamp's CRC), in one copy."""
+    mark = _STAMP.pack(base_timetick, term)
+    view = memoryview(data)
+    return b"".join((view[:_STAMP_AT], mark, _CRC.pack(_crc(mark)), view[_BODY_CRC_AT:]))
 
 
 def messages(data: bytes, verified: BatchHeader | None = None) -> list[Message]:

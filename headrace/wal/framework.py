@@ -497,7 +497,7 @@ class WAL:
             return AppendContext(
                 representative(header, checked.first_type),
                 header.length,
-                batch=BatchPart(header, bytearray(data)),
+                batch=BatchPart(header, data),
             )
         (msg,) = batch.messages(data, header)
         outcome = self._validator.check(msg)

@@ -138,6 +138,7 @@ class CheckedBatch:
 
 _TYPES = {int(t): t for t in MessageType}
 _PER_MESSAGE_TYPES = frozenset(int(t) for t in TXN_RELEVANT)
+_SYSTEM_CODES = frozenset(int(t) for t in SYSTEM)
 
 
 def _batch_refusal(header: BatchHeader, limits: Limits) -> errors.HeadraceError | None:
@@ -244,7 +245,7 @@ class Validator:
         properties blocks (payloads are only measured)."""
         limits = self.limits
         try:
-            header, shapes = batch.survey(data)
+            header, outline = batch.outline(data)
         except errors.CorruptData as exc:
             return _malformed(exc)
         refusal = _batch_refusal(header, limits)
@@ -257,6 +258,24 @@ class Validator:
             except errors.HeadraceError as exc:
                 return exc
             self._remember(vchannel)
+        base = _PLAIN_SIZE + len(vchannel) + (8 if header.txn_id else 0)
+        codes = outline.type_codes
+        if (
+            not outline.with_properties
+            and not codes & _SYSTEM_CODES
+            and base + outline.max_payload <= limits.max_message_bytes
+        ):
+            # The common producer batch: nothing to look at record by record.
+            per_message = bool(codes & _PER_MESSAGE_TYPES)
+            return _route(header, per_message, _TYPES[outline.first_type_code])
+        return self._check_records(data, header, base)
+
+    def _check_records(
+        self, data: bytes, header: BatchHeader, base: int
+    ) -> CheckedBatch | errors.HeadraceError:
+        """:meth:`check_batch` record by record (properties, or a refusal to name)."""
+        limits = self.limits
+        _header, shapes = batch.survey(data)
         view = memoryview(data)
         props_sizes: list[int] = []
         per_message = False
@@ -279,7 +298,6 @@ class Validator:
                 or (collections and COLLECTION in properties)
                 or (keyed and PRODUCER_ID in properties)
             )
-        base = _PLAIN_SIZE + len(vchannel) + (8 if header.txn_id else 0)
         max_bytes = limits.max_message_bytes
         types = _TYPES
         for i, (shape, props) in enumerate(zip(shapes, props_sizes, strict=True)):

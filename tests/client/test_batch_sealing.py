@@ -16,7 +16,7 @@ from headrace.table.messages import COLLECTION
 
 def items(*msgs: Message) -> list[Item]:
     outcomes = Group(len(msgs))
-    return [Item(m, m.properties, len(m.payload), outcomes, i, 0.0) for i, m in enumerate(msgs)]
+    return [Item(m, "p", i + 1, len(m.payload), outcomes, i, 0.0) for i, m in enumerate(msgs)]
 
 
 def shape(batches: list[list[Item]]) -> list[list[bytes]]:

@@ -48,7 +48,7 @@ class BatchPart:
     decoded as the context's message (the per-message path)."""
 
     header: BatchHeader
-    data: bytearray | None = None
+    data: bytes | None = None
 
     @property
     def dedup_key(self) -> tuple[int, int] | None:

@@ -139,11 +139,10 @@ def alone(msg: Message, ctx: AppendContext, max_bytes: int) -> bytes:
 
 
 def stamped_whole(part: BatchPart, base_timetick: int, term: int) -> tuple[bytes, BatchHeader]:
-    """A producer's whole batch stamped in place: the bytes to store, its header."""
+    """A producer's whole batch stamped (one copy): the bytes to store, its header."""
     assert part.data is not None
-    batches.stamp(part.data, base_timetick, term)
     header = dataclasses.replace(part.header, base_timetick=base_timetick, term=term)
-    return bytes(part.data), header
+    return batches.stamped(part.data, base_timetick, term), header
 
 
 def ticks_needed(requests: list[Request]) -> int:
