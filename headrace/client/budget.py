@@ -21,9 +21,15 @@ class ByteBudget:
     def _fits(self, size: int) -> bool:
         return self.used == 0 or self.used + size <= self.limit
 
-    async def acquire(self, size: int) -> None:
+    def try_acquire(self, size: int) -> bool:
+        """Take ``size`` now if it is admitted without waiting."""
         if not self._waiters and self._fits(size):
             self.used += size
+            return True
+        return False
+
+    async def acquire(self, size: int) -> None:
+        if self.try_acquire(size):
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (size, waiter)

@@ -139,7 +139,8 @@ class Producer:
                     await view.wait_route(msg.vchannel, deadline)
                 lane = lanes[msg.vchannel] = self._lane(view.route(msg.vchannel))
             item = self._item(msg, group, index, deadline)
-            await self.budget.acquire(item.size)
+            if not self.budget.try_acquire(item.size):
+                await self.budget.acquire(item.size)
             lane.push(item)
         return await group.future
 
