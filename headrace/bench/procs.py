@@ -40,7 +40,8 @@ from headrace.coordinator.control import ClusterAdmin
 from headrace.coordinator.coordinator import Coordinator, CoordinatorConfig
 from headrace.coordinator.snapshot import ClusterSnapshot, read_snapshot, wait_for
 from headrace.guarded import cancel_and_settle, settle
-from headrace.message import codec
+from headrace.message import records
+from headrace.message.formats import RELEASE_FORMATS
 from headrace.message.types import LogEntry
 from headrace.metastore.contract import Metastore
 from headrace.metastore.factory import open_metastore
@@ -116,6 +117,8 @@ class ClusterSpec:
     pchannel_prefix: str = "pchannel"
     coordinator_lease_ttl_s: float = 3.0
     ready_timeout_s: float = 60.0
+    message_format: int = max(RELEASE_FORMATS.writes)
+    """The cluster's message format (the newest: record batches)."""
 
     def validate(self) -> None:
         if self.nodes < 1:
@@ -310,6 +313,7 @@ class ProcCluster:
                 wal_backend=spec.backend,
                 lease_ttl_s=spec.coordinator_lease_ttl_s,
                 coordinator_id="bench-coordinator",
+                message_format=spec.message_format,
             ),
         )
         self._coordinator = asyncio.create_task(coordinator.run(self._stop), name="coordinator")
@@ -379,7 +383,7 @@ async def read_log(
     reader = await backend.open_reader(pchannel, StartPosition.earliest())
     try:
         idle_since = time.monotonic()
-        while not entries or entries[-1].id < last.id:
+        while not entries or entries[-1].id.record_id() < last.id:
             batch = await reader.next_batch(1024, timeout=0.5)
             if not batch:
                 if time.monotonic() - idle_since > idle_timeout:
@@ -389,7 +393,8 @@ async def read_log(
                     )
                 continue
             idle_since = time.monotonic()
-            entries.extend(LogEntry(r.id, codec.decode(r.data)) for r in batch)
+            for record in batch:  # either message format: a batch is its messages
+                entries.extend(records.entries(record.id, record.data))
     finally:
         await reader.close()
     return entries
