@@ -14,7 +14,8 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import grpc
 
@@ -35,6 +36,8 @@ from headrace.proto import streaming_pb2 as pb
 from headrace.wal.api import AppendResult, BatchAppendResult, WALState
 from headrace.wal.hosted import HostedWAL
 from headrace.wal.scanner import Scanner
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -226,12 +229,22 @@ class ProducerService(rpc.ProducerServicer):
     ) -> Sequence[BatchAppendResult | errors.HeadraceError]:
         if not batches:
             return []
+        return await self._answered(pchannel, len(batches), lambda wal: wal.append_batches(batches))
+
+    async def _answered(
+        self,
+        pchannel: str,
+        count: int,
+        append: Callable[[HostedWAL], Awaitable[list[T | errors.HeadraceError]]],
+    ) -> list[T | errors.HeadraceError]:
+        """``append`` on the pchannel's WAL: one outcome per item, whatever it
+        raises (a handler must answer every item), NotOwner naming the owner."""
         try:
-            outcomes = await self.manager.get(pchannel).append_batches(batches)
+            outcomes = await append(self.manager.get(pchannel))
         except errors.HeadraceError as exc:
-            return [self._hinted(pchannel, exc)] * len(batches)
-        except Exception as exc:  # a handler must answer every batch
-            return [as_headrace(exc)] * len(batches)
+            return [self._hinted(pchannel, exc)] * count
+        except Exception as exc:
+            return [as_headrace(exc)] * count
         hinted: errors.HeadraceError | None = None
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, errors.NotOwner):
@@ -292,18 +305,7 @@ class ProducerService(rpc.ProducerServicer):
     ) -> Sequence[AppendResult | errors.HeadraceError]:
         if not messages:
             return []
-        try:
-            outcomes = await self.manager.get(pchannel).append_many(messages)
-        except errors.HeadraceError as exc:
-            return [self._hinted(pchannel, exc)] * len(messages)
-        except Exception as exc:  # a handler must answer every message
-            return [as_headrace(exc)] * len(messages)
-        hinted: errors.HeadraceError | None = None
-        for i, outcome in enumerate(outcomes):
-            if isinstance(outcome, errors.NotOwner):
-                hinted = hinted or self._hinted(pchannel, outcome)
-                outcomes[i] = hinted
-        return outcomes
+        return await self._answered(pchannel, len(messages), lambda wal: wal.append_many(messages))
 
     def _hinted(self, pchannel: str, exc: errors.HeadraceError) -> errors.HeadraceError:
         """A NotOwner from the WAL becomes one naming the owner we know."""
