@@ -318,33 +318,21 @@ def _checked_body(data: bytes | bytearray | memoryview) -> BatchHeader:
 def verify(data: bytes | bytearray | memoryview) -> BatchHeader:
     """Check a whole batch without decoding its messages: header, body CRC and
     record framing (lengths, type codes, count). CorruptData naming the first fault."""
-    return survey(data)[0]
+    return outline(data)[0]
 
 
-def survey(data: bytes | bytearray | memoryview) -> tuple[BatchHeader, list[RecordShape]]:
-    """:func:`verify`, also giving every record's shape (type code, where its
-    properties lie, payload length) from the same walk, without decoding anything."""
-    header = _checked_body(data)
-    pos, end, count = header.records_at, header.length, 0
-    unpack = _RECORD.unpack_from
-    types = _TYPES
-    shapes: list[RecordShape] = []
-    append = shapes.append
-    new_tuple = tuple.__new__
-    while pos < end:
-        if end - pos < RECORD_HEADER_SIZE:
-            raise errors.CorruptData(f"record {count} of the batch is cut short")
+def shapes(data: bytes, verified: BatchHeader) -> list[RecordShape]:
+    """Every record's shape (type code, where its properties lie, payload
+    length) of a batch :func:`verify` passed, without decoding anything."""
+    out: list[RecordShape] = []
+    append = out.append
+    unpack, new_tuple = _RECORD.unpack_from, tuple.__new__
+    pos = verified.records_at
+    for _ in range(verified.count):
         length, tcode, _flags, _res, plen = unpack(data, pos)
-        if tcode not in types:
-            raise errors.CorruptData(f"record {count} of the batch has unknown type code {tcode}")
-        if length < 8 + plen or pos + 4 + length > end:
-            raise errors.CorruptData(f"record {count} of the batch has a bad length")
         append(new_tuple(RecordShape, (tcode, pos + RECORD_HEADER_SIZE, plen, length - 8 - plen)))
         pos += 4 + length
-        count += 1
-    if count != header.count:
-        raise errors.CorruptData(f"batch holds {count} records, its header says {header.count}")
-    return header, shapes
+    return out
 
 
 def stamp(data: bytearray, base_timetick: int, term: int) -> None:

@@ -192,9 +192,7 @@ class ProducerService(rpc.ProducerServicer):
         started = time.perf_counter()
         with gate.appending(len(accepted)):
             outcomes = await self._append_batches(pchannel, accepted)
-        if rejected:
-            done = iter(outcomes)
-            outcomes = [rejected.get(i) or next(done) for i in range(position)]
+        outcomes = _with_refusals(outcomes, rejected, position)
         if self.metrics is not None:
             failed = failed_codes(outcomes)
             acked = sum(o.count for o in outcomes if isinstance(o, BatchAppendResult))
@@ -277,9 +275,7 @@ class ProducerService(rpc.ProducerServicer):
         started = time.perf_counter()
         with gate.appending(len(messages)):
             outcomes = await self._append_messages(pchannel, messages)
-        if rejected:
-            accepted = iter(outcomes)
-            outcomes = [rejected.get(i) or next(accepted) for i in range(position)]
+        outcomes = _with_refusals(outcomes, rejected, position)
         if self.metrics is not None:
             self.metrics.appended(
                 pchannel,
@@ -347,6 +343,19 @@ class ConsumeStats:
     """Entries handed to gRPC (whose write waits for the client's window)."""
     max_ahead: int = 0
     """Most entries pulled but not yet handed to gRPC at any time."""
+
+
+def _with_refusals(
+    outcomes: Sequence[T | errors.HeadraceError],
+    refused: dict[int, errors.HeadraceError],
+    count: int,
+) -> Sequence[T | errors.HeadraceError]:
+    """The ``count`` outcomes of a request in order: ``refused[i]`` where the
+    node refused item ``i`` itself, else the next of the WAL's ``outcomes``."""
+    if not refused:
+        return outcomes
+    done = iter(outcomes)
+    return [refused.get(i) or next(done) for i in range(count)]
 
 
 def failed_codes(

@@ -97,10 +97,10 @@ class WriteGate:
         if stop is None:
             return None
         try:
-            _header, shapes = batch.survey(data)
+            _header, outline = batch.outline(data)
         except errors.CorruptData:
             return None
-        if any(stops(stop, MessageType(shape.type_code)) for shape in shapes):
+        if any(stops(stop, MessageType(code)) for code in outline.type_codes):
             return refusal(stop)
         return None
 

@@ -275,7 +275,7 @@ class Validator:
     ) -> CheckedBatch | errors.HeadraceError:
         """:meth:`check_batch` record by record (properties, or a refusal to name)."""
         limits = self.limits
-        _header, shapes = batch.survey(data)
+        shapes = batch.shapes(data, header)  # checked by outline() already
         view = memoryview(data)
         props_sizes: list[int] = []
         per_message = False

@@ -205,8 +205,8 @@ def producer_batches(draw: st.DrawFn) -> bytes:
 def _with_empty_properties(data: bytes) -> bytes:
     """``data`` with an empty properties block (count 0) in its first record, as
     a producer may encode no properties (format 1 encodes none: 0 bytes)."""
-    header, shapes = batch.survey(data)
-    first = shapes[0]
+    header = batch.verify(data)
+    first = batch.shapes(data, header)[0]
     if first.properties_length:
         return data
     at = header.records_at
@@ -222,8 +222,7 @@ def _with_empty_properties(data: bytes) -> bytes:
 def _with_bad_properties(data: bytes) -> bytes:
     """``data`` with the first properties block's count raised, CRC fixed: the
     framing holds, the properties do not decode."""
-    _header, shapes = batch.survey(data)
-    for shape in shapes:
+    for shape in batch.shapes(data, batch.verify(data)):
         if shape.properties_length:
             out = bytearray(data)
             out[shape.properties_at] ^= 0x01
