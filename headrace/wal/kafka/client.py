@@ -199,6 +199,20 @@ def watermarks(consumer: Consumer, settings: KafkaSettings, topic: str) -> tuple
         time.sleep(0.05)
 
 
+def consume_ready(consumer: Consumer, max_records: int, wait_s: float) -> list[Message]:
+    """Up to ``max_records`` messages: waits at most ``wait_s`` for the first, then
+    takes only what the client already holds.
+
+    ``Consumer.consume(n, timeout)`` returns when it holds ``n`` messages or the
+    timeout passed, so asking it for a whole batch would keep the records that
+    came (fewer than ``n``: the tail, the end of a scan) until the wait is over.
+    """
+    first = consumer.consume(1, wait_s)
+    if not first or max_records <= 1:
+        return first
+    return first + consumer.consume(max_records - 1, 0)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Found:
     offset: int
@@ -232,7 +246,7 @@ class Scan:
                     f"within {self.settings.operation_timeout_s} s "
                     f"(bootstrap {self.settings.bootstrap_servers})"
                 )
-            for msg in self.consumer.consume(500, _POLL_S):
+            for msg in consume_ready(self.consumer, 500, _POLL_S):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:

@@ -51,7 +51,7 @@ class KafkaSource:
         consumer = self._consumer
         assert consumer is not None
         try:
-            messages = consumer.consume(max_records, wait_s)
+            messages = client.consume_ready(consumer, max_records, wait_s)
         except KafkaException as exc:
             raise client.translate_exception(exc, f"reading {self.topic}", self._settings) from None
         records: list[Record] = []
