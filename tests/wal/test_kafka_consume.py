@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from headrace.wal.brokers.stamps import Kind, Stamp
-from headrace.wal.contract import Record
+from headrace.wal.contract import Record, StartPosition
 from headrace.wal.kafka import client, reader
+from headrace.wal.kafka.backend import start_offset
 from headrace.wal.kafka.fencing import HEADER_NAME, encode
 from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.kafka.settings import KafkaSettings
@@ -55,19 +56,34 @@ class FakeMessage:
 
 
 class SimulatedConsumer:
-    """librdkafka's ``consume(n, timeout)`` on a simulated clock."""
+    """librdkafka's ``consume(n, timeout)`` on a simulated clock.
+
+    Also its rule for logical start offsets (the beginning, the end): assigned
+    before the client knows the partition's leader, the offset query is retried
+    after 500 ms, so the first record waits that long.
+    """
 
     ready: list[FakeMessage] = []
     waited = 0.0
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
+        self._knows_leader = False
+        self._query_retry_s = 0.0
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> object:
+        self._knows_leader = True
+        return object()
 
     def assign(self, partitions: list[Any]) -> None:
-        pass
+        logical = any(tp.offset < 0 for tp in partitions)
+        self._query_retry_s = 0.5 if logical and not self._knows_leader else 0.0
 
     def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
         cls = SimulatedConsumer
+        if self._query_retry_s:
+            cls.waited += self._query_retry_s
+            self._query_retry_s = 0.0
         if len(cls.ready) < num_messages:
             cls.waited += timeout  # fewer than asked for: it sits out the timeout
         taken, cls.ready = cls.ready[:num_messages], cls.ready[num_messages:]
@@ -89,8 +105,8 @@ def consumer(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[SimulatedConsumer
     yield SimulatedConsumer
 
 
-def _source() -> reader.KafkaSource:
-    source = reader.KafkaSource(SETTINGS, "t", 0)
+def _source(offset: int | None = 0) -> reader.KafkaSource:
+    source = reader.KafkaSource(SETTINGS, "t", offset)
     source.open()
     return source
 
@@ -132,4 +148,23 @@ def test_a_scan_ends_at_eof_without_waiting(consumer: type[SimulatedConsumer]) -
     assert tail is not None
     assert tail.last.offset == 2
     assert tail.last_data == KafkaMessageID(0)
+    assert consumer.waited == 0.0
+
+
+def test_a_reader_from_the_beginning_waits_for_no_offset_retry(
+    consumer: type[SimulatedConsumer],
+) -> None:
+    consumer.ready = [FakeMessage(4, DATA, b"a")]
+    source = _source(start_offset(StartPosition.earliest()))
+    assert source.fetch(1024, 0.2) == [Record(KafkaMessageID(4), b"a")]
+    assert consumer.waited == 0.0
+
+
+@pytest.mark.parametrize("start", [StartPosition.latest(), StartPosition.at(KafkaMessageID(2))])
+def test_readers_from_an_offset_wait_for_nothing(
+    consumer: type[SimulatedConsumer], start: StartPosition
+) -> None:
+    source = _source(start_offset(start))
+    consumer.ready = [FakeMessage(3, DATA, b"a")]
+    assert source.fetch(1024, 0.2) == [Record(KafkaMessageID(3), b"a")]
     assert consumer.waited == 0.0

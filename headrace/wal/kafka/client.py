@@ -199,6 +199,19 @@ def watermarks(consumer: Consumer, settings: KafkaSettings, topic: str) -> tuple
         time.sleep(0.05)
 
 
+def assign(consumer: Consumer, settings: KafkaSettings, topic: str, offset: int) -> None:
+    """Assign partition 0 of ``topic`` from ``offset``, absolute or logical.
+
+    librdkafka resolves a logical offset (the log start) by asking the
+    partition's leader; assigned before the client knows the leader, the query
+    is retried only after 500 ms. Asking for the topic's metadata first makes
+    the leader known, so the query goes out at once.
+    """
+    if offset < 0:
+        consumer.list_topics(topic, timeout=settings.operation_timeout_s)
+    consumer.assign([TopicPartition(topic, 0, offset)])
+
+
 def consume_ready(consumer: Consumer, max_records: int, wait_s: float) -> list[Message]:
     """Up to ``max_records`` messages: waits at most ``wait_s`` for the first, then
     takes only what the client already holds.

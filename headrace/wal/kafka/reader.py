@@ -9,7 +9,7 @@ gaps. Reading below the log start offset raises ``Truncated``
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from headrace import errors
 from headrace.wal.brokers.stamps import Kind
@@ -41,7 +41,7 @@ class KafkaSource:
             if offset is None:
                 _, offset = client.watermarks(consumer, self._settings, self.topic)
             self._next = int(offset)
-            consumer.assign([TopicPartition(self.topic, 0, self._next)])
+            client.assign(consumer, self._settings, self.topic, self._next)
         except KafkaException as exc:
             raise client.translate_exception(
                 exc, f"opening a reader of {self.topic}", self._settings
