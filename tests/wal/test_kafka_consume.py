@@ -60,7 +60,9 @@ class SimulatedConsumer:
 
     Also its rule for logical start offsets (the beginning, the end): assigned
     before the client knows the partition's leader, the offset query is retried
-    after 500 ms, so the first record waits that long.
+    after 500 ms, so the first record waits that long. And the end of the
+    partition is reported after an empty fetch, which the broker holds for the
+    consumer's ``fetch.wait.max.ms``.
     """
 
     ready: list[FakeMessage] = []
@@ -87,6 +89,8 @@ class SimulatedConsumer:
         if len(cls.ready) < num_messages:
             cls.waited += timeout  # fewer than asked for: it sits out the timeout
         taken, cls.ready = cls.ready[:num_messages], cls.ready[num_messages:]
+        if any(m.error() is not None for m in taken):
+            cls.waited += int(self.config["fetch.wait.max.ms"]) / 1000
         return taken
 
     def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
@@ -148,7 +152,16 @@ def test_a_scan_ends_at_eof_without_waiting(consumer: type[SimulatedConsumer]) -
     assert tail is not None
     assert tail.last.offset == 2
     assert tail.last_data == KafkaMessageID(0)
-    assert consumer.waited == 0.0
+    assert consumer.waited <= 0.01  # the empty fetch that tells the end, held briefly
+
+
+def test_a_scan_keeps_the_fetch_wait_a_client_setting_gives(
+    consumer: type[SimulatedConsumer],
+) -> None:
+    consumer.ready = [FakeMessage(1, DATA, b"a"), FakeMessage(2, None, b"", eof=True)]
+    settings = KafkaSettings(bootstrap_servers="127.0.0.1:1", client={"fetch.wait.max.ms": "50"})
+    assert client.read_tail(settings, "t") is not None
+    assert consumer.waited == pytest.approx(0.05)
 
 
 def test_a_reader_from_the_beginning_waits_for_no_offset_retry(

@@ -51,6 +51,8 @@ _OWNED_KEYS = frozenset(
 )
 _SECRET_MARKERS = ("password", "secret", "key", "token", "jaas")
 _TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+SCAN_FETCH_WAIT_MS = 5
+READER_FETCH_WAIT_MS = 100
 DEFAULT_MAX_BYTES = DEFAULT_MAX_MESSAGE_BYTES + 64 * 1024
 """Room for the framework's largest message plus record headers and batch overhead."""
 
@@ -97,8 +99,14 @@ class KafkaSettings:
         }
 
     def consumer_config(self, *, eof: bool) -> dict[str, Any]:
+        """A read_committed consumer's configuration; ``eof`` for a scan to the end.
+
+        The end of the partition is reported after an empty fetch, which the
+        broker holds for ``fetch.wait.max.ms``: a scan asks for a short hold,
+        a reader (the broker answers it as soon as a record comes) a long one.
+        """
         return {
-            "fetch.wait.max.ms": 100,
+            "fetch.wait.max.ms": SCAN_FETCH_WAIT_MS if eof else READER_FETCH_WAIT_MS,
             **self.base_config(),
             "group.id": f"headrace-reader-{uuid.uuid4().hex}",
             "isolation.level": "read_committed",
