@@ -105,14 +105,15 @@ async def baseline(
     return load.messages / elapsed
 
 
-def node_rss_mib(pid: int) -> float:
-    """Peak resident memory of process ``pid`` so far (VmHWM), in MiB; 0 if unknown."""
+def node_rss_mib(pid: int, field: str = "VmHWM") -> float:
+    """Resident memory of process ``pid`` in MiB, 0 if unknown: its peak so far
+    (``VmHWM``), or ``VmRSS`` now."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return 0.0
     for line in status.splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return round(int(line.split()[1]) / 1024, 1)
     return 0.0
 
@@ -164,9 +165,9 @@ class _Cluster:
         )
         log.close()
 
-    def rss_mib(self) -> float:
-        """The node process's peak resident memory so far, in MiB."""
-        return 0.0 if self.proc is None else node_rss_mib(self.proc.pid)
+    def rss_mib(self, field: str = "VmHWM") -> float:
+        """The node process's resident memory in MiB (see :func:`node_rss_mib`)."""
+        return 0.0 if self.proc is None else node_rss_mib(self.proc.pid, field)
 
     async def close(self) -> None:
         self.stop.set()
@@ -282,7 +283,10 @@ async def bench_node(
     message_format: int = max(RELEASE_FORMATS.writes),
 ) -> dict[str, Any]:
     """The node's rate against the in-process WAL's (same format), its tail
-    latency at half that rate, its peak RSS (``node_rss_mib``)."""
+    latency at half that rate, its peak RSS (``node_rss_mib``) and its RSS
+    once its pchannel is ready, before any message (``node_idle_rss_mib``:
+    start-up, imports; the rest of the peak is the write-ahead buffer and
+    what the traffic holds)."""
     if messages < chunk or size < 8:
         raise errors.InvalidArgument(f"need messages >= {chunk} and size >= 8")
     runtime.tune_process()
@@ -295,6 +299,7 @@ async def bench_node(
     try:
         async with HeadraceClient(node_cluster.url) as client:
             await client.wait_ready(PCHANNEL, timeout=60)
+            idle_rss = node_cluster.rss_mib("VmRSS")
             rate, latencies = await _through_node(client, messages, payload, chunk, producers)
             delays, sent = await _tail_latency(
                 client, node_cluster.url, rate / 2, tail_seconds, size
@@ -305,6 +310,7 @@ async def bench_node(
     return {
         "message_format": message_format,
         "node_rss_mib": rss,
+        "node_idle_rss_mib": idle_rss,
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "messages": messages,
         "size": size,

@@ -1,5 +1,10 @@
 """``headrace status``, ``move``, ``drain``, ``undrain``, ``balancer``, ``format``, ``writes``,
-``wal dump`` and ``wal repair``."""
+``wal dump`` and ``wal repair``.
+
+The commands import the client (which loads pyarrow) when they run, not with
+this module: every ``headrace`` process builds the whole parser, a streaming
+node's too, and a node has no use for the client.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from headrace import errors
-from headrace.client import api as client_api
 from headrace.wal.local import dump as local_dump
 from headrace.wal.local import repair as local_repair
 
@@ -23,6 +27,8 @@ def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 
 async def status(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     report = await client_api.cluster_status(args.metastore, cluster=args.cluster)
     if args.json:
         print(json.dumps(report))
@@ -65,6 +71,8 @@ def writes_line(writes: dict[str, Any]) -> str:
 
 
 async def writes(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     if args.action == "stop":
         if not args.reason.strip():
             raise errors.InvalidArgument("writes stop needs --reason (producers are shown it)")
@@ -98,6 +106,8 @@ def _node_state(node: dict[str, Any]) -> str:
 
 
 async def move(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     outcome = await client_api.request_move(
         args.metastore, args.pchannel, args.to_node, cluster=args.cluster, timeout=args.timeout
     )
@@ -106,6 +116,8 @@ async def move(args: argparse.Namespace) -> int:
 
 
 async def drain(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     outcome = await client_api.request_drain(
         args.metastore, args.node, cluster=args.cluster, timeout=args.timeout
     )
@@ -114,12 +126,16 @@ async def drain(args: argparse.Namespace) -> int:
 
 
 async def undrain(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     outcome = await client_api.request_undrain(args.metastore, args.node, cluster=args.cluster)
     _report(args, outcome)
     return 0
 
 
 async def balancer(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     outcome = await client_api.set_balancer(
         args.metastore, suspended=args.action == "suspend", cluster=args.cluster
     )
@@ -128,11 +144,15 @@ async def balancer(args: argparse.Namespace) -> int:
 
 
 async def format_show(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     _report(args, await client_api.message_formats(args.metastore, cluster=args.cluster))
     return 0
 
 
 async def format_set(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     outcome = await client_api.set_message_format(
         args.metastore, args.version, cluster=args.cluster
     )

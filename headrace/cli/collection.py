@@ -1,5 +1,9 @@
 """``headrace collections`` (list, describe, create, drop), ``headrace flush``,
-``headrace compact`` and ``headrace read`` (:mod:`headrace.cli.read`)."""
+``headrace compact`` and ``headrace read`` (:mod:`headrace.cli.read`).
+
+The commands import the client and pyarrow when they run, not with this
+module: every ``headrace`` process (a streaming node too) builds the parser.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,6 @@ from typing import Any, TypeAlias
 from headrace import errors
 from headrace.cli import read as read_command
 from headrace.cli.argtypes import positive_float, positive_int
-from headrace.cli.schemas import parse_schema
-from headrace.client import api as client_api
 from headrace.table.collections import CollectionSpec
 
 Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -105,6 +107,8 @@ def _metastore(args: argparse.Namespace) -> str:
 
 
 async def list_collections(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     found = await client_api.list_collections(
         _metastore(args), args.cluster, include_dropped=args.include_dropped
     )
@@ -124,6 +128,8 @@ async def list_collections(args: argparse.Namespace) -> int:
 
 
 async def describe(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     _print_collection(
         await client_api.describe_collection(_metastore(args), args.name, args.cluster), args.json
     )
@@ -131,6 +137,9 @@ async def describe(args: argparse.Namespace) -> int:
 
 
 async def create(args: argparse.Namespace) -> int:
+    from headrace.cli.schemas import parse_schema  # noqa: PLC0415 - when the command runs
+    from headrace.client import api as client_api  # noqa: PLC0415
+
     spec = CollectionSpec(
         args.name, parse_schema(args.schema, args.primary_key), args.primary_key, args.shards
     )
@@ -141,6 +150,8 @@ async def create(args: argparse.Namespace) -> int:
 
 
 async def drop(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     _print_collection(
         await client_api.drop_collection(_metastore(args), args.name, args.cluster), args.json
     )
@@ -148,6 +159,8 @@ async def drop(args: argparse.Namespace) -> int:
 
 
 async def flush(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     outcome = await client_api.flush_collection(
         _metastore(args), args.collection, args.cluster, wait=args.wait, timeout=args.timeout
     )
@@ -163,6 +176,8 @@ async def flush(args: argparse.Namespace) -> int:
 
 
 async def compact(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     outcome = await client_api.compact_collection(
         _metastore(args), args.collection, args.cluster, wait=args.wait, timeout=args.timeout
     )

@@ -1,4 +1,9 @@
-"""``headrace produce`` and ``headrace consume``."""
+"""``headrace produce`` and ``headrace consume``.
+
+The commands import the client (which loads pyarrow) when they run, not with
+this module, which every ``headrace`` process (a streaming node too) imports
+to build its parser.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +15,19 @@ import json
 import os
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from headrace import errors
 from headrace.cli.argtypes import non_negative_float, non_negative_int, positive_int
 from headrace.cli.exits import exit_code_of
 from headrace.cli.progress import Progress
-from headrace.client import api as client_api
-from headrace.client.consumer import Start
 from headrace.message import ids
 from headrace.message.types import MessageType, validate_vchannel
 from headrace.wal import registry
 from headrace.wal.api import AppendResult
+
+if TYPE_CHECKING:
+    from headrace.client.consumer import Start
 
 
 def add_produce_args(p: argparse.ArgumentParser) -> None:
@@ -106,6 +112,8 @@ def ack_line(index: int, vchannel: str, result: AppendResult) -> str:
 
 
 async def produce(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     vchannels = [validate_vchannel(v) for v in args.vchannel]
     mtype = MessageType.parse(args.type)
     await client_api.check_cluster(args.metastore, args.cluster)
@@ -129,6 +137,8 @@ class ProduceSummary:
 async def _produce(
     args: argparse.Namespace, vchannels: list[str], mtype: MessageType, acks: TextIO | None
 ) -> ProduceSummary:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     progress = Progress("produce", args.count)
     latencies: list[float] = []
     failures: list[errors.ErrorCode] = []
@@ -183,6 +193,8 @@ def parse_start(text: str) -> Start:
 
 
 async def consume(args: argparse.Namespace) -> int:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     validate_vchannel(args.vchannel)
     start = parse_start(args.start)
     await client_api.check_cluster(args.metastore, args.cluster)

@@ -3,7 +3,8 @@
 The rows are :meth:`HeadraceClient.read`'s: the committed Iceberg table at
 the snapshot for ``--as-of`` plus the WAL's growing rows after it, deletes
 applied, each primary key once. Needs the ``pipeline`` extra (pyiceberg) once
-the collection has been flushed.
+the collection has been flushed. The client and pyarrow are imported when
+the command runs: every ``headrace`` process (a node's too) builds the parser.
 """
 
 from __future__ import annotations
@@ -14,16 +15,14 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeAlias
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from headrace import errors
 from headrace.cli.argtypes import non_negative_int
-from headrace.client import ReadOptions
-from headrace.client import api as client_api
 from headrace.table.storage import ObjectStoreOptions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -74,6 +73,11 @@ def _columns(text: str | None) -> list[str] | None:
 
 
 async def read(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq  # noqa: PLC0415 - when the command runs
+
+    from headrace.client import ReadOptions  # noqa: PLC0415
+    from headrace.client import api as client_api  # noqa: PLC0415
+
     if not args.metastore:
         raise errors.InvalidArgument("--metastore is required (a standalone prints its URL)")
     if args.format == "parquet" and not args.output:

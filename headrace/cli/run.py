@@ -20,13 +20,11 @@ from headrace import errors, logs
 from headrace import standalone as standalone_mod
 from headrace.cli import walflags
 from headrace.cli.argtypes import positive_float, positive_int
-from headrace.cli.demo_collection import demo_collection, pipeline_missing
 from headrace.cli.retentionflags import (
     add_retention_args,
     forward_retention_flags,
     retention_options,
 )
-from headrace.client import api as client_api
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.message.formats import RELEASE_FORMATS
 from headrace.node import server as node_server
@@ -415,6 +413,10 @@ async def _start_standalone_process(data_dir: Path) -> tuple[asyncio.subprocess.
 
 async def demo(args: argparse.Namespace) -> int:
     """Start standalone, move messages through it, check them, stop it."""
+    # The demo's collection step and the client load pyarrow: imported here,
+    # not with this module, which a streaming node's process imports too.
+    from headrace.cli.demo_collection import demo_collection, pipeline_missing  # noqa: PLC0415
+
     with contextlib.ExitStack() as stack:
         if args.data_dir:
             data_dir = Path(args.data_dir)
@@ -439,6 +441,8 @@ async def demo(args: argparse.Namespace) -> int:
 
 
 async def _demo_traffic(url: str, count: int) -> bool:
+    from headrace.client import api as client_api  # noqa: PLC0415 - when the command runs
+
     vchannels = [f"demo-collection-{i}" for i in range(4)]
     async with client_api.HeadraceClient(url) as client:
         producer = client.producer()

@@ -25,20 +25,22 @@ import base64
 import dataclasses
 import re
 import time
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from headrace import errors
 from headrace.cluster import JsonRecord, Keys
 from headrace.metastore.contract import Compare, Metastore, Put
 
+if TYPE_CHECKING:
+    # pyarrow is imported where a schema is built or checked, not with this
+    # module: a node imports it on its write path and loads pyarrow only once
+    # a collection exists.
+    import pyarrow as pa
+
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]{0,199}$")
 """Collection names: 1-200 of ``[A-Za-z0-9_]``, starting alphanumeric."""
 
 MAX_SHARDS = 256
-
-PRIMARY_KEY_TYPES = (pa.int64(), pa.string())
-"""The types a primary-key field may have (non-null)."""
 
 
 def collection_key(keys: Keys, name: str) -> str:
@@ -90,7 +92,9 @@ class CollectionSpec:
                 f"a field of the schema ({', '.join(names)})"
             )
         field = self.schema.field(index)
-        if field.type not in PRIMARY_KEY_TYPES or field.nullable:
+        import pyarrow as pa  # noqa: PLC0415 - loaded already: the schema is an Arrow one
+
+        if field.type not in (pa.int64(), pa.string()) or field.nullable:
             raise errors.InvalidArgument(
                 f"collection {self.name}: primary key {self.primary_key!r} must be a non-nullable "
                 f"int64 or string field, got {field.type}"
@@ -200,6 +204,8 @@ class CollectionRecord(JsonRecord):
 
     def collection(self) -> Collection:
         """The decoded collection; CorruptData if the record does not hold one."""
+        import pyarrow as pa  # noqa: PLC0415 - see the TYPE_CHECKING import
+
         try:
             schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(self.schema_ipc)))
             spec = CollectionSpec(self.name, schema, self.primary_key, len(self.vchannels))

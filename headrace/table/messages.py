@@ -40,6 +40,7 @@ import pyarrow as pa
 from headrace import errors
 from headrace.message.types import Message, MessageType
 from headrace.table.collections import Collection
+from headrace.table.names import COLLECTION, COLLECTION_ID, SEGMENT
 from headrace.table.payloads import (
     Keys,
     Rows,
@@ -49,10 +50,6 @@ from headrace.table.payloads import (
     encode_keys,
     encode_rows,
 )
-
-COLLECTION = "headrace.collection"
-SEGMENT = "headrace.segment"
-COLLECTION_ID = "headrace.collection-id"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,14 +142,6 @@ def flush_request(collection: Collection, vchannel: str) -> Message:
     """Ask the owner of ``vchannel``'s pchannel to seal its growing segments."""
     _check_shard(collection, vchannel)
     return Message(MessageType.FLUSH, vchannel, b"", {COLLECTION: collection.name})
-
-
-def is_flush_request(message: Message) -> bool:
-    return (
-        message.type is MessageType.FLUSH
-        and COLLECTION in message.properties
-        and SEGMENT not in message.properties
-    )
 
 
 def parse(message: Message, collections: Mapping[str, Collection]) -> CollectionData | None:

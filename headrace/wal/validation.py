@@ -37,7 +37,7 @@ from headrace.message import batch, codec
 from headrace.message.batch import BatchHeader, Limits
 from headrace.message.properties import PRODUCER_ID
 from headrace.message.types import Message, MessageType, validate_vchannel
-from headrace.table.messages import COLLECTION
+from headrace.table.names import COLLECTION
 from headrace.wal.interceptors.txn import TXN_RELEVANT
 
 SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))

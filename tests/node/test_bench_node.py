@@ -20,6 +20,7 @@ async def test_the_node_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     # stamp in its payload.
     assert result["tail_samples"] == result["tail_sent"] >= 100
     assert result["tail_p99_ms"] >= result["tail_p50_ms"] > 0
+    assert 0 < result["node_idle_rss_mib"] <= result["node_rss_mib"]
 
 
 async def test_the_node_benchmark_refuses_a_run_smaller_than_a_chunk(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from headrace.message.types import LogEntry, Message, MessageType
-from headrace.wal.buffer import START, Position, WriteAheadBuffer
+from headrace.wal.buffer import ENTRY_OVERHEAD, START, Position, WriteAheadBuffer
 from headrace.wal.memory import MemoryMessageID as MID
 
 
@@ -16,19 +16,24 @@ def entry(seq: int, tt: int, kind: MessageType = MessageType.INSERT) -> LogEntry
     return LogEntry(MID(seq), Message(kind, vch, timetick=tt, term=1))
 
 
+def cost(size: int) -> int:
+    """What an entry of these tests (no properties) of encoded ``size`` counts."""
+    return size + ENTRY_OVERHEAD
+
+
 def fill(buf: WriteAheadBuffer, items: list[tuple[LogEntry, int, bool]]) -> None:
     buf.extend(items)
 
 
 def test_read_by_cursor_and_eviction_by_bytes() -> None:
-    buf = WriteAheadBuffer(300, START)
+    buf = WriteAheadBuffer(3 * cost(100), START)
     fill(buf, [(entry(i, 10 + i), 100, True) for i in range(3)])
-    assert buf.size_entries == 3 and buf.size_bytes == 300
+    assert buf.size_entries == 3 and buf.size_bytes == 3 * cost(100)
     assert buf.first_seq == 0 and buf.next_seq == 3
     read = buf.read(0, 10)
     assert read is not None and [e.id for e in read] == [MID(0), MID(1), MID(2)]
     fill(buf, [(entry(3, 13), 100, True)])
-    assert buf.first_seq == 1 and buf.size_bytes == 300
+    assert buf.first_seq == 1 and buf.size_bytes == 3 * cost(100)
     assert buf.read(0, 10) is None, "an evicted cursor is reported"
     assert buf.base == Position(MID(0), 10)
     read = buf.read(2, 1)
@@ -44,7 +49,7 @@ def test_the_newest_entry_stays_even_if_larger_than_the_bound() -> None:
 
 
 def test_compaction_keeps_cursors_valid() -> None:
-    buf = WriteAheadBuffer(10 * 8, START)
+    buf = WriteAheadBuffer(10 * cost(8), START)
     for i in range(5000):
         fill(buf, [(entry(i, i + 1), 8, True)])
     assert buf.size_entries == 10 and buf.first_seq == 4990 and buf.next_seq == 5000
@@ -54,7 +59,7 @@ def test_compaction_keeps_cursors_valid() -> None:
 
 
 def test_seq_after_finds_the_successor_only_when_retained() -> None:
-    buf = WriteAheadBuffer(1000, Position(MID(4), 40))
+    buf = WriteAheadBuffer(1 << 20, Position(MID(4), 40))
     fill(buf, [(entry(5, 50), 10, True), (entry(5, 55, MessageType.TIME_TICK), 10, False)])
     fill(buf, [(entry(6, 60), 10, True)])
     assert buf.seq_after(Position(MID(3), 30)) is None
@@ -63,12 +68,12 @@ def test_seq_after_finds_the_successor_only_when_retained() -> None:
     assert buf.seq_after(Position(MID(5), 55)) == 2
     assert buf.seq_after(Position(MID(6), 60)) == 3
     assert buf.seq_after(Position(MID(7), 70)) == 3, "a reader ahead of the buffer waits at its end"
-    empty_log = WriteAheadBuffer(1000, START)
+    empty_log = WriteAheadBuffer(1 << 20, START)
     assert empty_log.seq_after(START) == 0
 
 
 def test_locate_persisted_entries_for_start_positions() -> None:
-    buf = WriteAheadBuffer(1000, Position(MID(4), 40))
+    buf = WriteAheadBuffer(1 << 20, Position(MID(4), 40))
     fill(
         buf,
         [
@@ -88,7 +93,7 @@ def test_locate_persisted_entries_for_start_positions() -> None:
 
 
 def test_reset_sends_every_cursor_back_to_the_backend() -> None:
-    buf = WriteAheadBuffer(1000, START)
+    buf = WriteAheadBuffer(1 << 20, START)
     fill(buf, [(entry(0, 1), 10, True), (entry(1, 2), 10, True)])
     cursor = buf.next_seq
     buf.reset(Position(MID(3), 9))
@@ -103,7 +108,7 @@ def test_reset_sends_every_cursor_back_to_the_backend() -> None:
 
 
 async def test_wait_wakes_on_new_entries_close_and_timeout() -> None:
-    buf = WriteAheadBuffer(1000, START)
+    buf = WriteAheadBuffer(1 << 20, START)
     await asyncio.wait_for(buf.wait(0, timeout=0.01), 5)
     waiter = asyncio.create_task(buf.wait(0, timeout=None))
     await asyncio.sleep(0)

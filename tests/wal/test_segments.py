@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.message.types import LogEntry, Message, MessageType
-from headrace.table import messages
+from headrace.table import messages, names
 from headrace.table.collections import Collection, CollectionSpec, Dropped
 from headrace.table.messages import COLLECTION, SEGMENT
 from headrace.table.payloads import encode_keys, encode_rows
@@ -397,7 +397,7 @@ async def test_a_flush_request_is_replaced_by_seals_of_every_growing_segment() -
     seals = [e for e in entries if e.message.type is MessageType.FLUSH]
     assert seals_in(seals) == sorted(segments.items())
     assert done.id == seals[-1].id  # the request's position is the last seal
-    assert not any(messages.is_flush_request(e.message) for e in entries)
+    assert not any(names.is_flush_request(e.message) for e in entries)
     assert bed.hooks.seals == [(P, 1, done.id, done.timetick)]
     assert stamped(after, entries) not in segments.values()  # a new segment
 

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from headrace import errors
 from headrace.message.types import Message, MessageType
-from headrace.table.messages import COLLECTION
+from headrace.table.names import COLLECTION
 from headrace.wal.api import AppendResult
 from headrace.wal.interceptors.chain import AppendContext, Handler
 from headrace.wal.interceptors.planning import SYSTEM

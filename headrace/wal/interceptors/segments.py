@@ -75,8 +75,7 @@ from headrace.message import codec, ids
 from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 from headrace.table.collections import Collection
-from headrace.table.messages import COLLECTION, SEGMENT, is_flush_request
-from headrace.table.payloads import check_keys, check_rows, decode
+from headrace.table.names import COLLECTION, SEGMENT, is_flush_request
 from headrace.tso import TimestampAllocator, physical_ms
 from headrace.wal.api import AppendResult
 from headrace.wal.interceptors.chain import AppendContext, Handler
@@ -328,6 +327,8 @@ def segment_of(msg: Message) -> int | None:
 
 def rows_in(payload: bytes) -> int:
     """Rows of an Insert payload read back from the log (0 if it holds none)."""
+    from headrace.table.payloads import decode  # noqa: PLC0415 - pyarrow for collection data only
+
     try:
         return int(decode(payload, "insert").num_rows)
     except errors.InvalidArgument:
@@ -474,6 +475,9 @@ class SegmentInterceptor:
                     "after the seal of the segment its rows belong to)"
                 ),
             )
+        # pyarrow is loaded by the first collection message, not by every node.
+        from headrace.table.payloads import check_keys, check_rows, decode  # noqa: PLC0415
+
         if msg.type is MessageType.INSERT:
             try:
                 rows = decode(msg.payload, "insert")
