@@ -8,8 +8,8 @@ import os
 import threading
 
 from headrace import errors
-from headrace.wal.local import chain, files, scan
-from headrace.wal.local.fence import NO_FENCE, Fence
+from headrace.wal.local import chain, fence, files, scan
+from headrace.wal.local.fence import Fence
 from headrace.wal.local.segment import SegmentHeader, SegmentName
 
 
@@ -35,6 +35,11 @@ class Channel:
 
     def fence(self) -> Fence:
         """The stored writer identity (NO_FENCE before any writer opened)."""
+        return fence.decode(self.term_bytes(), self.term_path)
+
+    def term_bytes(self) -> bytes:
+        """The term file's bytes as stored (empty before any writer opened): a
+        writer compares them with its own encoded identity, without decoding."""
         fd = self._term_fd
         if fd is None:
             with self._lock:
@@ -42,9 +47,9 @@ class Channel:
                     try:
                         self._term_fd = files.open_term_file(self.directory, write=False)
                     except FileNotFoundError:
-                        return NO_FENCE
+                        return b""
                 fd = self._term_fd
-        return files.read_fence(fd, self.term_path)
+        return files.read_term_bytes(fd)
 
     def load_chain(self) -> chain.Chain:
         """List the segments, then read the fence: the chain as of now.
