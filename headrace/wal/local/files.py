@@ -309,8 +309,14 @@ def write_all(fd: int, data: bytes, offset: int) -> None:
         offset += written
 
 
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
-"""Most buffers one ``pwritev`` takes."""
+def _iov_max() -> int:
+    """Most buffers one ``pwritev`` takes here (POSIX guarantees 16)."""
+    if "SC_IOV_MAX" not in getattr(os, "sysconf_names", {}):
+        return 16
+    return max(16, os.sysconf("SC_IOV_MAX"))
+
+
+IOV_MAX = _iov_max()
 _PWRITEV = getattr(os, "pwritev", None)
 
 
