@@ -21,6 +21,7 @@ from headrace.message.types import Message, MessageType
 from headrace.wal import registry
 from headrace.wal.contract import BackendWriter, StartPosition
 from headrace.wal.local import LocalBackend, LocalMessageID, files, segment, space
+from headrace.wal.local.channel import Channel
 from headrace.wal.local.dump import iter_dump
 from headrace.wal.local.segment import FRAME, HEADER_SIZE
 from headrace.wal.local.writer import WriterSettings
@@ -687,3 +688,19 @@ async def test_records_of_many_calls_and_sizes_are_framed_in_one_write(tmp_path:
     again = LocalBackend(str(tmp_path))
     assert [r.data for r in await read_all(again, P, len(flat))] == flat
     await again.close()
+
+
+async def test_a_write_wakes_the_readers_that_wait_and_costs_no_event_otherwise(
+    tmp_path: Path,
+) -> None:
+    channel = Channel(str(tmp_path), P)
+    idle = channel.changed()
+    channel.notify()
+    assert idle.is_set()
+    waiting = channel.changed()
+    assert waiting is not idle and not waiting.is_set()
+    channel.notify()
+    channel.notify()
+    assert waiting.is_set()
+    assert channel.changed() is channel.changed()
+    assert not channel.changed().is_set()

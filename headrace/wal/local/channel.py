@@ -30,6 +30,8 @@ class Channel:
         self.active: tuple[SegmentName, int, int] | None = None
         """Segment of this process's writer, its acknowledged length and next LSN."""
         self._changed = asyncio.Event()
+        self._watched = False
+        """Somebody took ``_changed`` since the last :meth:`notify`."""
         self.opening = asyncio.Lock()
         """Serialises this process's ``open_writer`` calls of the pchannel."""
 
@@ -84,11 +86,15 @@ class Channel:
 
     def changed(self) -> asyncio.Event:
         """An event set at the next :meth:`notify` (take it before checking)."""
+        self._watched = True
         return self._changed
 
     def notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Set the event readers took (a new one is made only if one was taken)."""
+        if self._watched:
+            self._watched = False
+            self._changed.set()
+            self._changed = asyncio.Event()
 
     def close(self) -> None:
         with self._lock:

@@ -129,6 +129,8 @@ class LocalWriter(BackendWriter):
         self._channel = channel
         self._segment = current
         self._settings = settings
+        self._interval = settings.fsync == "interval"
+        """Appends wait for the next periodic sync (see :class:`WriterSettings`)."""
         self._sync_after_write = not settings.sync_writes
         """Writes are followed by ``fdatasync`` (the segment is not opened with O_DSYNC)."""
         self._on_close = on_close
@@ -218,7 +220,7 @@ class LocalWriter(BackendWriter):
         """Start the next write of what is queued (on the event loop)."""
         loop = self._loop
         assert loop is not None
-        if self._settings.fsync == "interval":
+        if self._interval:
             delay = self._last_sync + self._settings.fsync_interval - loop.time()
             if delay > 0:
                 # Appends wait for the next periodic sync and share it.
@@ -270,7 +272,8 @@ class LocalWriter(BackendWriter):
                     if on_done is not None:
                         answered.append((future, on_done))
         else:
-            self._last_sync = loop.time()
+            if self._interval:
+                self._last_sync = loop.time()
             current = self._segment
             self._publish(current.name, current.length, current.next_lsn)
             lsn = first
