@@ -46,6 +46,7 @@ import dataclasses
 import os
 import secrets
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Mapping
@@ -332,6 +333,10 @@ async def bench_wal(
     The per-round figures come alongside. ``p50_ms``/``p99_ms`` are the
     per-batch ``append_many`` latencies of the fastest WAL round.
     ``loadavg`` is the machine's load average before and after the run.
+    ``ratio_backend`` is the backend writer alone (the same batches, already
+    encoded and stamped, one ``append`` at a time, no framework) against the
+    same baseline, the median of the rounds' own ratios: what the backend's
+    append path costs, apart from the framework's.
 
     On Kafka and Pulsar the baseline is the raw client producer
     (:mod:`headrace.bench.broker`) with ``producers`` batches in flight;
@@ -485,6 +490,8 @@ async def _bench(
     if setup.backend == "kafka":
         described["baseline_txn"] = broker.describe_txn(setup.batch, setup.producers)
     per_round = [m.figures for m in measured_rounds]
+    for x in per_round:
+        x["ratio_backend"] = x["backend"] / x["baseline"] if x["baseline"] else 0.0
 
     def fastest(key: str) -> _Measured:
         """The first round with the highest ``key`` (its latencies are reported)."""
@@ -492,6 +499,7 @@ async def _bench(
 
     latencies = fastest("msgs_per_s").latencies
     summary = report.summary(described, per_round, latencies)
+    summary["ratio_backend"] = round(statistics.median(x["ratio_backend"] for x in per_round), 3)
     # Overheads from unrounded p99s, as each round's own, so that one round's
     # figures and the summary agree to the last digit.
     p99 = report.ms(report.percentile(latencies, 0.99))

@@ -197,15 +197,15 @@ async def test_a_failed_local_append_takes_back_results_settled_ahead(
     wal = await WAL.open(
         backend, "p", 1, tso=LocalTSO(), options=WALOptions(timetick_interval_ms=3_600_000)
     )
-    real_write = files.write_all
+    real_write = files.write_parts
 
-    def disk_full(fd: int, data: bytes, offset: int) -> None:
+    def disk_full(fd: int, parts: list[bytes], size: int, offset: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(files, "write_all", disk_full)
+    monkeypatch.setattr(files, "write_parts", disk_full)
     lost = await wal.append_many(data("lost", 3))
     assert all(isinstance(r, errors.StorageFull) for r in lost), lost
-    monkeypatch.setattr(files, "write_all", real_write)
+    monkeypatch.setattr(files, "write_parts", real_write)
     kept = results(await wal.append_many(data("kept", 3)))
     await wal.close()
     reader = await backend.open_reader("p", StartPosition.earliest())

@@ -413,8 +413,12 @@ async def test_the_wal_benchmark_runs_end_to_end(kind: str, tmp_path: Path) -> N
         "p50_ms",
         "p99_ms",
         "scan_msgs_per_s",
+        "ratio_backend",
     ):
         assert isinstance(result[key], float) and result[key] > 0, key
     assert result["p99_ms"] >= result["p50_ms"]
     assert len(result["rounds"]) == 1
+    (only,) = result["rounds"]
+    assert abs(result["ratio_backend"] - only["backend"] / only["baseline"]) < 0.01
+    assert result["ratio_backend"] == only["ratio_backend"]
     assert sorted(os.listdir(tmp_path)) == [], "the benchmark cleans up after itself"

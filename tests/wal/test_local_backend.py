@@ -21,6 +21,7 @@ from headrace.message.types import Message, MessageType
 from headrace.wal import registry
 from headrace.wal.contract import BackendWriter, StartPosition
 from headrace.wal.local import LocalBackend, LocalMessageID, files, segment, space
+from headrace.wal.local.channel import Channel
 from headrace.wal.local.dump import iter_dump
 from headrace.wal.local.segment import FRAME, HEADER_SIZE
 from headrace.wal.local.writer import WriterSettings
@@ -406,18 +407,18 @@ async def test_failed_write_acknowledges_nothing_and_cuts_back(
     await writer.append([b"kept"])
     (path,) = segment_paths(tmp_path)
     size = path.stat().st_size
-    real_write = files.write_all
+    real_write = files.write_parts
 
-    def half_then_enospc(fd: int, data: bytes, offset: int) -> None:
-        os.pwrite(fd, data[: len(data) // 2], offset)
+    def half_then_enospc(fd: int, parts: list[bytes], size: int, offset: int) -> None:
+        os.pwrite(fd, b"".join(parts)[: size // 2], offset)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(files, "write_all", half_then_enospc)
+    monkeypatch.setattr(files, "write_parts", half_then_enospc)
     with pytest.raises(errors.StorageFull) as full:
         await writer.append([b"lost-1", b"lost-2"])
     assert full.value.retryable
     assert path.stat().st_size == size
-    monkeypatch.setattr(files, "write_all", real_write)
+    monkeypatch.setattr(files, "write_parts", real_write)
     assert await writer.append([b"next"]) == [LocalMessageID(1)]
     assert [r.data for r in await read_all(backend, P, 2)] == [b"kept", b"next"]
     await backend.close()
@@ -645,3 +646,61 @@ def test_batch_fsync_opens_segments_with_synchronous_writes(tmp_path: Path) -> N
         assert not fcntl.fcntl(plain, fcntl.F_GETFL) & files.SYNC_WRITES
     finally:
         os.close(plain)
+
+
+@pytest.mark.parametrize("count", [2, files.IOV_MAX, files.IOV_MAX + 1])
+@pytest.mark.parametrize("short", [False, True])
+def test_frames_are_written_whole_from_their_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int, short: bool
+) -> None:
+    """The writer hands frame headers and bodies to ``pwritev`` as they are;
+    more parts than one call takes, or a short write, still write every byte
+    in order."""
+    parts = [b"%d-" % i * (1 + i % 7) for i in range(count)]
+    size = sum(map(len, parts))
+    if short:
+        real = os.pwritev
+
+        def short_pwritev(fd: int, buffers: list[bytes], offset: int) -> int:
+            return real(fd, [b"".join(buffers)[: size // 3]], offset)
+
+        monkeypatch.setattr(files, "_PWRITEV", short_pwritev)
+    path = tmp_path / "out"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"head")
+        files.write_parts(fd, parts, size, 4)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"head" + b"".join(parts)
+
+
+async def test_records_of_many_calls_and_sizes_are_framed_in_one_write(tmp_path: Path) -> None:
+    """Queued calls share one write of their frames; each record keeps its
+    LSN, body and checksum whatever the record sizes."""
+    backend = LocalBackend(str(tmp_path))
+    writer = await backend.open_writer(P, 1)
+    calls = [[b"r%d-%d" % (i, j) * (i * 997 % 5000) for j in range(i % 3 + 1)] for i in range(40)]
+    results = await asyncio.gather(*(writer.append(call) for call in calls))
+    flat = [body for call in calls for body in call]
+    assert [mid for ids in results for mid in ids] == [LocalMessageID(i) for i in range(len(flat))]
+    await backend.close()
+    again = LocalBackend(str(tmp_path))
+    assert [r.data for r in await read_all(again, P, len(flat))] == flat
+    await again.close()
+
+
+async def test_a_write_wakes_the_readers_that_wait_and_costs_no_event_otherwise(
+    tmp_path: Path,
+) -> None:
+    channel = Channel(str(tmp_path), P)
+    idle = channel.changed()
+    channel.notify()
+    assert idle.is_set()
+    waiting = channel.changed()
+    assert waiting is not idle and not waiting.is_set()
+    channel.notify()
+    channel.notify()
+    assert waiting.is_set()
+    assert channel.changed() is channel.changed()
+    assert not channel.changed().is_set()

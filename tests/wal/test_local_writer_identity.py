@@ -151,7 +151,9 @@ async def test_data_of_the_previous_format_is_read_and_continued(tmp_path: Path)
     name = segment.SegmentName(0, 4, 0)
     header = segment.encode_header(segment.SegmentHeader(name, None, 0, version=1))
     assert struct.unpack_from("<H", header, 8) == (1,)
-    (directory / name.filename).write_bytes(header + segment.encode_frames(0, [b"old-1", b"old-2"]))
+    (directory / name.filename).write_bytes(
+        header + segment.encode_frames(0, [b"old-1", b"old-2"], version=1)
+    )
     backend = LocalBackend(str(tmp_path))
     assert [r.data for r in await read_all(backend, P, 2)] == [b"old-1", b"old-2"]
     writer = await backend.open_writer(P, 4)

@@ -274,7 +274,9 @@ class LocalBackend(Backend):
             raise fence.fenced_error(
                 channel.pchannel, claimed, stored, "another open took over while it was opening"
             )
-        return OpenSegment(name, fd, HEADER_SIZE, base)
+        return OpenSegment(
+            name, fd, HEADER_SIZE, base, os.path.join(channel.directory, name.filename)
+        )
 
     async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:
         channel = self._channel(pchannel)

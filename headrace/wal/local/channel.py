@@ -8,8 +8,8 @@ import os
 import threading
 
 from headrace import errors
-from headrace.wal.local import chain, files, scan
-from headrace.wal.local.fence import NO_FENCE, Fence
+from headrace.wal.local import chain, fence, files, scan
+from headrace.wal.local.fence import Fence
 from headrace.wal.local.segment import SegmentHeader, SegmentName
 
 
@@ -30,11 +30,18 @@ class Channel:
         self.active: tuple[SegmentName, int, int] | None = None
         """Segment of this process's writer, its acknowledged length and next LSN."""
         self._changed = asyncio.Event()
+        self._watched = False
+        """Somebody took ``_changed`` since the last :meth:`notify`."""
         self.opening = asyncio.Lock()
         """Serialises this process's ``open_writer`` calls of the pchannel."""
 
     def fence(self) -> Fence:
         """The stored writer identity (NO_FENCE before any writer opened)."""
+        return fence.decode(self.term_bytes(), self.term_path)
+
+    def term_bytes(self) -> bytes:
+        """The term file's bytes as stored (empty before any writer opened): a
+        writer compares them with its own encoded identity, without decoding."""
         fd = self._term_fd
         if fd is None:
             with self._lock:
@@ -42,9 +49,9 @@ class Channel:
                     try:
                         self._term_fd = files.open_term_file(self.directory, write=False)
                     except FileNotFoundError:
-                        return NO_FENCE
+                        return b""
                 fd = self._term_fd
-        return files.read_fence(fd, self.term_path)
+        return files.read_term_bytes(fd)
 
     def load_chain(self) -> chain.Chain:
         """List the segments, then read the fence: the chain as of now.
@@ -79,11 +86,15 @@ class Channel:
 
     def changed(self) -> asyncio.Event:
         """An event set at the next :meth:`notify` (take it before checking)."""
+        self._watched = True
         return self._changed
 
     def notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Set the event readers took (a new one is made only if one was taken)."""
+        if self._watched:
+            self._watched = False
+            self._changed.set()
+            self._changed = asyncio.Event()
 
     def close(self) -> None:
         with self._lock:

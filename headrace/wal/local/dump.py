@@ -57,7 +57,9 @@ def _dump_segment(link: Link, marker: int) -> Iterator[DumpRow]:
     try:
         pos, lsn = HEADER_SIZE, link.base_lsn
         while True:
-            parsed = scan.read_chunk(fd, pos, lsn, link.limit, scan.ALL)
+            parsed = scan.read_chunk(
+                fd, pos, lsn, link.limit, scan.ALL, checksum=link.header.checksum
+            )
             for record in parsed.records():
                 if record.id.sort_key()[0] >= marker:
                     yield _row(str(record.id), record.data, link.name.term)
@@ -67,7 +69,7 @@ def _dump_segment(link: Link, marker: int) -> Iterator[DumpRow]:
             if link.limit is not None and pos != link.limit:
                 raise scan.strict_failure(link, parsed)
             if link.limit is None and parsed.stop is Stop.BAD:
-                scan.check_bad_tail(fd, link.path, pos, lsn)
+                scan.check_bad_tail(fd, link, pos, lsn)
             return
     finally:
         os.close(fd)

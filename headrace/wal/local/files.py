@@ -97,9 +97,15 @@ def open_term_file(directory: str, *, write: bool) -> int:
     return fd
 
 
+def read_term_bytes(fd: int) -> bytes:
+    """The bytes of the term file (one more than an identity takes, to see
+    trailing garbage)."""
+    return os.pread(fd, fence.ENCODED_SIZE + 1, 0)
+
+
 def read_fence(fd: int, path: str) -> fence.Fence:
     """The writer identity stored in the term file."""
-    return fence.decode(os.pread(fd, fence.ENCODED_SIZE + 1, 0), path)
+    return fence.decode(read_term_bytes(fd), path)
 
 
 LOCK_WAIT = 5.0
@@ -301,3 +307,29 @@ def write_all(fd: int, data: bytes, offset: int) -> None:
         written = os.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
+
+
+def _iov_max() -> int:
+    """Most buffers one ``pwritev`` takes here (POSIX guarantees 16)."""
+    if "SC_IOV_MAX" not in getattr(os, "sysconf_names", {}):
+        return 16
+    return max(16, os.sysconf("SC_IOV_MAX"))
+
+
+IOV_MAX = _iov_max()
+_PWRITEV = getattr(os, "pwritev", None)
+
+
+def write_parts(fd: int, parts: list[bytes], size: int, offset: int) -> None:
+    """Write the concatenation of ``parts`` (``size`` bytes) at ``offset``.
+
+    One ``pwritev`` of the parts as they are, without copying them into one
+    buffer, when the platform has it and they fit one call; otherwise (and to
+    continue a short write) the bytes are joined and written with ``pwrite``.
+    """
+    if _PWRITEV is None or len(parts) > IOV_MAX:
+        write_all(fd, b"".join(parts), offset)
+        return
+    written = _PWRITEV(fd, parts, offset)
+    if written < size:
+        write_all(fd, b"".join(parts)[written:], offset + written)

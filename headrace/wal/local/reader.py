@@ -187,7 +187,9 @@ class LocalReader(BackendReader):
     def _read_bounded(self, link: Link) -> RecordBlock | None:
         """Records of a segment with a known end; None once it is exhausted."""
         while self._pos < (link.limit or 0):
-            parsed = scan.read_chunk(self._fd, self._pos, self._lsn, link.limit, scan.ALL)
+            parsed = scan.read_chunk(
+                self._fd, self._pos, self._lsn, link.limit, scan.ALL, checksum=link.header.checksum
+            )
             if not parsed.n_records:
                 raise scan.strict_failure(link, parsed)
             block = self._deliver(parsed)
@@ -219,16 +221,20 @@ class LocalReader(BackendReader):
         """Records of the head (None if none); whether the chain should be re-read."""
         active = self._channel.active
         if active is not None and active[0] == link.name:
-            parsed = scan.read_chunk(self._fd, self._pos, self._lsn, active[1], scan.ALL)
+            parsed = scan.read_chunk(
+                self._fd, self._pos, self._lsn, active[1], scan.ALL, checksum=link.header.checksum
+            )
             if not parsed.n_records and parsed.pos < active[1]:
                 raise scan.strict_failure(link, parsed)
             return self._deliver(parsed), False
-        parsed = scan.read_chunk(self._fd, self._pos, self._lsn, None, scan.ALL)
+        parsed = scan.read_chunk(
+            self._fd, self._pos, self._lsn, None, scan.ALL, checksum=link.header.checksum
+        )
         if parsed.n_records:
             if self._channel.fence() <= link.header.fence:
                 return self._deliver(parsed), False
         elif parsed.stop is Stop.BAD:
-            scan.check_bad_tail(self._fd, link.path, parsed.pos, parsed.lsn)
+            scan.check_bad_tail(self._fd, link, parsed.pos, parsed.lsn)
         return None, True
 
     def _lost(self, chain: Chain, link: Link) -> errors.HeadraceError:

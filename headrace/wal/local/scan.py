@@ -9,7 +9,7 @@ from headrace import errors
 from headrace.wal.contract import Record
 from headrace.wal.local import segment
 from headrace.wal.local.chain import Chain, Link
-from headrace.wal.local.segment import FRAME, HEADER_SIZE, Parsed, Stop
+from headrace.wal.local.segment import FRAME, HEADER_SIZE, Checksum, Parsed, Stop
 
 CHUNK_BYTES = 2 * 1024 * 1024
 ALL = 1 << 62
@@ -17,9 +17,17 @@ ALL = 1 << 62
 
 
 def read_chunk(
-    fd: int, pos: int, lsn: int, end: int | None, max_records: int, *, with_bounds: bool = True
+    fd: int,
+    pos: int,
+    lsn: int,
+    end: int | None,
+    max_records: int,
+    *,
+    checksum: Checksum,
+    with_bounds: bool = True,
 ) -> Parsed:
-    """Parse the frames of one chunk starting at byte ``pos`` of the file.
+    """Parse the frames of one chunk starting at byte ``pos`` of the file
+    (a segment whose frames carry ``checksum``).
 
     ``end`` bounds the read (None: to the end of the file). The result's
     ``pos`` is a file position; its record bounds index its ``data``. An
@@ -30,12 +38,14 @@ def read_chunk(
     if want <= 0:
         return Parsed(b"", [], lsn, pos, lsn, Stop.END, 0)
     data = os.pread(fd, want, pos)
-    parsed = segment.parse_records(data, 0, len(data), lsn, max_records, with_bounds=with_bounds)
+    parsed = segment.parse_records(
+        data, 0, len(data), lsn, max_records, checksum=checksum, with_bounds=with_bounds
+    )
     if parsed.stop is Stop.PARTIAL and parsed.pos == 0 and len(data) == want < parsed.need:
         want = parsed.need if end is None else min(parsed.need, end - pos)
         data = os.pread(fd, want, pos)
         parsed = segment.parse_records(
-            data, 0, len(data), lsn, max_records, with_bounds=with_bounds
+            data, 0, len(data), lsn, max_records, checksum=checksum, with_bounds=with_bounds
         )
     return parsed._replace(pos=pos + parsed.pos)
 
@@ -50,13 +60,13 @@ def corrupt_frame(path: str, pos: int, lsn: int, why: str) -> errors.CorruptData
     )
 
 
-def check_bad_tail(fd: int, path: str, pos: int, lsn: int) -> None:
+def check_bad_tail(fd: int, link: Link, pos: int, lsn: int) -> None:
     """A bad frame at ``pos`` is a torn tail unless valid records follow it."""
-    if valid_records_follow(fd, pos, lsn):
-        raise corrupt_frame(path, pos, lsn, "CRC or LSN mismatch, valid records follow")
+    if valid_records_follow(fd, link, pos, lsn):
+        raise corrupt_frame(link.path, pos, lsn, "CRC or LSN mismatch, valid records follow")
 
 
-def valid_records_follow(fd: int, pos: int, lsn: int) -> bool:
+def valid_records_follow(fd: int, link: Link, pos: int, lsn: int) -> bool:
     """Whether a valid record ``lsn + 1`` lies behind the bad frame at ``pos``
     (damage in the middle of the log, not a torn tail)."""
     chunks, offset = [], pos
@@ -65,11 +75,12 @@ def valid_records_follow(fd: int, pos: int, lsn: int) -> bool:
         offset += len(chunk)
     rest = b"".join(chunks)
     view = memoryview(rest)
+    checksum = link.header.checksum
     if len(rest) >= FRAME.size:
         length = FRAME.unpack_from(view, 0)[0]
-        if segment.frame_valid_at(view, FRAME.size + length, lsn + 1):
+        if segment.frame_valid_at(view, FRAME.size + length, lsn + 1, checksum):
             return True
-    return segment.find_valid_frame(rest, 0, lsn + 1) is not None
+    return segment.find_valid_frame(rest, 0, lsn + 1, checksum) is not None
 
 
 def find_damage(fd: int, link: Link) -> tuple[int, int] | None:
@@ -78,13 +89,15 @@ def find_damage(fd: int, link: Link) -> tuple[int, int] | None:
     the head may end in a torn tail (cut away when a writer opens)."""
     pos, lsn = HEADER_SIZE, link.base_lsn
     while True:
-        parsed = read_chunk(fd, pos, lsn, link.limit, ALL, with_bounds=False)
+        parsed = read_chunk(
+            fd, pos, lsn, link.limit, ALL, checksum=link.header.checksum, with_bounds=False
+        )
         if parsed.lsn > lsn:
             pos, lsn = parsed.pos, parsed.lsn
             continue
         if link.limit is not None:
             return None if pos == link.limit else (pos, lsn)
-        if parsed.stop is Stop.BAD and valid_records_follow(fd, pos, lsn):
+        if parsed.stop is Stop.BAD and valid_records_follow(fd, link, pos, lsn):
             return pos, lsn
         return None
 
@@ -120,7 +133,9 @@ def scan_end(fd: int, link: Link, start: tuple[int, int] | None = None) -> tuple
     """
     pos, lsn = start if start is not None else (HEADER_SIZE, link.base_lsn)
     while True:
-        parsed = read_chunk(fd, pos, lsn, link.limit, ALL, with_bounds=False)
+        parsed = read_chunk(
+            fd, pos, lsn, link.limit, ALL, checksum=link.header.checksum, with_bounds=False
+        )
         if parsed.lsn > lsn:
             pos, lsn = parsed.pos, parsed.lsn
             continue
@@ -129,7 +144,7 @@ def scan_end(fd: int, link: Link, start: tuple[int, int] | None = None) -> tuple
                 return pos, lsn
             raise strict_failure(link, parsed)
         if parsed.stop is Stop.BAD:
-            check_bad_tail(fd, link.path, pos, lsn)
+            check_bad_tail(fd, link, pos, lsn)
         return pos, lsn
 
 
@@ -155,7 +170,9 @@ def read_record(fd: int, link: Link, target: int) -> Record:
     """Record ``target`` of the segment, which is known to hold it."""
     pos, lsn = skip_to(fd, link, target)
     while True:
-        parsed = read_chunk(fd, pos, lsn, link.limit, target - lsn + 1)
+        parsed = read_chunk(
+            fd, pos, lsn, link.limit, target - lsn + 1, checksum=link.header.checksum
+        )
         if not parsed.n_records:
             raise strict_failure(link, parsed)
         if parsed.lsn > target:

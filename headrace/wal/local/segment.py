@@ -6,7 +6,7 @@ A segment file ``<base_lsn:020d>-<term:010d>-<seq:04d>.seg`` starts with a
 64-byte header (little endian)::
 
     0   8  magic b"HRWALSEG"
-    8   2  format version (2; 1 is still read)
+    8   2  format version (3; 1 and 2 are still read)
     10  2  flags (bit 0: the segment has a predecessor)
     12  8  term of the writer that created it
     20  8  base LSN (LSN of its first record)
@@ -22,9 +22,14 @@ A segment file ``<base_lsn:020d>-<term:010d>-<seq:04d>.seg`` starts with a
 followed by record frames::
 
     0   4  body length N
-    4   4  CRC-32 over bytes 8 .. 16+N (the LSN and the body)
+    4   4  checksum over bytes 8 .. 16+N (the LSN and the body)
     8   8  LSN
     16  N  body
+
+The checksum is CRC-32C (Castagnoli, computed in hardware) in format 3
+segments and CRC-32 (``zlib``) in formats 1 and 2; the header's own CRC is
+CRC-32 in every format. A writer writes its segments in the current format;
+a log may hold segments of several formats.
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ import enum
 import re
 import struct
 import zlib
+from collections.abc import Callable
 from typing import NamedTuple
+
+import crc32c
 
 from headrace import errors
 from headrace.message.ids import MessageID
@@ -43,8 +51,8 @@ from headrace.wal.local.fence import Fence
 from headrace.wal.local.message_id import LocalMessageID
 
 MAGIC = b"HRWALSEG"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 _HEADER = struct.Struct("<8sHHQQIQQIQ")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _CRC.size  # 64
@@ -53,6 +61,17 @@ FRAME = struct.Struct("<IIQ")
 FRAME_SIZE = FRAME.size  # 16
 MAX_RECORD_BYTES = 256 * 1024 * 1024
 """Largest record body a frame may carry (the framework's limit is far lower)."""
+
+Checksum = Callable[[bytes | memoryview, int], int]
+"""A frame checksum: ``checksum(data, value)`` continues ``value`` over ``data``."""
+
+
+def frame_checksum(version: int) -> Checksum:
+    """The checksum of the frames of a segment of format ``version``."""
+    if version >= 3:
+        return crc32c.crc32c
+    return zlib.crc32
+
 
 _NAME = re.compile(r"^(\d{20})-(\d{10,})-(\d{4,})\.seg$")
 _LSN = struct.Struct("<Q")
@@ -93,6 +112,11 @@ class SegmentHeader:
         """Order in which segments take over the log: by the identity of their
         writer, then position (a writer's own segments by LSN)."""
         return (*self.fence, self.name.base_lsn, self.name.seq)
+
+    @property
+    def checksum(self) -> Checksum:
+        """The checksum of this segment's frames."""
+        return frame_checksum(self.version)
 
 
 def encode_header(header: SegmentHeader) -> bytes:
@@ -139,15 +163,22 @@ def decode_header(data: bytes, path: str) -> SegmentHeader:
     return SegmentHeader(SegmentName(base, term, seq), prev, prev_len, version)
 
 
-def encode_frames(first_lsn: int, records: list[bytes]) -> bytes:
-    """Frames of ``records`` with consecutive LSNs from ``first_lsn``."""
+def frame_parts(first_lsn: int, records: list[bytes], version: int = FORMAT_VERSION) -> list[bytes]:
+    """Frames of ``records`` with consecutive LSNs from ``first_lsn`` in a
+    segment of format ``version``: each frame header followed by its body
+    (the bodies are not copied)."""
     parts: list[bytes] = []
-    crc32, pack_lsn, pack_frame = zlib.crc32, _LSN.pack, FRAME.pack
+    add, pack_lsn, pack_frame = parts.append, _LSN.pack, FRAME.pack
+    checksum = frame_checksum(version)
     for lsn, body in enumerate(records, first_lsn):
-        crc = crc32(body, crc32(pack_lsn(lsn)))
-        parts.append(pack_frame(len(body), crc, lsn))
-        parts.append(body)
-    return b"".join(parts)
+        add(pack_frame(len(body), checksum(body, checksum(pack_lsn(lsn), 0)), lsn))
+        add(body)
+    return parts
+
+
+def encode_frames(first_lsn: int, records: list[bytes], version: int = FORMAT_VERSION) -> bytes:
+    """:func:`frame_parts` joined."""
+    return b"".join(frame_parts(first_lsn, records, version))
 
 
 class Stop(enum.Enum):
@@ -203,18 +234,26 @@ def lsn_ids(first: int, count: int) -> list[MessageID]:
 
 
 def parse_records(
-    data: bytes, pos: int, end: int, lsn: int, max_records: int, *, with_bounds: bool = True
+    data: bytes,
+    pos: int,
+    end: int,
+    lsn: int,
+    max_records: int,
+    *,
+    checksum: Checksum,
+    with_bounds: bool = True,
 ) -> Parsed:
-    """Parse frames in ``data[pos:end]`` whose LSNs continue from ``lsn``.
+    """Parse frames in ``data[pos:end]`` whose LSNs continue from ``lsn``,
+    checked with the segment's ``checksum``.
 
     With ``with_bounds=False`` frames are checked but their bounds are not
     kept (recovery scans). This is the hot loop of every scan: one
-    ``unpack`` and one CRC per frame, no object per record.
+    ``unpack`` and one checksum per frame, no object per record.
     """
     bounds: list[int] = []
     add = bounds.append
     view = memoryview(data)
-    unpack, crc32 = FRAME.unpack_from, zlib.crc32
+    unpack = FRAME.unpack_from
     first = lsn
     last = lsn + max_records
     while pos < end:
@@ -228,7 +267,7 @@ def parse_records(
         stop = pos + FRAME_SIZE + length
         if stop > end:
             return Parsed(data, bounds, first, pos, lsn, Stop.PARTIAL, FRAME_SIZE + length)
-        if crc32(view[pos + 8 : stop]) != crc:
+        if checksum(view[pos + 8 : stop], 0) != crc:
             return Parsed(data, bounds, first, pos, lsn, Stop.BAD, 0)
         if with_bounds:
             add(pos + FRAME_SIZE)
@@ -238,18 +277,18 @@ def parse_records(
     return Parsed(data, bounds, first, pos, lsn, Stop.END, 0)
 
 
-def frame_valid_at(view: memoryview, pos: int, lsn: int) -> bool:
-    """Whether a complete frame with LSN ``lsn`` and a good CRC starts at ``pos``."""
+def frame_valid_at(view: memoryview, pos: int, lsn: int, checksum: Checksum) -> bool:
+    """Whether a complete frame with LSN ``lsn`` and a good checksum starts at ``pos``."""
     if pos < 0 or len(view) - pos < FRAME_SIZE:
         return False
     length, crc, frame_lsn = FRAME.unpack_from(view, pos)
     stop = pos + FRAME_SIZE + length
     if frame_lsn != lsn or length > MAX_RECORD_BYTES or stop > len(view):
         return False
-    return bool(zlib.crc32(view[pos + 8 : stop]) == crc)
+    return bool(checksum(view[pos + 8 : stop], 0) == crc)
 
 
-def find_valid_frame(data: bytes, pos: int, lsn: int) -> int | None:
+def find_valid_frame(data: bytes, pos: int, lsn: int, checksum: Checksum) -> int | None:
     """Offset of a valid frame with LSN ``lsn`` at or after ``pos``, if any.
 
     Used behind a bad frame: the frame that follows it is found by its LSN
@@ -262,7 +301,7 @@ def find_valid_frame(data: bytes, pos: int, lsn: int) -> int | None:
         hit = data.find(needle, start)
         if hit < 0:
             return None
-        if frame_valid_at(view, hit - 8, lsn):
+        if frame_valid_at(view, hit - 8, lsn, checksum):
             return hit - 8
         start = hit + 1
 

@@ -81,4 +81,4 @@ class SpaceGuard:
                 "metastore and logs; nothing of this write was acknowledged, acknowledged "
                 "records are intact; free space and retry"
             )
-        self._last = dataclasses.replace(last, free=last.free - size)
+        self._last = Reading(last.free - size, last.reserve, last.at)

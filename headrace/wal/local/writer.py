@@ -1,13 +1,16 @@
 """The local WAL writer: group commit, segment rolling and fencing checks.
 
 Concurrent ``append`` calls queue up; when no write is in flight, everything
-queued goes to the writer's own I/O thread at once, which writes it with one
-``pwrite``, syncs once (``fdatasync``: the file's new size is synced with the
-data) and then re-reads the term file through a descriptor it keeps. Only if
-it still holds the writer's own identity (term and epoch, see :mod:`.fence`)
-are the callers acknowledged: a new owner, even one of the same term, stores
-its identity before measuring the log, so every acknowledged byte lies below
-what it measured. The next queued write starts as the previous one is answered.
+queued goes to the writer's own I/O thread at once (one wake-up of the thread
+and one of the event loop per write, whatever the number of calls), which
+writes the frame headers and the records as they are with one ``pwritev`` (no
+copy into one buffer), syncs once (``O_DSYNC``, or ``fdatasync``: the file's
+new size is synced with the data) and then re-reads the term file through a
+descriptor it keeps, comparing its bytes with the writer's own identity (term
+and epoch, see :mod:`.fence`). Only if it still holds that identity are the
+callers acknowledged: a new owner, even one of the same term, stores its
+identity before measuring the log, so every acknowledged byte lies below what
+it measured. The next queued write starts as the previous one is answered.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from headrace import errors
 from headrace.message.ids import MessageID
@@ -53,6 +57,8 @@ class OpenSegment:
     fd: int
     length: int
     next_lsn: int
+    path: str
+    """The segment file's path (for messages)."""
 
 
 BATCH_BYTES = 8 * 1024 * 1024
@@ -64,7 +70,18 @@ _Announced = tuple[int, list[MessageID]]
 """Ids announced for a call: its first LSN and the ids."""
 _Pending = tuple[list[bytes], _Future, _OnDone, _Announced | None]
 """Records of one call, its future and callback, and the ids announced for it."""
-_Done = Callable[[int, BaseException | None], None]
+
+
+class _Write(NamedTuple):
+    """One write for the I/O thread: the frames of the calls in ``batch``."""
+
+    parts: list[bytes]
+    """Frame headers and record bodies, in order (see :func:`segment.frame_parts`)."""
+    size: int
+    """Bytes of ``parts``."""
+    records: int
+    """Records written."""
+    batch: list[_Pending]
 
 
 class _IOThread:
@@ -74,31 +91,24 @@ class _IOThread:
     (``asyncio.to_thread``), and the writes of one pchannel never overlap.
     """
 
-    def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], int], _Done] | None] = queue.SimpleQueue()
+    def __init__(self, name: str, run: Callable[[_Write], None]) -> None:
+        self._jobs: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        self._run_write = run
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, job: Callable[[], int], done: _Done) -> None:
-        """Run ``job`` in the thread; then ``done(result, error)`` (in the thread)."""
-        self._jobs.put((job, done))
+    def submit(self, write: _Write) -> None:
+        """Run the writer's ``run(write)`` in the thread."""
+        self._jobs.put(write)
 
     def stop(self) -> None:
-        """End the thread once the jobs submitted before are done."""
+        """End the thread once the writes submitted before are done."""
         self._jobs.put(None)
 
     def _run(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            job, done = item
-            try:
-                result = job()
-            except BaseException as exc:
-                done(0, exc)
-            else:
-                done(result, None)
+        get, run = self._jobs.get, self._run_write
+        while (write := get()) is not None:
+            run(write)
 
 
 class LocalWriter(BackendWriter):
@@ -114,9 +124,15 @@ class LocalWriter(BackendWriter):
         self.fence = identity
         """This writer's identity; it acknowledges only while the term file holds it."""
         self.term = identity.term
+        self._identity = fence.encode(identity)
+        """The term file's bytes while this writer holds it."""
         self._channel = channel
         self._segment = current
         self._settings = settings
+        self._interval = settings.fsync == "interval"
+        """Appends wait for the next periodic sync (see :class:`WriterSettings`)."""
+        self._sync_after_write = not settings.sync_writes
+        """Writes are followed by ``fdatasync`` (the segment is not opened with O_DSYNC)."""
         self._on_close = on_close
         self._queue: list[_Pending] = []
         self._busy = False
@@ -204,7 +220,7 @@ class LocalWriter(BackendWriter):
         """Start the next write of what is queued (on the event loop)."""
         loop = self._loop
         assert loop is not None
-        if self._settings.fsync == "interval":
+        if self._interval:
             delay = self._last_sync + self._settings.fsync_interval - loop.time()
             if delay > 0:
                 # Appends wait for the next periodic sync and share it.
@@ -214,9 +230,7 @@ class LocalWriter(BackendWriter):
         self._dispatch_now()
 
     def _dispatch_now(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        batch = self._take_batch()
+        batch, size = self._take_batch()
         if not batch:
             self._busy = False
             self._set_idle()
@@ -225,15 +239,21 @@ class LocalWriter(BackendWriter):
         bodies = batch[0][0] if len(batch) == 1 else [b for data, _, _, _ in batch for b in data]
         # Framed here, so the I/O thread holds the GIL only around its system
         # calls. Only one write is in flight: the next LSN is settled.
-        frames = segment.encode_frames(self._segment.next_lsn, bodies)
+        parts = segment.frame_parts(self._segment.next_lsn, bodies)
         if self._io is None:
-            self._io = _IOThread(f"wal-writer-{self.pchannel}")
+            self._io = _IOThread(f"wal-writer-{self.pchannel}", self._run_write)
+        self._io.submit(_Write(parts, size + segment.FRAME_SIZE * len(bodies), len(bodies), batch))
 
-        def done(first: int, error: BaseException | None) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
-                loop.call_soon_threadsafe(self._completed, batch, first, error)
-
-        self._io.submit(lambda: self._write(frames, len(bodies)), done)
+    def _run_write(self, write: _Write) -> None:
+        """Write, then hand the outcome to the event loop (in the I/O thread)."""
+        loop = self._loop
+        assert loop is not None
+        try:
+            first, error = self._write(write), None
+        except BaseException as exc:
+            first, error = 0, exc
+        with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
+            loop.call_soon_threadsafe(self._completed, write.batch, first, error)
 
     def _completed(self, batch: list[_Pending], first: int, error: BaseException | None) -> None:
         """Answer the callers of a finished write and start the next (on the event loop)."""
@@ -252,7 +272,8 @@ class LocalWriter(BackendWriter):
                     if on_done is not None:
                         answered.append((future, on_done))
         else:
-            self._last_sync = loop.time()
+            if self._interval:
+                self._last_sync = loop.time()
             current = self._segment
             self._publish(current.name, current.length, current.next_lsn)
             lsn = first
@@ -297,8 +318,9 @@ class LocalWriter(BackendWriter):
                 continue
             await asyncio.shield(self._idle)
 
-    def _take_batch(self) -> list[_Pending]:
-        """Queued calls for one write: all of them, up to about BATCH_BYTES."""
+    def _take_batch(self) -> tuple[list[_Pending], int]:
+        """Queued calls for one write: all of them, up to about BATCH_BYTES,
+        and the bytes of their records."""
         size, count = 0, 0
         for data, _, _, _ in self._queue:
             if count and size >= BATCH_BYTES:
@@ -306,9 +328,11 @@ class LocalWriter(BackendWriter):
             size += sum(map(len, data))
             count += 1
         batch, self._queue = self._queue[:count], self._queue[count:]
-        return batch
+        return batch, size
 
     def _check_fence(self) -> None:
+        if self._channel.term_bytes() == self._identity:
+            return
         stored = self._channel.fence()
         if stored != self.fence:
             self._fail(
@@ -322,29 +346,29 @@ class LocalWriter(BackendWriter):
         self._unpublish()
         raise failure
 
-    def _write(self, frames: bytes, count: int) -> int:
-        """Write ``count`` framed records, sync, check the fence; the first LSN (blocking)."""
+    def _write(self, write: _Write) -> int:
+        """Write framed records, sync, check the fence; the first LSN (blocking)."""
         if self._failure is not None:
             raise self._failure.with_traceback(None)
         current = self._segment
         if current.length >= self._settings.segment_bytes:
             current = self._roll()
-        path = os.path.join(self._channel.directory, current.name.filename)
         try:
-            self._space.check(len(frames), path)
-            files.write_all(current.fd, frames, current.length)
-            if not self._settings.sync_writes:
+            self._space.check(write.size, current.path)
+            files.write_parts(current.fd, write.parts, write.size, current.length)
+            if self._sync_after_write:
                 files.sync_data(current.fd)
         except OSError as exc:
-            self._cut_back(current, path, exc)
+            self._cut_back(current, exc)
         self._check_fence()
         first = current.next_lsn
-        current.length += len(frames)
-        current.next_lsn += count
+        current.length += write.size
+        current.next_lsn += write.records
         return first
 
-    def _cut_back(self, current: OpenSegment, path: str, exc: OSError) -> None:
+    def _cut_back(self, current: OpenSegment, exc: OSError) -> None:
         """After a failed write: cut the file back to what was acknowledged."""
+        path = current.path
         failure = files.storage_error(exc, f"appending to {path}")
         self._check_fence()
         try:
@@ -379,7 +403,9 @@ class LocalWriter(BackendWriter):
         except OSError as exc:
             self._publish(old.name, old.length, old.next_lsn)
             raise files.storage_error(exc, f"creating a segment in {directory}") from None
-        new = OpenSegment(name, fd, segment.HEADER_SIZE, old.next_lsn)
+        new = OpenSegment(
+            name, fd, segment.HEADER_SIZE, old.next_lsn, os.path.join(directory, name.filename)
+        )
         try:
             # A fenced writer leaves its new, empty segment in place: a new owner
             # may already have chained to it, and it holds no records. Its
