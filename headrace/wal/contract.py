@@ -200,6 +200,17 @@ class Backend(abc.ABC):
     async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
         """Fence lower terms and return the writer for ``term``."""
 
+    async def open_writer_for(self, pchannel: str, term: int, message_format: int) -> BackendWriter:
+        """:meth:`open_writer` for a WAL that writes ``message_format``.
+
+        A backend whose own storage format changes with a release overrides
+        this to write its newer storage format only once the cluster writes a
+        message format that every release reading it can read too: until the
+        cluster's format switch, a rollback to the previous release reads
+        everything written."""
+        del message_format
+        return await self.open_writer(pchannel, term)
+
     @abc.abstractmethod
     async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader: ...
 

@@ -313,7 +313,7 @@ class WAL:
         collections: CollectionHooks | None,
         scheduler: TickScheduler | None,
     ) -> WAL:
-        writer = await backend.open_writer(pchannel, term)
+        writer = await backend.open_writer_for(pchannel, term, options.message_format)
         wal: WAL | None = None
         try:
             last_record = await backend.last_record(pchannel)

@@ -17,7 +17,10 @@ import crc32c
 import pytest
 
 from headrace import errors
+from headrace.message.types import Message, MessageType
+from headrace.tso import LocalTSO
 from headrace.wal.contract import StartPosition
+from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.local import LocalBackend, LocalMessageID, fence, files, segment
 from headrace.wal.local.dump import iter_dump
 from headrace.wal.local.fence import Fence
@@ -192,3 +195,42 @@ def test_every_readable_format_has_a_checksum_and_newer_formats_are_refused() ->
     header = segment.encode_header(SegmentHeader(SegmentName(0, 1, 1), None, 0, version=4))
     with pytest.raises(errors.CorruptData, match="version 4 is not supported"):
         segment.decode_header(header, "x.seg")
+
+
+def segment_versions(root: Path) -> list[int]:
+    """The format of every segment of ``P``, oldest first."""
+    return [
+        struct.unpack_from("<H", path.read_bytes(), 8)[0]
+        for path in sorted((root / P).glob("*.seg"))
+    ]
+
+
+@pytest.mark.parametrize(("message_format", "expected"), [(1, 2), (2, 3)])
+async def test_a_wal_starts_segment_format_3_only_once_it_writes_record_batches(
+    tmp_path: Path, message_format: int, expected: int
+) -> None:
+    """Until the cluster's format switch (message format 1), the segments written
+    are of format 2, which the previous release reads, so a rollback reads them;
+    rolled segments keep their writer's format."""
+    backend = LocalBackend(str(tmp_path), segment_bytes=4096)
+    options = WALOptions(message_format=message_format, timetick_interval_ms=1000)
+    wal = await WAL.open(backend, P, 1, tso=LocalTSO(), options=options)
+    for i in range(8):
+        await wal.append(Message(MessageType.INSERT, "v", b"x" * 1000 + bytes([i]), {}))
+    await wal.close()
+    await backend.close()
+    versions = segment_versions(tmp_path)
+    assert len(versions) > 2
+    assert set(versions) == {expected}
+    reread = LocalBackend(str(tmp_path))
+    reader = await reread.open_reader(P, StartPosition.earliest())
+    stored = b""
+    while batch := await reader.next_batch(timeout=0.05):
+        stored += b"".join(bytes(record.data) for record in batch)
+    await reread.close()
+    assert all(b"x" * 1000 + bytes([i]) in stored for i in range(8))
+
+
+def test_segment_format_follows_the_message_format() -> None:
+    assert segment.version_for(1) == segment.PREVIOUS_VERSION == 2
+    assert segment.version_for(2) == segment.FORMAT_VERSION == 3

@@ -28,7 +28,7 @@ from headrace.wal.contract import (
     StartKind,
     StartPosition,
 )
-from headrace.wal.local import fence, files, scan
+from headrace.wal.local import fence, files, scan, segment
 from headrace.wal.local.chain import Chain
 from headrace.wal.local.channel import Channel
 from headrace.wal.local.fence import Fence
@@ -162,6 +162,13 @@ class LocalBackend(Backend):
         return channel
 
     async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
+        return await self._open_writer_in(pchannel, term, segment.FORMAT_VERSION)
+
+    async def open_writer_for(self, pchannel: str, term: int, message_format: int) -> BackendWriter:
+        return await self._open_writer_in(pchannel, term, segment.version_for(message_format))
+
+    async def _open_writer_in(self, pchannel: str, term: int, version: int) -> BackendWriter:
+        """Open the writer of ``term``; its segments are of format ``version``."""
         if isinstance(term, bool) or not isinstance(term, int) or not 0 <= term < 1 << 63:
             raise errors.InvalidArgument(f"term must be a non-negative integer, got {term!r}")
         channel = self._channel(pchannel)
@@ -169,7 +176,7 @@ class LocalBackend(Backend):
             if pchannel not in self._locks:
                 self._locks[pchannel] = await _blocking(self._lock_directory, channel)
             try:
-                return await self._open_writer(channel, term)
+                return await self._open_writer(channel, term, version)
             finally:
                 if pchannel not in self._writers:
                     os.close(self._locks.pop(pchannel))
@@ -181,7 +188,7 @@ class LocalBackend(Backend):
         assert fd is not None  # a shared lock is waited for
         return fd
 
-    async def _open_writer(self, channel: Channel, term: int) -> LocalWriter:
+    async def _open_writer(self, channel: Channel, term: int, version: int) -> LocalWriter:
         pchannel = channel.pchannel
         # Damage is found before the fence is claimed: a refused writer must
         # not leave an identity behind whose segment never comes, which would
@@ -195,7 +202,7 @@ class LocalBackend(Backend):
                     pchannel, previous.fence, claimed, "a writer of this process replaced it"
                 )
             )
-        current = await _blocking(self._start_segment, channel, claimed, checked)
+        current = await _blocking(self._start_segment, channel, claimed, version, checked)
         writer = LocalWriter(channel, claimed, current, self._writer_settings, self._writer_closed)
         self._writers[pchannel] = writer
         return writer
@@ -234,9 +241,10 @@ class LocalBackend(Backend):
             os.close(fd)
 
     def _start_segment(
-        self, channel: Channel, claimed: Fence, checked: _Checked | None = None
+        self, channel: Channel, claimed: Fence, version: int, checked: _Checked | None = None
     ) -> OpenSegment:
-        """Measure the newest segment and start the next one (blocking).
+        """Measure the newest segment and start the next one, of format ``version``
+        (blocking).
 
         ``checked``: how far the newest segment was found valid before the
         fence was claimed; measuring goes on from there.
@@ -265,7 +273,7 @@ class LocalBackend(Backend):
         name = SegmentName(base, claimed.term, claimed.epoch)
         fd = files.create_segment(
             channel.directory,
-            SegmentHeader(name, prev, prev_len),
+            SegmentHeader(name, prev, prev_len, version),
             sync_writes=self._writer_settings.sync_writes,
         )
         stored = channel.fence()
@@ -275,7 +283,7 @@ class LocalBackend(Backend):
                 channel.pchannel, claimed, stored, "another open took over while it was opening"
             )
         return OpenSegment(
-            name, fd, HEADER_SIZE, base, os.path.join(channel.directory, name.filename)
+            name, fd, HEADER_SIZE, base, os.path.join(channel.directory, name.filename), version
         )
 
     async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:

@@ -66,6 +66,20 @@ Checksum = Callable[[bytes | memoryview, int], int]
 """A frame checksum: ``checksum(data, value)`` continues ``value`` over ``data``."""
 
 
+PREVIOUS_VERSION = 2
+"""The segment format the releases writing only message format 1 read and write."""
+
+
+def version_for(message_format: int) -> int:
+    """The segment format a writer of ``message_format`` starts (pure).
+
+    Format 3 only once the cluster writes record batches: the format switch
+    waits until every node's release reads message format 2, and every such
+    release reads segment format 3; before it, a rollback to the previous
+    release must read every segment written."""
+    return FORMAT_VERSION if message_format >= 2 else PREVIOUS_VERSION
+
+
 def frame_checksum(version: int) -> Checksum:
     """The checksum of the frames of a segment of format ``version``."""
     if version >= 3:

@@ -59,6 +59,8 @@ class OpenSegment:
     next_lsn: int
     path: str
     """The segment file's path (for messages)."""
+    version: int
+    """The segment's format (its frames' checksum); the writer's next segments keep it."""
 
 
 BATCH_BYTES = 8 * 1024 * 1024
@@ -239,7 +241,7 @@ class LocalWriter(BackendWriter):
         bodies = batch[0][0] if len(batch) == 1 else [b for data, _, _, _ in batch for b in data]
         # Framed here, so the I/O thread holds the GIL only around its system
         # calls. Only one write is in flight: the next LSN is settled.
-        parts = segment.frame_parts(self._segment.next_lsn, bodies)
+        parts = segment.frame_parts(self._segment.next_lsn, bodies, self._segment.version)
         if self._io is None:
             self._io = _IOThread(f"wal-writer-{self.pchannel}", self._run_write)
         self._io.submit(_Write(parts, size + segment.FRAME_SIZE * len(bodies), len(bodies), batch))
@@ -394,7 +396,7 @@ class LocalWriter(BackendWriter):
         try:
             fd = files.create_segment(
                 directory,
-                SegmentHeader(name, old.name, old.length),
+                SegmentHeader(name, old.name, old.length, old.version),
                 sync_writes=self._settings.sync_writes,
             )
         except errors.CorruptData:
@@ -404,7 +406,12 @@ class LocalWriter(BackendWriter):
             self._publish(old.name, old.length, old.next_lsn)
             raise files.storage_error(exc, f"creating a segment in {directory}") from None
         new = OpenSegment(
-            name, fd, segment.HEADER_SIZE, old.next_lsn, os.path.join(directory, name.filename)
+            name,
+            fd,
+            segment.HEADER_SIZE,
+            old.next_lsn,
+            os.path.join(directory, name.filename),
+            old.version,
         )
         try:
             # A fenced writer leaves its new, empty segment in place: a new owner
