@@ -141,7 +141,7 @@ def alone(msg: Message, ctx: AppendContext, max_bytes: int) -> bytes:
 def stamped_whole(part: BatchPart, base_timetick: int, term: int) -> tuple[bytes, BatchHeader]:
     """A producer's whole batch stamped (one copy): the bytes to store, its header."""
     assert part.data is not None
-    header = dataclasses.replace(part.header, base_timetick=base_timetick, term=term)
+    header = part.header.with_stamp(base_timetick, term)
     return batches.stamped(part.data, base_timetick, term), header
 
 
