@@ -82,6 +82,8 @@ assert _HEAD.size == HEADER_SIZE
 _RECORD = struct.Struct("<IBBHI")  # length, type, flags, reserved, properties length
 RECORD_HEADER_SIZE = _RECORD.size  # 12
 _FRAME = struct.Struct("<IB3xI")  # a record's length, type and properties length
+_LENGTH_TYPE = struct.Struct("<IB")
+_LENGTH = struct.Struct("<I")
 _UNIFORM_BYTES = (0, 1, 2, 3, 8, 9, 10, 11)
 """Bytes of a record header that every record of a uniform batch repeats."""
 _TYPES = {int(t): t for t in MessageType}
@@ -502,17 +504,44 @@ def messages(data: bytes, verified: BatchHeader | None = None) -> list[Message]:
 
 def record_types(data: bytes, verified: BatchHeader) -> list[MessageType]:
     """The message type of each record, in order, without decoding the records."""
-    out: list[MessageType] = []
-    unpack, types = _RECORD.unpack_from, _TYPES
-    pos = verified.records_at
-    try:
-        for _ in range(verified.count):
-            length, tcode, _flags, _res, _plen = unpack(data, pos)
-            out.append(types[tcode])
-            pos += 4 + length
-    except (struct.error, KeyError) as exc:
-        raise errors.CorruptData(f"batch records are malformed: {exc!r}") from None
-    return out
+    codes = type_codes(data, verified)
+    if codes.translate(None, _KNOWN_CODES):
+        unknown = codes.translate(None, _KNOWN_CODES)[0]
+        raise errors.CorruptData(f"batch records are malformed: unknown type code {unknown}")
+    types = _TYPES
+    return [types[code] for code in codes]
+
+
+def type_codes(data: bytes, verified: BatchHeader) -> bytes:
+    """The type code of each record, in order, read from the framing alone (a
+    header :func:`read_header` passed; CorruptData if the records run past the
+    batch): one strided slice when every record has the first one's length,
+    else one ``unpack`` per record."""
+    start, count, size = verified.records_at, verified.count, len(data)
+    end = verified.length
+    if end - start >= RECORD_HEADER_SIZE and end == size:
+        (length,) = _LENGTH.unpack_from(data, start)
+        stride = 4 + length
+        if stride >= RECORD_HEADER_SIZE and stride * count == end - start:
+            at = 0
+            while at < 4:
+                column = data[start + at : end : stride]
+                if column.count(column[0]) != count:
+                    break
+                at += 1
+            else:
+                return data[start + 4 : end : stride]
+    codes = bytearray()
+    add = codes.append
+    unpack = _LENGTH_TYPE.unpack_from
+    pos = start
+    for i in range(count):
+        if pos + RECORD_HEADER_SIZE > size:
+            raise errors.CorruptData(f"batch records are malformed: record {i} runs past the batch")
+        length, tcode = unpack(data, pos)
+        add(tcode)
+        pos += 4 + length
+    return bytes(codes)
 
 
 def _messages(data: bytes, header: BatchHeader) -> list[Message]:

@@ -240,6 +240,9 @@ def test_every_walk_of_the_records_agrees_with_the_checked_one(data: bytes, view
         assert str(caught.value) == want
     else:
         assert batch.outline(given_data) == (header, want)
+        shapes = batch.shapes(data, header)
+        assert batch.type_codes(data, header) == bytes(s.type_code for s in shapes)
+        assert batch.record_types(data, header) == [MessageType(s.type_code) for s in shapes]
 
 
 def test_equal_and_varied_records_take_the_fast_walks() -> None:
@@ -252,8 +255,27 @@ def test_equal_and_varied_records_take_the_fast_walks() -> None:
     assert batch._outline_uniform(equal, header) == batch.Outline(
         frozenset({int(MessageType.INSERT)}), int(MessageType.INSERT), 100, False
     )
+    assert batch.type_codes(equal, header) == bytes([MessageType.INSERT] * 5)
     header = batch.verify(varied)
     assert batch._outline_uniform(varied, header) is None
+    assert batch.type_codes(varied, header) == bytes([MessageType.DELETE] * 5)
     assert batch._outline_walk(varied, header) == batch.Outline(
         frozenset({int(MessageType.DELETE)}), int(MessageType.DELETE), 4, False
     )
+
+
+def test_type_codes_of_an_unverified_batch_refuse_records_past_its_end() -> None:
+    """Readers that skip the body check (read_header only) still get CorruptData,
+    never a struct error, for records that run past the batch or unknown types."""
+    data = bytearray(sample(3))
+    first = batch.HEADER_SIZE + 2
+    struct.pack_into("<I", data, first, 1_000)
+    header = batch.read_header(data)
+    with pytest.raises(errors.CorruptData, match="record 1 runs past the batch"):
+        batch.type_codes(bytes(data), header)
+    data = bytearray(sample(3))
+    data[first + 4] = 200
+    header = batch.read_header(data)
+    assert batch.type_codes(bytes(data), header)[0] == 200
+    with pytest.raises(errors.CorruptData, match="unknown type code 200"):
+        batch.record_types(bytes(data), header)
