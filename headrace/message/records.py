@@ -82,8 +82,7 @@ class BatchEntry:
         if header.base_timetick < keep.min_timetick:
             return False
         if keep.types:
-            kinds = keep.types
-            return all(t in kinds for t in batch.record_types(self.data, header))
+            return keep.types.issuperset(batch.type_codes(self.data, header))
         return True
 
 

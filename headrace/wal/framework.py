@@ -456,23 +456,28 @@ class WAL:
         check = self._validator.check_batch
         contexts: list[AppendContext] = []
         valid: list[AppendContext] = []
-        plain = True
+        plain = quiet = True
         for data in batches:
             checked = check(data)
             ctx = self._batch_context(data, checked)
             contexts.append(ctx)
             if ctx.error is None:
                 valid.append(ctx)
-                header = ctx.batch.header if ctx.batch is not None else None
-                plain = (
-                    plain
+                # Whole batches outside transactions touch no transaction and no
+                # segment: they make no chore due.
+                quiet = (
+                    quiet
                     and isinstance(checked, CheckedBatch)
                     and checked.whole
-                    and header is not None
-                    and not header.producer_id
-                    and not header.txn_id
+                    and not checked.header.txn_id
                 )
-        await self._run_chain(valid, plain=plain)
+                plain = (
+                    plain
+                    and quiet
+                    and isinstance(checked, CheckedBatch)
+                    and not checked.header.producer_id
+                )
+        await self._run_chain(valid, plain=plain, chores=not quiet)
         return [_batch_outcome(ctx) for ctx in contexts]
 
     def _batch_refusal(self) -> errors.HeadraceError | None:
@@ -505,9 +510,12 @@ class WAL:
             return AppendContext(msg, 0, error=outcome)
         return AppendContext(msg, outcome[0], batch=BatchPart(header))
 
-    async def _run_chain(self, valid: list[AppendContext], *, plain: bool) -> None:
+    async def _run_chain(
+        self, valid: list[AppendContext], *, plain: bool, chores: bool | None = None
+    ) -> None:
         """Pass ``valid`` through the interceptors (only the plain stages if
-        ``plain``) to the log."""
+        ``plain``) to the log; ``chores``: the appends may make a chore due (a
+        transaction or a segment; default: unless ``plain``)."""
         interceptors = self._interceptors
         chain = interceptors.plain_chain if plain else interceptors.chain
         self._inflight += 1
@@ -519,7 +527,7 @@ class WAL:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
-            if not plain:
+            if chores if chores is not None else not plain:
                 self._sync.attention()  # a transaction or segment may have a chore due
         if self._appender.failure is not None:
             self._mark_failed()

@@ -155,10 +155,14 @@ class OpaqueSpan:
 
     def merge(self, other: OpaqueSpan) -> OpaqueSpan:
         """A span covering both (conservative: the younger timetick, more bytes)."""
-        first = None if self.first is None or other.first is None else min(self.first, other.first)
+        # One comparison per id, not min()/max(): ids order through __lt__ alone
+        # (one span is merged per acknowledged append).
+        mine, theirs = self.first, other.first
+        first = None if mine is None or theirs is None else theirs if theirs < mine else mine
+        last = other.last if self.last < other.last else self.last
         return OpaqueSpan(
             first,
-            max(self.last, other.last),
+            last,
             max(self.timetick, other.timetick),
             max(self.bytes, other.bytes),
         )

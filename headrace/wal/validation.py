@@ -262,11 +262,11 @@ class Validator:
         codes = outline.type_codes
         if (
             not outline.with_properties
-            and not codes & _SYSTEM_CODES
+            and codes.isdisjoint(_SYSTEM_CODES)
             and base + outline.max_payload <= limits.max_message_bytes
         ):
             # The common producer batch: nothing to look at record by record.
-            per_message = bool(codes & _PER_MESSAGE_TYPES)
+            per_message = not codes.isdisjoint(_PER_MESSAGE_TYPES)
             return _route(header, per_message, _TYPES[outline.first_type_code])
         return self._check_records(data, header, base)
 

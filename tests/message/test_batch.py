@@ -6,7 +6,7 @@ import struct
 
 import crc32c
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace import errors
@@ -176,3 +176,106 @@ def test_properties_are_format_1_encoded_and_damage_to_them_is_named() -> None:
     data[props_at] = 9  # property count 9 (one is there)
     with pytest.raises(errors.CorruptData, match="malformed message properties"):
         batch.messages(bytes(_recrc(data)))
+
+
+@st.composite
+def framings(draw: st.DrawFn) -> bytes:
+    """Batches of equal or varied records (with or without properties), their
+    framing sometimes damaged under a valid CRC: a record header byte, the
+    record count, or the length of one record (and the batch's)."""
+    count = draw(st.integers(1, 8))
+    size = draw(st.integers(0, 24))
+    equal = draw(st.booleans())
+    props = draw(st.sampled_from([{}, {"k": "v"}]))
+    kinds = draw(st.lists(st.sampled_from(list(MessageType)), min_size=count, max_size=count))
+    msgs = [
+        Message(kind, "v", bytes(size) if equal else draw(st.binary(max_size=24)), props)
+        for kind in kinds
+    ]
+    data = bytearray(batch.encode(msgs, batch.BatchInfo("v")))
+    starts = [
+        s.properties_at - batch.RECORD_HEADER_SIZE
+        for s in batch.shapes(bytes(data), batch.verify(data))
+    ]
+    fault = draw(st.sampled_from(["none", "none", "record", "record", "count", "grow"]))
+    if fault == "record":
+        at = draw(st.sampled_from(starts)) + draw(st.integers(0, batch.RECORD_HEADER_SIZE - 1))
+        data[at] = draw(st.integers(0, 255))
+    elif fault == "count":
+        struct.pack_into("<I", data, 32, draw(st.integers(1, count + 2)))
+    elif fault == "grow":
+        at = draw(st.sampled_from(starts))
+        extra = draw(st.integers(1, 30))
+        (length,) = struct.unpack_from("<I", data, at)
+        struct.pack_into("<I", data, at, length + extra)
+        data += bytes(extra)
+        struct.pack_into("<I", data, 4, len(data))
+    return bytes(_recrc(data))
+
+
+def _checked(data: bytes | memoryview, header: batch.BatchHeader) -> object:
+    try:
+        return batch._outline_checked(data, header)
+    except errors.CorruptData as exc:
+        return str(exc)
+
+
+@settings(max_examples=600, deadline=None)
+@given(framings(), st.booleans())
+def test_every_walk_of_the_records_agrees_with_the_checked_one(data: bytes, view: bool) -> None:
+    """The strided walk of equal records and the length-following walk accept
+    exactly what the record-by-record check accepts, with the same outline, and
+    leave the rest to it (which names the fault)."""
+    given_data: bytes | memoryview = memoryview(data) if view else data
+    header = batch._checked_body(given_data)
+    want = _checked(given_data, header)
+    for walk in (batch._outline_uniform, batch._outline_walk):
+        got = walk(given_data, header)
+        assert got is None or got == want, (walk.__name__, got, want)
+        if isinstance(want, str):
+            assert got is None
+    if isinstance(want, str):
+        with pytest.raises(errors.CorruptData) as caught:
+            batch.outline(given_data)
+        assert str(caught.value) == want
+    else:
+        assert batch.outline(given_data) == (header, want)
+        shapes = batch.shapes(data, header)
+        assert batch.type_codes(data, header) == bytes(s.type_code for s in shapes)
+        assert batch.record_types(data, header) == [MessageType(s.type_code) for s in shapes]
+
+
+def test_equal_and_varied_records_take_the_fast_walks() -> None:
+    """The common producer batches never reach the record-by-record check."""
+    equal = batch.encode([Message(MessageType.INSERT, "v", bytes(100))] * 5, batch.BatchInfo("v"))
+    varied = batch.encode(
+        [Message(MessageType.DELETE, "v", bytes(n)) for n in range(5)], batch.BatchInfo("v")
+    )
+    header = batch.verify(equal)
+    assert batch._outline_uniform(equal, header) == batch.Outline(
+        frozenset({int(MessageType.INSERT)}), int(MessageType.INSERT), 100, False
+    )
+    assert batch.type_codes(equal, header) == bytes([MessageType.INSERT] * 5)
+    header = batch.verify(varied)
+    assert batch._outline_uniform(varied, header) is None
+    assert batch.type_codes(varied, header) == bytes([MessageType.DELETE] * 5)
+    assert batch._outline_walk(varied, header) == batch.Outline(
+        frozenset({int(MessageType.DELETE)}), int(MessageType.DELETE), 4, False
+    )
+
+
+def test_type_codes_of_an_unverified_batch_refuse_records_past_its_end() -> None:
+    """Readers that skip the body check (read_header only) still get CorruptData,
+    never a struct error, for records that run past the batch or unknown types."""
+    data = bytearray(sample(3))
+    first = batch.HEADER_SIZE + 2
+    struct.pack_into("<I", data, first, 1_000)
+    header = batch.read_header(data)
+    with pytest.raises(errors.CorruptData, match="record 1 runs past the batch"):
+        batch.type_codes(bytes(data), header)
+    data = bytearray(sample(3))
+    data[first + 4] = 200
+    header = batch.read_header(data)
+    assert batch.type_codes(bytes(data), header)[0] == 200
+    with pytest.raises(errors.CorruptData, match="unknown type code 200"):
+        batch.record_types(bytes(data), header)

@@ -175,6 +175,22 @@ async def test_a_retried_batch_gets_the_first_result_and_is_stored_once() -> Non
     assert payloads == [b"once-0", b"other-0", b"racing-0"]
 
 
+async def test_a_keyed_batch_is_deduplicated_whatever_follows_it_in_the_call() -> None:
+    """One call mixing keyed and unkeyed batches (in either order) goes through
+    the dedup stage: a retry of the keyed one is written once."""
+    backend = MemoryBackend()
+    wal = await open_wal(backend)
+    keyed = encoded(rows("v", 2, "keyed"), producer_id=9, sequence=1)
+    free = encoded(rows("v", 1, "free"))
+    first, _ = results(await wal.append_batches([keyed, free]))
+    _, again = results(await wal.append_batches([free, keyed]))
+    retried, _ = results(await wal.append_batches([keyed, free]))
+    assert again == first and retried == first
+    await wal.close()
+    payloads = [batch.messages(r.data)[0].payload for r in await stored(backend)]
+    assert [p for p in payloads if p] == [b"keyed-0", b"free-0", b"free-0", b"free-0"]
+
+
 async def test_producer_id_zero_is_not_deduplicated() -> None:
     backend = MemoryBackend()
     wal = await open_wal(backend)

@@ -27,6 +27,7 @@ from headrace import errors
 from headrace.guarded import TaskFailure, guarded_task
 from headrace.message import codec, records
 from headrace.message.ids import MessageID
+from headrace.message.records import BatchEntry
 from headrace.message.types import Message, MessageType
 from headrace.tso import TimestampAllocator
 from headrace.wal.api import AppendResult
@@ -225,7 +226,8 @@ class Appender:
         futures = []
         for i in range(0, len(batch), step):
             fut: asyncio.Future[None] = loop.create_future()
-            self._queue.append(Request(batch[i : i + step], fut, sync_tick))
+            part = batch if len(batch) <= step else batch[i : i + step]
+            self._queue.append(Request(part, fut, sync_tick))
             futures.append(fut)
         if self._planning or self._ready is not None or self._busy() or self._shared:
             self._wake()
@@ -403,7 +405,8 @@ class Appender:
                 columns = settle(batch, ids, self.last_id)
             entries, timeticks = columns.entries, columns.timeticks
             if entries:
-                last_id = end_of(entries[-1]).id
+                tail = entries[-1]
+                last_id = tail.last_id if type(tail) is BatchEntry else end_of(tail).id
                 assert last_id is not None
                 self.last_id = last_id
                 if batch.records:

@@ -75,6 +75,11 @@ def note_opaque(progress: Progress, batch: Sequence[AppendContext], *, plain: bo
     last by id, found with integer comparisons only (a dedup hit answers with
     an earlier record's result, anywhere in the batch)."""
     if plain:
+        if len(batch) == 1:  # one record batch per call, the common producer append
+            only = batch[0].result
+            if only is not None:
+                progress.opaque_appended(only.id, only.id, only.timetick)
+            return
         head = next((ctx.result for ctx in batch if ctx.result is not None), None)
         tail = next((ctx.result for ctx in reversed(batch) if ctx.result is not None), None)
         if head is not None and tail is not None:

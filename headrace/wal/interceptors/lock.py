@@ -113,7 +113,7 @@ class LockInterceptor:
         return any(vchannel in group.vchannels for group in self._groups)
 
     async def __call__(self, batch: list[AppendContext], call_next: Handler) -> None:
-        if not self._exclusive and _DDL.isdisjoint({ctx.message.type for ctx in batch}):
+        if not self._exclusive and _DDL.isdisjoint([ctx.message.type for ctx in batch]):
             group = _Group({ctx.message.vchannel for ctx in batch})
             self._groups.add(group)
             try:

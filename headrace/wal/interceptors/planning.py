@@ -47,8 +47,9 @@ class Request:
 class Batch:
     """Requests planned for one backend append, in log order.
 
-    Per planned context (parallel lists): the context, its stamped message,
-    its encoded size and whether it is persisted (a sync tick may go only to
+    Per planned context (parallel lists): the context, its stamped message
+    (a whole record batch's representative: ``wholes`` has its stamp), its
+    encoded size and whether it is persisted (a sync tick may go only to
     the buffer); ``records`` holds the encoded persisted messages.
     """
 
@@ -141,7 +142,7 @@ def alone(msg: Message, ctx: AppendContext, max_bytes: int) -> bytes:
 def stamped_whole(part: BatchPart, base_timetick: int, term: int) -> tuple[bytes, BatchHeader]:
     """A producer's whole batch stamped (one copy): the bytes to store, its header."""
     assert part.data is not None
-    header = dataclasses.replace(part.header, base_timetick=base_timetick, term=term)
+    header = part.header.with_stamp(base_timetick, term)
     return batches.stamped(part.data, base_timetick, term), header
 
 
@@ -178,11 +179,10 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
             tt = i if i > tt else tt + 1
             i += 1
             m = ctx.message
-            kind = m.type
-            stamped = Message(kind, m.vchannel, m.payload, m.properties, tt, term, m.txn_id)
             part = ctx.batch
             if part is not None and part.data is not None:
-                # A whole batch: its messages get tt, tt + 1, ... (reserved at once).
+                # A whole batch: its messages get tt, tt + 1, ... (reserved at
+                # once); its result and entry come from its stamped header.
                 record, header = stamped_whole(part, tt, term)
                 wholes[len(contexts)] = (record, header)
                 tt = header.last_timetick
@@ -190,10 +190,12 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
                 dirty = True
                 records.append(record)
                 contexts.append(ctx)
-                messages.append(stamped)
+                messages.append(m)
                 sizes.append(len(record))
                 persisted.append(True)
                 continue
+            kind = m.type
+            stamped = Message(kind, m.vchannel, m.payload, m.properties, tt, term, m.txn_id)
             if sync_tick and not dirty and kind in SYSTEM:
                 contexts.append(ctx)
                 messages.append(stamped)
@@ -266,14 +268,15 @@ def settle(batch: Batch, ids: list[MessageID], last_id: MessageID | None) -> Col
     append = entries.append
     timeticks: list[int] = []
     for i, (ctx, mid, msg) in enumerate(zip(batch.contexts, entry_ids, messages, strict=True)):
-        tt = msg.timetick
-        ctx.result = make_result(mid, tt, msg.term, msg.txn_id)
         whole = wholes.get(i) if wholes else None
         if whole is None:
+            tt = msg.timetick
+            ctx.result = make_result(mid, tt, msg.term, msg.txn_id)
             append(new_tuple(LogEntry, (mid, msg)))
             timeticks.append(tt)
         else:
             record, header = whole
+            ctx.result = make_result(mid, header.base_timetick, header.term, header.txn_id)
             append(BatchEntry(mid, header, record))
             timeticks.append(header.last_timetick)
     return Columns(entries, timeticks, batch.sizes, batch.persisted)
