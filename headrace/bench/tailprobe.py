@@ -38,13 +38,13 @@ async def probe(url: str, vchannel: str) -> list[float]:
         print("ready", flush=True)
         expected_task = asyncio.create_task(_read_expected())
         while not expected_task.done() or len(delays) < expected_task.result():
-            entry = await consumer.next(timeout=5)
-            if entry is None:
+            entries = await consumer.next_many(timeout=5)
+            if not entries:
                 if expected_task.done():
                     break
                 continue
-            (stamp,) = STAMP.unpack_from(entry.message.payload)
-            delays.append((time.monotonic_ns() - stamp) / 1e6)
+            now = time.monotonic_ns()
+            delays.extend((now - STAMP.unpack_from(e.message.payload)[0]) / 1e6 for e in entries)
         expected_task.cancel()
     return delays
 

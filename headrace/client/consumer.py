@@ -197,17 +197,44 @@ class Consumer:
         while True:
             if self._closed:
                 raise StopAsyncIteration
-            while self._buffer:
-                entry = self._buffer.popleft()
-                self.last_id = entry.id
-                self.last_timetick = max(self.last_timetick, entry.message.timetick)
-                vchannel = entry.message.vchannel
-                if vchannel and vchannel != self.vchannel:
-                    continue
-                if entry.message.type not in self.types:
-                    continue
+            entry = self._received()
+            if entry is not None:
                 return entry
             await self._fill()
+
+    def _received(self) -> LogEntry | None:
+        """The next received message this consumer delivers (its vchannel and types),
+        passing over the others; None once nothing received is left."""
+        while self._buffer:
+            entry = self._buffer.popleft()
+            self.last_id = entry.id
+            self.last_timetick = max(self.last_timetick, entry.message.timetick)
+            vchannel = entry.message.vchannel
+            if vchannel and vchannel != self.vchannel:
+                continue
+            if entry.message.type not in self.types:
+                continue
+            return entry
+        return None
+
+    async def next_many(self, limit: int = 1024, timeout: float | None = None) -> list[LogEntry]:
+        """The next message and every other already received, ``limit`` at most:
+        what a reader at a high rate takes at once, waiting once per response
+        instead of once per message. Empty if nothing arrives within ``timeout``
+        seconds."""
+        most = arguments.count(limit, "limit")
+        if most == 0:
+            raise errors.InvalidArgument("limit must be at least 1, got 0")
+        first = await self.next(timeout)
+        if first is None:
+            return []
+        taken = [first]
+        while most is None or len(taken) < most:
+            entry = self._received()
+            if entry is None:
+                break
+            taken.append(entry)
+        return taken
 
     async def next(self, timeout: float | None = None) -> LogEntry | None:
         """The next message, or None if none arrives within ``timeout`` seconds."""

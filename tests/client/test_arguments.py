@@ -131,6 +131,33 @@ async def test_wait_ready_and_next_reject_bad_arguments(
     with pytest.raises(errors.InvalidArgument) as caught:
         await consumer.next("1")  # type: ignore[arg-type]
     assert_clear(caught.value, "timeout")
+    for limit, words in ((0, ["limit", "at least 1"]), ("9", ["limit", "str"])):
+        with pytest.raises(errors.InvalidArgument) as caught:
+            await consumer.next_many(limit)  # type: ignore[arg-type]
+        assert_clear(caught.value, *words)
+    await consumer.close()
+
+
+async def test_next_many_takes_what_was_received_in_order_up_to_its_limit(
+    served: Cluster, client: HeadraceClient
+) -> None:
+    """One vchannel's messages sent alongside another's: the consumer
+    takes only its own, in order, ``limit`` at most per call, and an empty list
+    once nothing more arrives."""
+    async with client.producer() as producer:
+        outcomes = await producer.send_many(
+            [Message(MessageType.INSERT, v, f"{v}{i}".encode()) for i in range(12) for v in "xy"]
+        )
+    assert all(isinstance(o, AppendResult) for o in outcomes)
+    consumer = client.consume("x", start="earliest")
+    taken: list[list[bytes]] = []
+    while sum(map(len, taken)) < 12:
+        entries = await consumer.next_many(5, timeout=HANG_GUARD)
+        assert entries, "the messages sent were not delivered"
+        taken.append([e.message.payload for e in entries])
+    assert all(1 <= len(part) <= 5 for part in taken)
+    assert [p for part in taken for p in part] == [f"x{i}".encode() for i in range(12)]
+    assert await consumer.next_many(timeout=0.3) == []
     await consumer.close()
 
 
