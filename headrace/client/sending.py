@@ -169,9 +169,15 @@ class Item:
         return [self.part(i, i + 1) for i in range(len(self.messages))]
 
 
+_ITEM_OVERHEAD = 96
+"""Bytes a message holds of a producer's budget besides its payload and vchannel."""
+
+
 def budget_size(messages: Sequence[Message]) -> int:
     """Bytes that ``messages`` (of one vchannel) hold of a producer's budget."""
-    return sum(map(len, map(_PAYLOAD, messages))) + len(messages) * (len(messages[0].vchannel) + 96)
+    return sum(map(len, map(_PAYLOAD, messages))) + len(messages) * (
+        len(messages[0].vchannel) + _ITEM_OVERHEAD
+    )
 
 
 def record_size(msg: Message) -> int:
@@ -236,10 +242,6 @@ def items(
                 )
             ]
     return _items(messages, indexes, call, options, plain=plain)
-
-
-_ITEM_OVERHEAD = 96
-"""Bytes a message holds of a producer's budget besides its payload and vchannel."""
 
 
 def _items(
