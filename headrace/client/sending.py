@@ -220,28 +220,42 @@ def items(
         map(goes_alone, dict(zip(map(_TYPE, messages), messages, strict=True)).values())
     )
     if plain and len(set(map(_VCHANNEL, messages))) == 1 and len(set(map(_TXN_ID, messages))) == 1:
-        count = len(messages)
-        payloads = sum(map(len, map(_PAYLOAD, messages)))
-        vchannel = messages[0].vchannel
-        records = payloads + batch.RECORD_HEADER_SIZE * count
-        if (
-            count <= options.max_batch_messages
-            and batch.HEADER_SIZE + len(vchannel) + records <= options.max_batch_bytes
-        ):
-            size = payloads + count * (len(vchannel) + _ITEM_OVERHEAD)
-            return [
-                Item(
-                    messages,
-                    indexes,
-                    call.group,
-                    call.producer_id,
-                    call.first_seq,
-                    size,
-                    records,
-                    call.deadline,
-                )
-            ]
+        found = _plain_items(messages, indexes, call, options)
+        if found is not None:
+            return found
     return _items(messages, indexes, call, options, plain=plain)
+
+
+def _plain_items(
+    messages: list[Message], indexes: Indexes, call: Call, options: ProducerOptions
+) -> list[Item] | None:
+    """Messages of one vchannel and transaction, none with properties nor
+    going alone, cut every ``max_batch_messages``; None if an item so cut
+    would be over ``max_batch_bytes`` (then they are cut message by message)."""
+    vchannel = messages[0].vchannel
+    head, held = batch.HEADER_SIZE + len(vchannel), len(vchannel) + _ITEM_OVERHEAD
+    step = options.max_batch_messages
+    lengths = list(map(len, map(_PAYLOAD, messages)))
+    found: list[Item] = []
+    for start in range(0, len(messages), step):
+        part = messages[start : start + step]
+        payloads = sum(lengths[start : start + step])
+        records = payloads + batch.RECORD_HEADER_SIZE * len(part)
+        if head + records > options.max_batch_bytes:
+            return None
+        found.append(
+            Item(
+                part,
+                indexes[start : start + step],
+                call.group,
+                call.producer_id,
+                call.first_seq + start,
+                payloads + held * len(part),
+                records,
+                call.deadline,
+            )
+        )
+    return found
 
 
 def _items(

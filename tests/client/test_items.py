@@ -54,6 +54,8 @@ async def test_a_call_of_one_vchannel_is_cut_at_the_batch_bounds() -> None:
         ("a", [b"8", b"9"], [8, 9]),
     ]
     assert [i.seq for i in found] == [100, 104, 108], "each message its own sequence, in order"
+    assert [i.indexes for i in found] == [range(0, 4), range(4, 8), range(8, 10)]
+    assert sum(i.size for i in found) == budget_size(msgs)
     head = batch.HEADER_SIZE + 1
     by_bytes = items(
         [ins("a", bytes(100))] * 5,
