@@ -84,7 +84,9 @@ class Group:
     ) -> None:
         """The outcomes of the messages at ``indexes``: one each, or one error for all."""
         each = [outcomes] * len(indexes) if isinstance(outcomes, errors.HeadraceError) else outcomes
-        if isinstance(indexes, range):
+        if len(indexes) == 1:
+            self.results[indexes[0]] = each[0]
+        elif isinstance(indexes, range):
             self.results[indexes.start : indexes.stop] = each
         else:
             results = self.results
@@ -266,7 +268,7 @@ def _items(
     group, producer_id, deadline = call.group, call.producer_id, call.deadline
     most_messages, most_bytes = options.max_batch_messages, options.max_batch_bytes
     built: list[Item] = []
-    open_at: dict[str, tuple[Item, list[int]]] = {}
+    open_at: dict[str, Item] = {}
     for index, msg in zip(indexes, messages, strict=True):
         vchannel = msg.vchannel
         payload = len(msg.payload)
@@ -276,22 +278,20 @@ def _items(
             open_at.pop(vchannel, None)
             built.append(Item([msg], [index], group, producer_id, 0, held, size, deadline, True))
             continue
-        found = open_at.get(vchannel)
-        if found is not None:
-            item, at = found
-            if (
-                item.messages[0].txn_id == msg.txn_id
-                and len(item.messages) < most_messages
-                and batch.HEADER_SIZE + len(vchannel) + item.records + size <= most_bytes
-            ):
-                item.messages.append(msg)
-                at.append(index)
-                item.records += size
-                item.size += held
-                continue
-        at = [index]
-        item = Item([msg], at, group, producer_id, 0, held, size, deadline)
-        open_at[vchannel] = (item, at)
+        item = open_at.get(vchannel)
+        if (
+            item is not None
+            and isinstance(item.indexes, list)  # as built here
+            and item.messages[0].txn_id == msg.txn_id
+            and len(item.messages) < most_messages
+            and batch.HEADER_SIZE + len(vchannel) + item.records + size <= most_bytes
+        ):
+            item.messages.append(msg)
+            item.indexes.append(index)
+            item.records += size
+            item.size += held
+            continue
+        item = open_at[vchannel] = Item([msg], [index], group, producer_id, 0, held, size, deadline)
         built.append(item)
     seq = call.first_seq
     for item in built:
