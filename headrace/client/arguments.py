@@ -9,6 +9,7 @@ deep in a background task. Long values are shortened in messages.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Collection, Iterable, Mapping
 from typing import Literal, TypeVar
 
@@ -123,6 +124,30 @@ def message(value: object) -> Message:
         # The common message, as :func:`_message` would find it.
         return value
     return _message(value)
+
+
+_VCHANNEL = operator.attrgetter("vchannel")
+_PAYLOAD = operator.attrgetter("payload")
+_PROPERTIES = operator.attrgetter("properties")
+_TYPE = operator.attrgetter("type")
+_TXN_ID = operator.attrgetter("txn_id")
+
+
+def common(values: list[Message]) -> bool:
+    """Whether :func:`message` passes every one of ``values`` as it is, checked
+    per call rather than per message (each distinct type, txn id and
+    vchannel once); False means: check them one by one."""
+    if set(map(type, values)) != {Message}:
+        return False
+    return (
+        _GOOD_VCHANNELS.issuperset(map(_VCHANNEL, values))
+        and set(map(type, map(_PAYLOAD, values))) == {bytes}
+        and not any(map(_PROPERTIES, values))
+        and all(
+            t.__class__ is MessageType and t in _SENDABLE_TYPES for t in set(map(_TYPE, values))
+        )
+        and all(t.__class__ is int and t >= 0 for t in set(map(_TXN_ID, values)))
+    )
 
 
 def _message(value: object) -> Message:

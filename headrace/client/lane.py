@@ -17,7 +17,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
@@ -30,10 +30,9 @@ from headrace.client.session import Session
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.message import batch, ids
 from headrace.message.batch import Limits
-from headrace.message.records import message_id
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
-from headrace.wal.api import AppendResult
+from headrace.wal.api import AppendResult, BatchAppendResult
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +46,8 @@ class LaneContext:
     session: Session
     options: ProducerOptions
     producer_id: str
-    settle: Callable[[Item, Outcome], None]
-    """Reports a message's outcome to its sender."""
+    settle: Callable[[Item, Sequence[Outcome] | errors.HeadraceError], None]
+    """Reports an item's outcomes (one each, or one error for all) to its sender."""
     batch_producer_id: int
     """The producer id of its record batches (message format 2)."""
     next_sequence: Callable[[], int]
@@ -413,9 +412,9 @@ class Lane:
             if not sealed:
                 return None
         units = [self.sealed.popleft()]
-        count = len(units[0].items)
-        while self.sealed and count + len(self.sealed[0].items) <= self.options.max_batch_messages:
-            count += len(self.sealed[0].items)
+        count = units[0].count
+        while self.sealed and count + self.sealed[0].count <= self.options.max_batch_messages:
+            count += self.sealed[0].count
             units.append(self.sealed.popleft())
         return Sent(batch_id, [i for unit in units for i in unit.items], tuple(units))
 
@@ -423,11 +422,12 @@ class Lane:
         options = self.options
         queue = self.queue
         items = [queue.popleft()]
-        size = items[0].size
-        while queue and len(items) < options.max_batch_messages:
+        count, size = len(items[0].messages), items[0].size
+        while queue and count + len(queue[0].messages) <= options.max_batch_messages:
             size += queue[0].size
             if size > options.max_batch_bytes:
                 break
+            count += len(queue[0].messages)
             items.append(queue.popleft())
         return items
 
@@ -441,14 +441,15 @@ class Lane:
             return request
         add = produce.messages.add
         for item in sent.items:
-            msg = item.message
-            add(
-                type=msg.type,
-                vchannel=msg.vchannel,
-                payload=msg.payload,
-                properties=item.properties,
-                txn_id=msg.txn_id,
-            )
+            for i in range(len(item.messages)):
+                msg = item.stamped(i)
+                add(
+                    type=msg.type,
+                    vchannel=msg.vchannel,
+                    payload=msg.payload,
+                    properties=msg.properties,
+                    txn_id=msg.txn_id,
+                )
         return request
 
     async def _receive(self, stream: _Stream) -> None:
@@ -484,28 +485,29 @@ class Lane:
         items: list[Item],
         results: RepeatedCompositeFieldContainer[pb.MessageResult],
     ) -> None:
-        if len(results) != len(items):
+        """Each message's outcome from its result (format 1); a message whose
+        error is retryable is sent again."""
+        if len(results) != sum(len(item.messages) for item in items):
             stream.retry.extend(items)
             stream.fail(errors.Unavailable("a Produce response of the wrong length"), broken=True)
             return
         settle = self.context.settle
-        parse = ids.parse
-        for item, result in zip(items, results, strict=True):
-            if result.HasField("error"):
-                error = from_proto(result.error)
-                if error.retryable:
-                    stream.retry.append(item)
-                    stream.fail(error)
+        at = 0
+        for item in items:
+            count = len(item.messages)
+            outcomes = [_outcome(result) for result in results[at : at + count]]
+            at += count
+            stream.acked += sum(isinstance(o, AppendResult) for o in outcomes)
+            retry = [isinstance(o, errors.HeadraceError) and o.retryable for o in outcomes]
+            if not any(retry):
+                settle(item, outcomes)
+                continue
+            for single, outcome, again in zip(item.singles(), outcomes, retry, strict=True):
+                if again and isinstance(outcome, errors.HeadraceError):
+                    stream.retry.append(single)
+                    stream.fail(outcome)
                 else:
-                    settle(item, error)
-                continue
-            try:
-                mid = parse(result.id)
-            except errors.HeadraceError as exc:
-                settle(item, exc)
-                continue
-            settle(item, AppendResult(mid, result.timetick, result.term, result.txn_id))
-            stream.acked += 1
+                    settle(single, [outcome])
 
     def _settle_sealed(
         self,
@@ -530,15 +532,36 @@ class Lane:
                     for item in unit.items:
                         settle(item, error)
                 continue
-            first = _first_id(result, len(unit.items))
+            first = _first_id(result, unit.count)
             if isinstance(first, errors.HeadraceError):
                 for item in unit.items:
                     settle(item, first)
                 continue
             tt, term, txn = result.timetick, result.term, result.txn_id
-            for i, item in enumerate(unit.items):
-                settle(item, AppendResult(message_id(first, i), tt + i, term, txn))
-            stream.acked += len(unit.items)
+            outcomes = (
+                [AppendResult(first, tt, term, txn)]
+                if unit.count == 1
+                else BatchAppendResult(first, unit.count, tt, term, txn).results()
+            )
+            if len(unit.items) == 1:
+                settle(unit.items[0], outcomes)
+            else:
+                at = 0
+                for item in unit.items:
+                    settle(item, outcomes[at : at + len(item.messages)])
+                    at += len(item.messages)
+            stream.acked += unit.count
+
+
+def _outcome(result: pb.MessageResult) -> Outcome:
+    """A message's outcome from its result (format 1)."""
+    if result.HasField("error"):
+        return from_proto(result.error)
+    try:
+        mid = ids.parse(result.id)
+    except errors.HeadraceError as exc:
+        return exc
+    return AppendResult(mid, result.timetick, result.term, result.txn_id)
 
 
 def _first_id(result: pb.RecordBatchResult, count: int) -> ids.MessageID | errors.HeadraceError:

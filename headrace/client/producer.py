@@ -29,7 +29,7 @@ import itertools
 import secrets
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -39,8 +39,17 @@ from headrace.client.budget import ByteBudget
 from headrace.client.discovery import Owner
 from headrace.client.lane import Lane, LaneContext
 from headrace.client.routing import fitted, split_by_shard, split_keys_by_shard
-from headrace.client.sending import Group, Item, Outcome, ProducerOptions
+from headrace.client.sending import (
+    Call,
+    Group,
+    Indexes,
+    Item,
+    Outcome,
+    ProducerOptions,
+    items,
+)
 from headrace.client.session import Session
+from headrace.cluster import ClusterConfig
 from headrace.message.types import Message, MessageType
 from headrace.table import messages as table_messages
 from headrace.table.collections import Collection, CollectionStore
@@ -66,7 +75,8 @@ class Producer:
         self.session = session
         self.options = arguments.instance(options, ProducerOptions, "options")
         self.producer_id = uuid.uuid4().hex
-        self._seq = itertools.count(1)
+        self._next_seq = 1
+        """The next message's own dedup sequence (format 1)."""
         self.batch_producer_id = batch_producer_id(self.options.producer_id)
         self._batch_seq = itertools.count(time.time_ns())
         self.budget = ByteBudget(self.options.max_inflight_bytes)
@@ -79,6 +89,9 @@ class Producer:
             functools.partial(next, self._batch_seq),
         )
         self._lanes: dict[str, Lane] = {}
+        self._routed: ClusterConfig | None = None
+        self._routes: dict[str, Lane] = {}
+        """The lane of each vchannel sent to under the config ``_routed``."""
         self._collections: dict[str, Collection] = {}
         self._closed = False
 
@@ -124,21 +137,16 @@ class Producer:
             raise errors.Closed("the producer is closed")
         batch = arguments.messages(messages)
         group = Group(len(batch))
-        view = self.session.view
         deadline = time.monotonic() + self.options.deadline
+        view = self.session.view
         lanes: dict[str, Lane] = {}
-        for index, candidate in enumerate(batch):
-            try:
-                msg = arguments.message(candidate)
-            except errors.InvalidArgument as exc:
-                group.settle(index, exc)
-                continue
-            lane = lanes.get(msg.vchannel)
+        for item in self._items(batch, group, deadline):
+            vchannel = item.vchannel
+            lane = lanes.get(vchannel)
             if lane is None:
                 if view.config is None:
-                    await view.wait_route(msg.vchannel, deadline)
-                lane = lanes[msg.vchannel] = self._lane(view.route(msg.vchannel))
-            item = self._item(msg, group, index, deadline)
+                    await view.wait_route(vchannel, deadline)
+                lane = lanes[vchannel] = self._lane_of(vchannel)
             if not self.budget.try_acquire(item.size):
                 await self.budget.acquire(item.size)
             lane.push(item)
@@ -223,20 +231,49 @@ class Producer:
         results = tuple(o for o in outcomes if isinstance(o, AppendResult))
         return WriteResult(target.name, rows, results)
 
+    def _lane_of(self, vchannel: str) -> Lane:
+        """The lane of ``vchannel``'s pchannel under the cluster's config,
+        remembered for as long as the config is the same."""
+        config = self.session.view.config
+        if config is not self._routed:
+            self._routed, self._routes = config, {}
+        lane = self._routes.get(vchannel)
+        if lane is None:
+            if len(self._routes) >= _ROUTES_MAX:
+                self._routes.clear()
+            lane = self._routes[vchannel] = self._lane(self.session.view.route(vchannel))
+        return lane
+
     def _lane(self, pchannel: str) -> Lane:
         lane = self._lanes.get(pchannel)
         if lane is None:
             lane = self._lanes[pchannel] = Lane(self._context, pchannel)
         return lane
 
-    def _item(self, msg: Message, group: Group, index: int, deadline: float) -> Item:
-        size = len(msg.payload) + len(msg.vchannel) + 96
-        return Item(msg, self.producer_id, next(self._seq), size, group, index, deadline)
+    def _items(self, batch: list[Message], group: Group, deadline: float) -> list[Item]:
+        """The well-formed messages of a call as items (:func:`items`); each
+        other one gets its InvalidArgument as its outcome."""
+        if arguments.common(batch):
+            good: list[Message] = batch
+            at: Indexes = range(len(batch))
+        else:
+            good, at = [], []
+            for index, candidate in enumerate(batch):
+                try:
+                    good.append(arguments.message(candidate))
+                except errors.InvalidArgument as exc:
+                    group.settle(index, exc)
+                    continue
+                at.append(index)
+        call = Call(group, self.producer_id, self._next_seq, deadline)
+        self._next_seq += len(good)
+        return items(good, at, call, self.options)
 
-    def settle(self, item: Item, outcome: Outcome) -> None:
-        """Report ``item``'s outcome and give back its bytes."""
+    def settle(self, item: Item, outcomes: Sequence[Outcome] | errors.HeadraceError) -> None:
+        """Report ``item``'s outcomes (one each, or one error for all) and give
+        back its bytes."""
         self.budget.release(item.size)
-        item.group.settle(item.index, outcome)
+        item.group.settle_run(item.indexes, outcomes)
 
     async def flush(self) -> None:
         """Wait until every message sent so far has its outcome."""
@@ -256,6 +293,10 @@ class Producer:
     def owners(self) -> dict[str, Owner | None]:
         """The owner each pchannel's stream is connected to (for status output)."""
         return {p: lane.owner for p, lane in self._lanes.items()}
+
+
+_ROUTES_MAX = 1 << 16
+"""Vchannels whose lanes a producer remembers (it forgets them all past this)."""
 
 
 def batch_producer_id(name: str | None) -> int:

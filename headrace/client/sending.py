@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Sequence
 
 from headrace import errors
 from headrace.message import batch
@@ -61,7 +62,8 @@ class ProducerOptions:
 
 
 class Group:
-    """The outcomes of one ``send``/``send_many`` call."""
+    """The outcomes of one ``send``/``send_many`` call, filled an item (a run of
+    messages) at a time."""
 
     __slots__ = ("future", "remaining", "results")
 
@@ -73,40 +75,229 @@ class Group:
             self.future.set_result([])
 
     def settle(self, index: int, outcome: Outcome) -> None:
+        """One message's outcome."""
         self.results[index] = outcome
-        self.remaining -= 1
+        self._settled(1)
+
+    def settle_run(
+        self, indexes: Indexes, outcomes: Sequence[Outcome] | errors.HeadraceError
+    ) -> None:
+        """The outcomes of the messages at ``indexes``: one each, or one error for all."""
+        each = [outcomes] * len(indexes) if isinstance(outcomes, errors.HeadraceError) else outcomes
+        if len(indexes) == 1:
+            self.results[indexes[0]] = each[0]
+        elif isinstance(indexes, range):
+            self.results[indexes.start : indexes.stop] = each
+        else:
+            results = self.results
+            for index, outcome in zip(indexes, each, strict=True):
+                results[index] = outcome
+        self._settled(len(indexes))
+
+    def _settled(self, count: int) -> None:
+        self.remaining -= count
         if self.remaining == 0 and not self.future.done():
             self.future.set_result(self.results)
 
 
 _PENDING = errors.Unavailable("not sent yet")
 
+Indexes = range | list[int]
+"""Where messages' outcomes go in their call's results (a range when contiguous)."""
+
 
 @dataclasses.dataclass(slots=True)
 class Item:
-    """One message on its way: its dedup key, size, where its outcome goes."""
+    """Messages of one call on their way, in their order, all of one vchannel
+    and transaction: their dedup keys, sizes, where their outcomes go. A
+    message that :func:`goes_alone` is an item of its own (``alone``)."""
 
-    message: Message
+    messages: list[Message]
+    indexes: Indexes
+    """Where each message's outcome goes in ``group``."""
+    group: Group
     producer_id: str
     seq: int
-    """With ``producer_id``, the message's own dedup key: sent as its properties
-    to an owner writing format 1 (format 2 dedups whole batches instead)."""
+    """With ``producer_id``, the first message's own dedup key (message ``i``
+    has ``seq + i``): sent as its properties to an owner writing format 1
+    (format 2 dedups whole batches instead)."""
     size: int
-    group: Group
-    index: int
+    """Bytes held of the producer's budget."""
+    records: int
+    """Bytes of the messages' records in a batch (as estimated)."""
     deadline: float
+    alone: bool = False
     sent_one_by_one: bool = False
     """It was sent to an owner writing format 1, with its dedup properties: to
-    a format 2 owner it goes alone with them (see :func:`seal`)."""
+    a format 2 owner each message goes alone with them (see :func:`seal`)."""
 
     @property
-    def properties(self) -> Mapping[str, str]:
-        """The message's properties stamped with its dedup key (built when asked:
+    def vchannel(self) -> str:
+        return self.messages[0].vchannel
+
+    @property
+    def txn_id(self) -> int:
+        return self.messages[0].txn_id
+
+    def stamped(self, i: int) -> Message:
+        """Message ``i`` with its dedup key in its properties (built when asked:
         only a format 1 owner, or a message first sent to one, needs them)."""
-        stamped = dict(self.message.properties)
-        stamped[PRODUCER_ID] = self.producer_id
-        stamped[PRODUCER_SEQ] = str(self.seq)
-        return stamped
+        msg = self.messages[i]
+        properties = dict(msg.properties)
+        properties[PRODUCER_ID] = self.producer_id
+        properties[PRODUCER_SEQ] = str(self.seq + i)
+        return dataclasses.replace(msg, properties=properties)
+
+    def part(self, start: int, stop: int) -> Item:
+        """Messages ``start:stop`` as an item of their own (its budget share with them)."""
+        messages = self.messages[start:stop]
+        return Item(
+            messages,
+            self.indexes[start:stop],
+            self.group,
+            self.producer_id,
+            self.seq + start,
+            budget_size(messages),
+            sum(map(record_size, messages)),
+            self.deadline,
+            self.alone,
+            self.sent_one_by_one,
+        )
+
+    def singles(self) -> list[Item]:
+        """Each message as an item of its own."""
+        if len(self.messages) == 1:
+            return [self]
+        return [self.part(i, i + 1) for i in range(len(self.messages))]
+
+
+_ITEM_OVERHEAD = 96
+"""Bytes a message holds of a producer's budget besides its payload and vchannel."""
+
+
+def budget_size(messages: Sequence[Message]) -> int:
+    """Bytes that ``messages`` (of one vchannel) hold of a producer's budget."""
+    return sum(map(len, map(_PAYLOAD, messages))) + len(messages) * (
+        len(messages[0].vchannel) + _ITEM_OVERHEAD
+    )
+
+
+def record_size(msg: Message) -> int:
+    """A message's record bytes in a batch (properties counted in characters)."""
+    props = sum(6 + len(k) + len(v) for k, v in msg.properties.items())
+    return batch.RECORD_HEADER_SIZE + len(msg.payload) + (2 + props if props else 0)
+
+
+_VCHANNEL = operator.attrgetter("vchannel")
+_PAYLOAD = operator.attrgetter("payload")
+_PROPERTIES = operator.attrgetter("properties")
+_TXN_ID = operator.attrgetter("txn_id")
+_TYPE = operator.attrgetter("type")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """What the items of one ``send_many`` call share."""
+
+    group: Group
+    producer_id: str
+    first_seq: int
+    """The dedup sequence of the call's first message; the others follow, an
+    item's messages in a row."""
+    deadline: float
+
+
+def items(
+    messages: list[Message], indexes: Indexes, call: Call, options: ProducerOptions
+) -> list[Item]:
+    """``messages`` (checked; their outcomes go at ``indexes``) cut into items:
+    per vchannel in order, an item ends where another transaction's message or
+    one that :func:`goes_alone` comes, and stays within the producer's batch
+    bounds. The common call, all of one vchannel and transaction, is cut
+    without per-message work."""
+    if not messages:
+        return []
+    plain = not any(map(_PROPERTIES, messages)) and not any(
+        # One message per type is enough: without properties, the type decides.
+        map(goes_alone, dict(zip(map(_TYPE, messages), messages, strict=True)).values())
+    )
+    if plain and len(set(map(_VCHANNEL, messages))) == 1 and len(set(map(_TXN_ID, messages))) == 1:
+        found = _plain_items(messages, indexes, call, options)
+        if found is not None:
+            return found
+    return _items(messages, indexes, call, options, plain=plain)
+
+
+def _plain_items(
+    messages: list[Message], indexes: Indexes, call: Call, options: ProducerOptions
+) -> list[Item] | None:
+    """Messages of one vchannel and transaction, none with properties nor
+    going alone, cut every ``max_batch_messages``; None if an item so cut
+    would be over ``max_batch_bytes`` (then they are cut message by message)."""
+    vchannel = messages[0].vchannel
+    head, held = batch.HEADER_SIZE + len(vchannel), len(vchannel) + _ITEM_OVERHEAD
+    step = options.max_batch_messages
+    lengths = list(map(len, map(_PAYLOAD, messages)))
+    found: list[Item] = []
+    for start in range(0, len(messages), step):
+        part = messages[start : start + step]
+        payloads = sum(lengths[start : start + step])
+        records = payloads + batch.RECORD_HEADER_SIZE * len(part)
+        if head + records > options.max_batch_bytes:
+            return None
+        found.append(
+            Item(
+                part,
+                indexes[start : start + step],
+                call.group,
+                call.producer_id,
+                call.first_seq + start,
+                payloads + held * len(part),
+                records,
+                call.deadline,
+            )
+        )
+    return found
+
+
+def _items(
+    messages: list[Message], indexes: Indexes, call: Call, options: ProducerOptions, *, plain: bool
+) -> list[Item]:
+    """:func:`items` message by message; ``plain``: no message has properties
+    or goes alone."""
+    group, producer_id, deadline = call.group, call.producer_id, call.deadline
+    most_messages, most_bytes = options.max_batch_messages, options.max_batch_bytes
+    built: list[Item] = []
+    open_at: dict[str, Item] = {}
+    for index, msg in zip(indexes, messages, strict=True):
+        vchannel = msg.vchannel
+        payload = len(msg.payload)
+        size = batch.RECORD_HEADER_SIZE + payload if plain else record_size(msg)
+        held = payload + len(vchannel) + _ITEM_OVERHEAD
+        if not plain and goes_alone(msg):
+            open_at.pop(vchannel, None)
+            built.append(Item([msg], [index], group, producer_id, 0, held, size, deadline, True))
+            continue
+        item = open_at.get(vchannel)
+        if (
+            item is not None
+            and isinstance(item.indexes, list)  # as built here
+            and item.messages[0].txn_id == msg.txn_id
+            and len(item.messages) < most_messages
+            and batch.HEADER_SIZE + len(vchannel) + item.records + size <= most_bytes
+        ):
+            item.messages.append(msg)
+            item.indexes.append(index)
+            item.records += size
+            item.size += held
+            continue
+        item = open_at[vchannel] = Item([msg], [index], group, producer_id, 0, held, size, deadline)
+        built.append(item)
+    seq = call.first_seq
+    for item in built:
+        item.seq = seq
+        seq += len(item.messages)
+    return built
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +308,8 @@ class Sealed:
 
     data: bytes
     items: tuple[Item, ...]
+    count: int
+    """Messages in the batch."""
 
     @property
     def deadline(self) -> float:
@@ -135,49 +328,62 @@ class Sealing:
 def group(items: Sequence[Item], max_batch_bytes: int) -> list[list[Item]]:
     """``items`` in record batches (pure): one vchannel and transaction per
     batch, in order per vchannel (a batch of a vchannel ends where another
-    transaction's message or one that goes alone comes); a message that
-    :func:`goes_alone` gets its own; a batch stays under ``max_batch_bytes``
-    (as estimated)."""
+    transaction's item or one that goes alone comes); each message of an item
+    that goes alone (or was sent one by one) gets its own; a batch stays under
+    ``max_batch_bytes`` (as estimated), an item cut where it would not."""
     batches: list[list[Item]] = []
     sizes: list[int] = []
     open_at: dict[str, int] = {}
     for item in items:
-        msg = item.message
-        vchannel = msg.vchannel
-        if goes_alone(msg) or item.sent_one_by_one:
+        vchannel = item.vchannel
+        if item.alone or item.sent_one_by_one:
             open_at.pop(vchannel, None)
-            batches.append([item])
-            sizes.append(0)
+            for single in item.singles():
+                batches.append([single])
+                sizes.append(0)
             continue
-        size = _estimate(msg)
-        at = open_at.get(vchannel)
-        if (
-            at is not None
-            and batches[at][0].message.txn_id == msg.txn_id
-            and sizes[at] + size <= max_batch_bytes
-        ):
-            batches[at].append(item)
-            sizes[at] += size
-            continue
-        open_at[vchannel] = len(batches)
-        batches.append([item])
-        sizes.append(batch.HEADER_SIZE + len(vchannel) + size)
+        head = batch.HEADER_SIZE + len(vchannel)
+        pieces = (
+            [item] if head + item.records <= max_batch_bytes else _cut(item, max_batch_bytes - head)
+        )
+        for piece in pieces:
+            at = open_at.get(vchannel)
+            if (
+                at is not None
+                and batches[at][0].txn_id == piece.txn_id
+                and sizes[at] + piece.records <= max_batch_bytes
+            ):
+                batches[at].append(piece)
+                sizes[at] += piece.records
+                continue
+            open_at[vchannel] = len(batches)
+            batches.append([piece])
+            sizes.append(head + piece.records)
     return batches
 
 
-def _estimate(msg: Message) -> int:
-    """A record's bytes in a batch (properties counted in characters)."""
-    props = sum(6 + len(k) + len(v) for k, v in msg.properties.items())
-    return batch.RECORD_HEADER_SIZE + len(msg.payload) + (2 + props if props else 0)
+def _cut(item: Item, most: int) -> list[Item]:
+    """``item`` cut into parts of at most ``most`` record bytes (a message
+    larger than that is a part of its own: encoding fails it alone)."""
+    parts: list[Item] = []
+    start = total = 0
+    for i, msg in enumerate(item.messages):
+        size = record_size(msg)
+        if i > start and total + size > most:
+            parts.append(item.part(start, i))
+            start, total = i, 0
+        total += size
+    parts.append(item.part(start, len(item.messages)))
+    return parts
 
 
 def seal(
     items: Sequence[Item], sealing: Sealing
 ) -> tuple[list[Sealed], list[tuple[Item, errors.HeadraceError]]]:
     """``items`` grouped (:func:`group`) and encoded, each batch with the next
-    sequence; the messages that cannot be encoded (too large, not UTF-8), with
-    their errors. A batch that does not encode as a whole is encoded message by
-    message, so one bad message fails alone."""
+    sequence; the items that cannot be encoded (a message too large, not
+    UTF-8), with their errors. A batch that does not encode as a whole is
+    encoded message by message, so one bad message fails alone."""
     sealed: list[Sealed] = []
     failed: list[tuple[Item, errors.HeadraceError]] = []
     for members in group(items, sealing.limits.max_batch_bytes):
@@ -185,7 +391,7 @@ def seal(
             # Maybe written by a format 1 owner: deduplicated by its message's
             # properties, as then (a batch without a producer id).
             item = members[0]
-            msg = dataclasses.replace(item.message, properties=item.properties)
+            msg = item.stamped(0)
             try:
                 data = batch.encode(
                     [msg], BatchInfo(msg.vchannel, 0, 0, msg.txn_id), sealing.limits
@@ -193,23 +399,35 @@ def seal(
             except errors.HeadraceError as exc:
                 failed.append((item, exc))
                 continue
-            sealed.append(Sealed(data, (item,)))
+            sealed.append(Sealed(data, (item,), 1))
             continue
-        attempts = [members] if len(members) == 1 else [members, *([m] for m in members)]
-        for attempt in attempts:
-            first = attempt[0].message
-            # A sequence a batch that fails to encode took is skipped: only
-            # uniqueness and order matter.
-            info = BatchInfo(
-                first.vchannel, sealing.producer_id, sealing.next_sequence(), first.txn_id
-            )
-            try:
-                data = batch.encode([item.message for item in attempt], info, sealing.limits)
-            except errors.HeadraceError as exc:
-                if len(attempt) == 1:
-                    failed.append((attempt[0], exc))
-                continue
-            sealed.append(Sealed(data, tuple(attempt)))
-            if attempt is members:
-                break
+        whole = _encoded(members, sealing)
+        if isinstance(whole, Sealed):
+            sealed.append(whole)
+            continue
+        if len(members) == 1 and len(members[0].messages) == 1:
+            failed.append((members[0], whole))
+            continue
+        for single in (single for member in members for single in member.singles()):
+            alone = _encoded([single], sealing)
+            if isinstance(alone, Sealed):
+                sealed.append(alone)
+            else:
+                failed.append((single, alone))
     return sealed, failed
+
+
+def _encoded(items: list[Item], sealing: Sealing) -> Sealed | errors.HeadraceError:
+    """``items`` (of one vchannel and transaction) as one record batch with the
+    next sequence, or why they do not encode. A sequence taken by a batch that
+    fails to encode is skipped: only uniqueness and order matter."""
+    first = items[0]
+    messages = (
+        first.messages if len(items) == 1 else [msg for item in items for msg in item.messages]
+    )
+    info = BatchInfo(first.vchannel, sealing.producer_id, sealing.next_sequence(), first.txn_id)
+    try:
+        data = batch.encode(messages, info, sealing.limits)
+    except errors.HeadraceError as exc:
+        return exc
+    return Sealed(data, tuple(items), len(messages))

@@ -7,20 +7,25 @@ import itertools
 
 from headrace import errors
 from headrace.client.producer import batch_producer_id
-from headrace.client.sending import Group, Item, Sealing, group, seal
+from headrace.client.sending import Group, Item, Sealing, group, record_size, seal
 from headrace.message import batch
 from headrace.message.batch import Limits
 from headrace.message.types import Message, MessageType
 from headrace.table.messages import COLLECTION
+from headrace.wal.validation import goes_alone
 
 
 def items(*msgs: Message) -> list[Item]:
+    """Each message an item of its own (as a call of several vchannels makes them)."""
     outcomes = Group(len(msgs))
-    return [Item(m, "p", i + 1, len(m.payload), outcomes, i, 0.0) for i, m in enumerate(msgs)]
+    return [
+        Item([m], [i], outcomes, "p", i + 1, len(m.payload), record_size(m), 0.0, goes_alone(m))
+        for i, m in enumerate(msgs)
+    ]
 
 
 def shape(batches: list[list[Item]]) -> list[list[bytes]]:
-    return [[item.message.payload for item in b] for b in batches]
+    return [[msg.payload for item in b for msg in item.messages] for b in batches]
 
 
 def ins(vchannel: str, payload: bytes, txn_id: int = 0) -> Message:
@@ -69,7 +74,7 @@ async def test_sealing_gives_each_batch_the_next_sequence_and_fails_a_bad_messag
     sealed, failed = seal(
         items(ins("a", b"1"), ins("a", b"x" * 300), ins("a", b"2"), ins("b", b"3")), sealing
     )
-    assert [(item.message.payload[:1], type(e)) for item, e in failed] == [
+    assert [(item.messages[0].payload[:1], type(e)) for item, e in failed] == [
         (b"x", errors.MessageTooLarge)
     ]
     headers = [batch.verify(s.data) for s in sealed]
