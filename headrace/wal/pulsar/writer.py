@@ -172,18 +172,20 @@ class _Sends:
 
     def turn(self, timeout: float) -> Turn:
         """:func:`next_turn`, waiting up to ``timeout`` for an answer while it says
-        :attr:`Turn.WAIT` (still WAIT: no answer came in that time)."""
+        :attr:`Turn.WAIT` (still WAIT: no answer came in that time). On
+        :attr:`Turn.SEND` the next record counts as sent (before ``send_async``:
+        its answer may come first)."""
         with self._changed:
-            self._changed.wait_for(lambda: self._turn() is not Turn.WAIT, timeout)
-            return self._turn()
+            turn = self._turn()
+            if turn is Turn.WAIT:
+                self._changed.wait_for(lambda: self._turn() is not Turn.WAIT, timeout)
+                turn = self._turn()
+            if turn is Turn.SEND:
+                self.sent += 1
+            return turn
 
     def _turn(self) -> Turn:
         return next_turn(self.sent - self._answered, self.failure is not None)
-
-    def sending(self) -> None:
-        """Count a record as sent, before ``send_async``: its answer may come first."""
-        with self._changed:
-            self.sent += 1
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for the answers to every record sent."""
@@ -295,7 +297,6 @@ class PulsarLink:
                     raise self._unanswered(sends)
                 if turn is Turn.STOP:
                     break
-                sends.sending()
                 producer.send_async(data, sends.done, properties=props, sequence_id=first + offset)
         except pulsar.PulsarException as exc:
             self.drop()
