@@ -10,7 +10,9 @@ without the opener's look at the end having seen it, so the link reads that
 range back (:meth:`PulsarLink.stored`) and the writer yields to a higher term
 found there.
 
-Sends of one group go out pipelined with ``send_async``.
+Sends of one group go out pipelined with ``send_async``, at most
+:data:`SEND_WINDOW` unanswered at a time (so the client's queue never fills),
+and stop at the first failure: a fence ends an append of any size at once.
 
 **Each record is stored once** (broker deduplication). When a connection is
 lost with sends on the wire (a stalled broker, a broker closing it), the
@@ -47,6 +49,7 @@ from disturbing the others.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import secrets
 import threading
 from collections.abc import Sequence
@@ -66,14 +69,44 @@ FIRST_SEQUENCE_ID = 1
 """The client takes a sequence id of 0 for "none given" and numbers the message itself."""
 
 
+MAX_PENDING = 2000
+"""Sends the client queues for a producer (``max_pending_messages``)."""
+
+SEND_WINDOW = MAX_PENDING // 2
+"""Sends a link keeps unanswered at most, well below :data:`MAX_PENDING`, so
+``send_async`` never waits for room in the client's queue. A send waiting for
+room when the broker fences the producer gets queued after the client failed
+the pending ones, and is never answered (pulsar-client 3.13): an append of
+more records than the queue holds would hang past the send timeout."""
+
+
 def producer_options(settings: PulsarSettings) -> dict[str, Any]:
-    """Keyword arguments of ``create_producer`` besides the access mode: no batching."""
+    """Keyword arguments of ``create_producer`` besides the access mode: no batching.
+
+    The link never fills the queue (:data:`SEND_WINDOW`); blocking when it is
+    full is for the raw producer of :mod:`headrace.bench.broker`."""
     return {
         "batching_enabled": False,
         "block_if_queue_full": True,
-        "max_pending_messages": 2000,
+        "max_pending_messages": MAX_PENDING,
         "send_timeout_millis": settings.send_timeout_ms,
     }
+
+
+class Turn(enum.Enum):
+    """What a link does before its next send (:func:`next_turn`)."""
+
+    SEND = "send now: room in the window"
+    WAIT = f"wait for an answer: {SEND_WINDOW} sends are unanswered"
+    STOP = "send nothing more: a send failed (a fenced or failing producer)"
+
+
+def next_turn(unanswered: int, failed: bool) -> Turn:
+    """What a link does before sending its next record, with ``unanswered`` sends
+    out and ``failed`` whether one failed (pure)."""
+    if failed:
+        return Turn.STOP
+    return Turn.SEND if unanswered < SEND_WINDOW else Turn.WAIT
 
 
 def producer_name(pchannel: str, term: int) -> str:
@@ -117,30 +150,47 @@ class _Sends:
     """Results of pipelined sends, in send order (callbacks run on client threads).
 
     ``acked`` holds the id of each acknowledged message, None for a copy the
-    broker dropped as a duplicate (stored before, id unknown)."""
+    broker dropped as a duplicate (stored before, id unknown). Sending stops
+    at the first failure; the records not sent by then count as not written."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self) -> None:
         self.acked: list[PulsarMessageID | None] = []
         self.failure: Any = None
-        self._left = count
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-        if count == 0:
-            self._done.set()
+        self.sent = 0
+        self._answered = 0
+        self._changed = threading.Condition()
 
     def done(self, result: Any, message_id: Any) -> None:
-        with self._lock:
+        with self._changed:
             if result == pulsar.Result.Ok and self.failure is None:
                 duplicate = is_duplicate_receipt(message_id)
                 self.acked.append(None if duplicate else client.from_pulsar(message_id))
             elif self.failure is None:
                 self.failure = result
-            self._left -= 1
-            if self._left == 0:
-                self._done.set()
+            self._answered += 1
+            self._changed.notify_all()
+
+    def turn(self, timeout: float) -> Turn:
+        """:func:`next_turn`, waiting up to ``timeout`` for an answer while it says
+        :attr:`Turn.WAIT` (still WAIT: no answer came in that time). On
+        :attr:`Turn.SEND` the next record counts as sent (before ``send_async``:
+        its answer may come first)."""
+        with self._changed:
+            turn = self._turn()
+            if turn is Turn.WAIT:
+                self._changed.wait_for(lambda: self._turn() is not Turn.WAIT, timeout)
+                turn = self._turn()
+            if turn is Turn.SEND:
+                self.sent += 1
+            return turn
+
+    def _turn(self) -> Turn:
+        return next_turn(self.sent - self._answered, self.failure is not None)
 
     def wait(self, timeout: float) -> bool:
-        return self._done.wait(timeout)
+        """Wait up to ``timeout`` for the answers to every record sent."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._answered == self.sent, timeout)
 
 
 class PulsarLink:
@@ -232,26 +282,44 @@ class PulsarLink:
             self._floor = mid
 
     def _dispatch(self, batch: Sequence[bytes], props: dict[str, str], first: int) -> _Sends:
-        """Send ``batch`` under sequence ids from ``first`` on; wait for every answer."""
+        """Send ``batch`` under sequence ids from ``first`` on, at most
+        :data:`SEND_WINDOW` unanswered at a time, until one fails; wait for every
+        answer. Each wait is bounded by the send timeout (and the operation
+        timeout to learn of it): a broker that answers nothing in that time
+        fails the append."""
         producer = self._producer
-        sends = _Sends(len(batch))
+        sends = _Sends()
+        bound = self._settings.send_timeout_ms / 1000 + self._settings.operation_timeout_s
         try:
             for offset, data in enumerate(batch):
+                turn = sends.turn(bound)
+                if turn is Turn.WAIT:
+                    raise self._unanswered(sends)
+                if turn is Turn.STOP:
+                    break
                 producer.send_async(data, sends.done, properties=props, sequence_id=first + offset)
         except pulsar.PulsarException as exc:
             self.drop()
             if isinstance(exc, pulsar.ProducerFenced | pulsar.AlreadyClosed):
                 raise self._lost(batch, props, first, sends.acked) from None
             raise client.translate(exc, f"appending to {self.topic}", self._settings) from None
-        if not sends.wait(
-            self._settings.send_timeout_ms / 1000 + self._settings.operation_timeout_s
-        ):
-            self.drop()
-            raise errors.Unavailable(
-                f"pulsar: sends to {self.topic} were not answered in time "
-                f"({self._settings.service_url}); none of this append was acknowledged"
-            )
+        if not sends.wait(bound):
+            raise self._unanswered(sends)
         return sends
+
+    def _unanswered(self, sends: _Sends) -> errors.Unavailable:
+        """What an append whose sends the broker left unanswered raises (the
+        producer dropped)."""
+        self.drop()
+        written = (
+            "none of this append was acknowledged"
+            if not sends.acked
+            else f"its first {len(sends.acked)} records were acknowledged"
+        )
+        return errors.Unavailable(
+            f"pulsar: sends to {self.topic} were not answered in time "
+            f"({self._settings.service_url}); {written}"
+        )
 
     def _settle(
         self, batch: Sequence[bytes], props: dict[str, str], first_seq: int, sends: _Sends
