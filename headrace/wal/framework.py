@@ -45,7 +45,12 @@ from headrace.wal.contract import Backend, BackendWriter, Record, where
 from headrace.wal.damaged import damage_stats
 from headrace.wal.interceptors import stages
 from headrace.wal.interceptors.backpressure import note_opaque
-from headrace.wal.interceptors.chain import AppendContext, BatchPart, representative
+from headrace.wal.interceptors.chain import (
+    AppendContext,
+    BatchPart,
+    batch_result,
+    representative,
+)
 from headrace.wal.interceptors.dedup import DedupWindow
 from headrace.wal.interceptors.planning import BATCH_OVERHEAD
 from headrace.wal.interceptors.segments import (
@@ -647,9 +652,7 @@ def _batch_outcome(ctx: AppendContext) -> BatchAppendResult | errors.HeadraceErr
     if isinstance(outcome, errors.HeadraceError):
         return outcome
     part = ctx.batch
-    return BatchAppendResult.of(
-        outcome, 1 if part is None or part.data is None else part.header.count
-    )
+    return batch_result(outcome, 1 if part is None or part.data is None else part.header.count)
 
 
 def _outcome(ctx: AppendContext) -> AppendResult | errors.HeadraceError:
