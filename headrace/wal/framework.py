@@ -50,6 +50,7 @@ from headrace.wal.interceptors.chain import (
     BatchPart,
     batch_result,
     representative,
+    whole_part,
 )
 from headrace.wal.interceptors.dedup import DedupWindow
 from headrace.wal.interceptors.planning import BATCH_OVERHEAD
@@ -507,7 +508,7 @@ class WAL:
             return AppendContext(
                 representative(header, checked.first_type),
                 header.length,
-                batch=BatchPart(header, data),
+                batch=whole_part(header, data),
             )
         (msg,) = batch.messages(data, header)
         outcome = self._validator.check(msg)

@@ -57,6 +57,19 @@ class BatchPart:
         return (header.producer_id, header.sequence) if header.producer_id else None
 
 
+_SET_PART_HEADER = BatchPart.__dict__["header"].__set__
+_SET_PART_DATA = BatchPart.__dict__["data"].__set__
+
+
+def whole_part(header: BatchHeader, data: bytes) -> BatchPart:
+    """``BatchPart(header, data)``, built through its slots (one per appended
+    whole batch; see :func:`batch_result`)."""
+    part = object.__new__(BatchPart)
+    _SET_PART_HEADER(part, header)
+    _SET_PART_DATA(part, data)
+    return part
+
+
 _BATCH_RESULT_FIELDS = ("record_id", "count", "timetick", "term", "txn_id")
 assert tuple(f.name for f in dataclasses.fields(BatchAppendResult)) == _BATCH_RESULT_FIELDS
 _SET_BATCH_RESULT = tuple(BatchAppendResult.__dict__[name].__set__ for name in _BATCH_RESULT_FIELDS)
