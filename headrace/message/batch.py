@@ -84,6 +84,8 @@ RECORD_HEADER_SIZE = _RECORD.size  # 12
 _FRAME = struct.Struct("<IB3xI")  # a record's length, type and properties length
 _LENGTH_TYPE = struct.Struct("<IB")
 _LENGTH = struct.Struct("<I")
+_VCHANNEL_LENGTH = struct.Struct("<H")
+_VCHANNEL_LENGTH_AT = HEADER_SIZE - 2
 _UNIFORM_BYTES = (0, 1, 2, 3, 8, 9, 10, 11)
 """Bytes of a record header that every record of a uniform batch repeats."""
 _TYPES = {int(t): t for t in MessageType}
@@ -279,6 +281,16 @@ def encode(messages: Sequence[Message], info: BatchInfo, limits: Limits = Limits
     return b"".join([head, *parts])
 
 
+def raw_vchannel(data: bytes) -> bytes:
+    """The bytes of the header's vchannel field, unchecked (a key to remember a
+    name already checked by: equal to ``read_header(data).vchannel`` encoded
+    whenever the header is well formed; b"" if ``data`` is shorter than a header)."""
+    if len(data) < HEADER_SIZE:
+        return b""
+    (size,) = _VCHANNEL_LENGTH.unpack_from(data, _VCHANNEL_LENGTH_AT)
+    return data[HEADER_SIZE : HEADER_SIZE + size]
+
+
 def read_header(data: bytes | bytearray | memoryview) -> BatchHeader:
     """The batch's header, checked (magic, version, flags, length, stamp CRC); no body CRC."""
     size = len(data)
@@ -355,15 +367,20 @@ def outline(data: bytes | bytearray | memoryview) -> tuple[BatchHeader, Outline]
     """:func:`verify`, also giving the records' :class:`Outline` from the same
     walk, without per-record objects.
 
-    Three walks give the same answer on every input (``tests/message/test_batch.py``
-    checks it property-based): :func:`_outline_uniform` reads a batch whose
+    Four walks give the same answer on every input (``tests/message/test_batch.py``
+    checks it property-based): :func:`_outline_single` reads a batch of one
+    record from its one frame; :func:`_outline_uniform` reads a batch whose
     records all have one length (the common producer batch of equal rows) with
     a constant number of strided reads, whatever its record count;
     :func:`_outline_walk` follows the records' lengths one ``unpack`` each; and
     :func:`_outline_checked`, the rule, which names the first fault. The first
-    two accept or leave the batch to the next, never refuse."""
+    three accept or leave the batch to the next, never refuse."""
     header = _checked_body(data)
-    found = _outline_uniform(data, header) or _outline_walk(data, header)
+    found = (
+        _outline_single(data, header)
+        or _outline_uniform(data, header)
+        or _outline_walk(data, header)
+    )
     if found is None:
         found = _outline_checked(data, header)
     return header, found
@@ -397,6 +414,23 @@ def _outline_checked(data: bytes | bytearray | memoryview, header: BatchHeader) 
         raise errors.CorruptData(f"batch holds {count} records, its header says {header.count}")
     first = unpack(data, header.records_at)[1]
     return Outline(frozenset(codes), first, max_payload, props)
+
+
+_ONE_CODE = {code: frozenset((code,)) for code in _TYPES}
+
+
+def _outline_single(data: bytes | bytearray | memoryview, header: BatchHeader) -> Outline | None:
+    """The outline of a well-formed batch of one record (the common batch of a
+    call spread over many vchannels), from its one frame; None for a malformed
+    one (:func:`_outline_checked` names its fault)."""
+    start, end = header.records_at, header.length
+    if header.count != 1 or end - start < RECORD_HEADER_SIZE:
+        return None
+    length, tcode, plen = _FRAME.unpack_from(data, start)
+    codes = _ONE_CODE.get(tcode)
+    if codes is None or length < 8 + plen or start + 4 + length != end:
+        return None
+    return Outline(codes, tcode, 0 if plen else length - 8, bool(plen))
 
 
 def _outline_uniform(data: bytes | bytearray | memoryview, header: BatchHeader) -> Outline | None:

@@ -24,6 +24,7 @@ from headrace.proto import streaming_pb2 as pb
 from headrace.wal.api import AppendResult, BatchAppendResult, DeliverPolicy, ReadOptions
 from headrace.wal.hosted import HostedWAL
 from headrace.wal.scanner import Scanner
+from headrace.wal.validation import GOOD_VCHANNELS_MAX
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 _ALL_CODES = frozenset(int(t) for t in MessageType)
@@ -41,14 +42,18 @@ class Admission:
     """Turns a producer's protos into messages for one pchannel, checking them.
 
     ``config``: the cluster's config, when known, to refuse a vchannel that
-    routes to another pchannel. Vchannels found good are remembered, so a batch
-    checks each name once.
+    routes to another pchannel. Vchannels found good are remembered (at most
+    :data:`GOOD_VCHANNELS_MAX`), so one admission kept while ``config`` holds
+    checks and routes each name once (the node keeps one per pchannel and
+    config: see :meth:`ProducerService.admission`).
     """
 
     def __init__(self, pchannel: str, config: ClusterConfig | None) -> None:
         self.pchannel = pchannel
         self.config = config
         self._good: set[str] = set()
+        self._good_raw: set[bytes] = set()
+        """The good names as a record batch's header holds them (UTF-8)."""
 
     def _check_vchannel(self, vchannel: str) -> None:
         if not VCHANNEL_PATTERN.match(vchannel):
@@ -59,22 +64,30 @@ class Admission:
                 raise errors.InvalidArgument(
                     f"vchannel {vchannel!r} belongs to {owner}, not {self.pchannel}"
                 )
-        self._good.add(vchannel)
+        good = self._good
+        if len(good) >= GOOD_VCHANNELS_MAX:
+            good.clear()
+            self._good_raw.clear()
+        good.add(vchannel)
 
     def record_batch(self, data: bytes) -> errors.HeadraceError | None:
         """Why a producer's record batch is not acceptable here (its vchannel is
         malformed or routes to another pchannel), read from its header; None if
-        it may go on (a malformed batch too: the WAL refuses it, saying why)."""
+        it may go on (a malformed batch too: the WAL refuses it, saying why).
+        A batch whose vchannel field holds a name found good goes on unread."""
+        raw = batch.raw_vchannel(data)
+        if raw in self._good_raw:
+            return None
         try:
             vchannel = batch.read_header(data).vchannel
         except errors.CorruptData:
             return None
-        if vchannel in self._good:
-            return None
-        try:
-            self._check_vchannel(vchannel)
-        except errors.InvalidArgument as exc:
-            return exc
+        if vchannel not in self._good:
+            try:
+                self._check_vchannel(vchannel)
+            except errors.InvalidArgument as exc:
+                return exc
+        self._good_raw.add(raw)
         return None
 
     def message(self, proto: pb.ProduceMessage) -> Message:

@@ -75,6 +75,17 @@ class ProducerService(rpc.ProducerServicer):
         self.metrics = metrics
         self.gate = gate or WriteGate(manager.node_id)
         """The cluster-wide write stop: refuses producers' messages while it holds."""
+        self._admissions: dict[str, convert.Admission] = {}
+
+    def admission(self, pchannel: str) -> convert.Admission:
+        """The admission of ``pchannel`` under the cluster config the node knows
+        now: kept while that config holds, so each vchannel is checked and
+        routed once per config, not once per request."""
+        config = self.manager.directory.config
+        admission = self._admissions.get(pchannel)
+        if admission is None or admission.config is not config:
+            admission = self._admissions[pchannel] = convert.Admission(pchannel, config)
+        return admission
 
     async def Produce(
         self,
@@ -168,7 +179,7 @@ class ProducerService(rpc.ProducerServicer):
         """Append the record batches of ``requests`` with one ``append_batches``
         (never decoded here: the header names the vchannel, the WAL checks the
         rest); one RecordBatchResult per record batch."""
-        admission = convert.Admission(pchannel, self.manager.directory.config)
+        admission = self.admission(pchannel)
         gate = self.gate
         accepted: list[bytes] = []
         rejected: dict[int, errors.HeadraceError] = {}
@@ -254,7 +265,7 @@ class ProducerService(rpc.ProducerServicer):
         self, pchannel: str, batches: Sequence[pb.ProduceBatch]
     ) -> list[pb.ProduceResponse]:
         """Append the messages of ``batches`` in order; one response per batch."""
-        admit = convert.Admission(pchannel, self.manager.directory.config).message
+        admit = self.admission(pchannel).message
         messages: list[Message] = []
         rejected: dict[int, errors.HeadraceError] = {}
         position = 0

@@ -45,7 +45,13 @@ from headrace.wal.contract import Backend, BackendWriter, Record, where
 from headrace.wal.damaged import damage_stats
 from headrace.wal.interceptors import stages
 from headrace.wal.interceptors.backpressure import note_opaque
-from headrace.wal.interceptors.chain import AppendContext, BatchPart, representative
+from headrace.wal.interceptors.chain import (
+    AppendContext,
+    BatchPart,
+    batch_result,
+    representative,
+    whole_part,
+)
 from headrace.wal.interceptors.dedup import DedupWindow
 from headrace.wal.interceptors.planning import BATCH_OVERHEAD
 from headrace.wal.interceptors.segments import (
@@ -502,7 +508,7 @@ class WAL:
             return AppendContext(
                 representative(header, checked.first_type),
                 header.length,
-                batch=BatchPart(header, data),
+                batch=whole_part(header, data),
             )
         (msg,) = batch.messages(data, header)
         outcome = self._validator.check(msg)
@@ -647,9 +653,7 @@ def _batch_outcome(ctx: AppendContext) -> BatchAppendResult | errors.HeadraceErr
     if isinstance(outcome, errors.HeadraceError):
         return outcome
     part = ctx.batch
-    return BatchAppendResult.of(
-        outcome, 1 if part is None or part.data is None else part.header.count
-    )
+    return batch_result(outcome, 1 if part is None or part.data is None else part.header.count)
 
 
 def _outcome(ctx: AppendContext) -> AppendResult | errors.HeadraceError:

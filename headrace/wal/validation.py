@@ -28,9 +28,9 @@ their own, which one batch result could not state.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import NamedTuple
 
 from headrace import errors
 from headrace.message import batch, codec
@@ -125,9 +125,9 @@ collection: only the lock stage has anything to do for it). A bare tuple:
 one is made per appended message."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class CheckedBatch:
-    """A producer's batch that passed: its header, and how it travels."""
+class CheckedBatch(NamedTuple):
+    """A producer's batch that passed: its header, and how it travels (a
+    named tuple: one is made per appended batch)."""
 
     header: BatchHeader
     whole: bool
@@ -178,7 +178,7 @@ def _route(
             f"collection message must hold that message alone: send them one per batch "
             f"(this one holds {header.count} messages); nothing was written"
         )
-    return CheckedBatch(header, not per_message, first_type)
+    return tuple.__new__(CheckedBatch, (header, not per_message, first_type))
 
 
 def validate_batch(

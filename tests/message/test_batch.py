@@ -229,7 +229,7 @@ def test_every_walk_of_the_records_agrees_with_the_checked_one(data: bytes, view
     given_data: bytes | memoryview = memoryview(data) if view else data
     header = batch._checked_body(given_data)
     want = _checked(given_data, header)
-    for walk in (batch._outline_uniform, batch._outline_walk):
+    for walk in (batch._outline_single, batch._outline_uniform, batch._outline_walk):
         got = walk(given_data, header)
         assert got is None or got == want, (walk.__name__, got, want)
         if isinstance(want, str):

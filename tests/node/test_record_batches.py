@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 import pytest
 
-from headrace.cluster import NEW_CLUSTER_ROUTING, ClusterFormat, route
+from headrace import errors
+from headrace.cluster import NEW_CLUSTER_ROUTING, ClusterConfig, ClusterFormat, route
 from headrace.coordinator import writestop
 from headrace.message import batch
 from headrace.message.batch import BatchInfo
 from headrace.message.formats import FormatSupport
 from headrace.message.types import Message, MessageType
+from headrace.node import convert
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 from tests.node.harness import HANG_GUARD, Cluster, until
@@ -161,3 +163,47 @@ async def test_a_retried_record_batch_is_answered_with_its_first_result(
     assert first.batch_results[0] == again.batch_results[0]
     stored = [batch.read_header(r) for r in cluster.store.channels[P].records]
     assert [h.sequence for h in stored if not h.system] == [1]
+
+
+async def test_a_vchannel_accepted_under_one_config_is_refused_once_it_routes_elsewhere(
+    cluster: Cluster, format_2: grpc.aio.Channel
+) -> None:
+    """The node remembers the vchannels it routed per cluster config: a new
+    config routes them again (one request before, one after the change)."""
+    node = cluster.nodes["node-a"]
+    assert node.manager is not None
+    directory = node.manager.directory
+    wider = [P, "pchannel-001"]
+    moved = next(f"v{i}" for i in range(100) if route(f"v{i}", wider, NEW_CLUSTER_ROUTING) != P)
+    _opened, (before,) = await produce(
+        format_2, [pb.ProduceBatch(batch_id=1, record_batches=[record_batch(moved, b"a")] * 2)]
+    )
+    assert [r.HasField("error") for r in before.batch_results] == [False, False]
+    await cluster.configure(wider)
+    await until(lambda: directory.config is not None and len(directory.config.pchannels) == 2)
+    _opened, (after,) = await produce(
+        format_2, [pb.ProduceBatch(batch_id=2, record_batches=[record_batch(moved, b"b")] * 2)]
+    )
+    for result in after.batch_results:
+        assert result.error.code == "INVALID_ARGUMENT" and "pchannel-001" in result.error.message
+
+
+def test_a_malformed_batch_of_a_good_vchannel_goes_on_and_a_bad_name_is_refused_each_time() -> None:
+    """The admission passes a batch whose vchannel field holds a name it found
+    good without reading the header (the WAL refuses it if malformed, saying
+    why); a name it refused is refused again, never remembered as good."""
+    pchannels = [P, "pchannel-001"]
+    config = ClusterConfig(pchannels=pchannels, routing=NEW_CLUSTER_ROUTING)
+    admission = convert.Admission(P, config)
+    mine = next(f"v{i}" for i in range(100) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) == P)
+    other = next(f"v{i}" for i in range(100) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) != P)
+    assert admission.record_batch(record_batch(mine, b"a")) is None
+    damaged = bytearray(record_batch(mine, b"a"))
+    damaged[2] = 9  # the format version
+    assert admission.record_batch(bytes(damaged)) is None
+    for _ in range(2):
+        refusal = admission.record_batch(record_batch(other, b"a"))
+        assert isinstance(refusal, errors.InvalidArgument) and "pchannel-001" in refusal.message
+    for _ in range(2):
+        refusal = admission.record_batch(record_batch("bad name", b"a"))
+        assert isinstance(refusal, errors.InvalidArgument)

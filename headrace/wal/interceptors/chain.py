@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 from headrace import errors
 from headrace.message.batch import BatchHeader
 from headrace.message.types import EMPTY_PROPERTIES, Message, MessageType
-from headrace.wal.api import AppendResult
+from headrace.wal.api import AppendResult, BatchAppendResult
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,6 +55,38 @@ class BatchPart:
         """``(producer id, sequence)``; None for producer id 0 (not deduplicated)."""
         header = self.header
         return (header.producer_id, header.sequence) if header.producer_id else None
+
+
+_SET_PART_HEADER = BatchPart.__dict__["header"].__set__
+_SET_PART_DATA = BatchPart.__dict__["data"].__set__
+
+
+def whole_part(header: BatchHeader, data: bytes) -> BatchPart:
+    """``BatchPart(header, data)``, built through its slots (one per appended
+    whole batch; see :func:`batch_result`)."""
+    part = object.__new__(BatchPart)
+    _SET_PART_HEADER(part, header)
+    _SET_PART_DATA(part, data)
+    return part
+
+
+_BATCH_RESULT_FIELDS = ("record_id", "count", "timetick", "term", "txn_id")
+assert tuple(f.name for f in dataclasses.fields(BatchAppendResult)) == _BATCH_RESULT_FIELDS
+_SET_BATCH_RESULT = tuple(BatchAppendResult.__dict__[name].__set__ for name in _BATCH_RESULT_FIELDS)
+
+
+def batch_result(first: AppendResult, count: int) -> BatchAppendResult:
+    """``BatchAppendResult.of(first, count)``, built through its slots (the
+    generated ``__init__`` of a frozen dataclass sets fields by name, several
+    times slower; one is made per appended batch and per remembered key)."""
+    result = object.__new__(BatchAppendResult)
+    set_id, set_count, set_timetick, set_term, set_txn = _SET_BATCH_RESULT
+    set_id(result, first.id)
+    set_count(result, count)
+    set_timetick(result, first.timetick)
+    set_term(result, first.term)
+    set_txn(result, first.txn_id)
+    return result
 
 
 def representative(header: BatchHeader, first_type: MessageType) -> Message:

@@ -242,6 +242,21 @@ def make_result(mid: MessageID, timetick: int, term: int, txn_id: int) -> Append
     return result
 
 
+_SET_ENTRY = tuple(BatchEntry.__dict__[name].__set__ for name in ("id", "header", "data"))
+assert tuple(f.name for f in dataclasses.fields(BatchEntry)) == ("id", "header", "data")
+
+
+def batch_entry(mid: MessageID, header: BatchHeader, record: bytes) -> BatchEntry:
+    """``BatchEntry(mid, header, record)``, built through its slots (one per
+    appended whole batch; see :func:`make_result`)."""
+    entry = object.__new__(BatchEntry)
+    set_id, set_header, set_data = _SET_ENTRY
+    set_id(entry, mid)
+    set_header(entry, header)
+    set_data(entry, record)
+    return entry
+
+
 def settle(batch: Batch, ids: list[MessageID], last_id: MessageID | None) -> Columns:
     """Every planned context's result from the backend's ``ids`` (a tick that
     was not persisted carries the id of the last persisted message, starting
@@ -277,7 +292,7 @@ def settle(batch: Batch, ids: list[MessageID], last_id: MessageID | None) -> Col
         else:
             record, header = whole
             ctx.result = make_result(mid, header.base_timetick, header.term, header.txn_id)
-            append(BatchEntry(mid, header, record))
+            append(batch_entry(mid, header, record))
             timeticks.append(header.last_timetick)
     return Columns(entries, timeticks, batch.sizes, batch.persisted)
 
