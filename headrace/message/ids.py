@@ -119,7 +119,10 @@ class MessageID(abc.ABC):
         cls._fields = _slot_names(cls)
         cls._setters = _slot_setters(cls, cls._fields)
         if len(cls._setters) != len(cls._fields):
-            raise TypeError(f"message id class {cls.__name__}: a slot has no descriptor")
+            raise TypeError(
+                f"message id class {cls.__name__}: slots {cls._fields} must be plain "
+                "attribute names (not private '__name's, which Python renames)"
+            )
 
     @abc.abstractmethod
     def sort_key(self) -> tuple[int, ...]:

@@ -276,3 +276,10 @@ def test_indexed_copies_the_slots_of_every_class_of_the_id() -> None:
 def test_indexed_rejects_counts_out_of_range(count: int) -> None:
     with pytest.raises(errors.InvalidArgument, match="count out of range"):
         LocalMessageID(1).indexed(count)
+
+
+def test_id_classes_must_name_their_slots_plainly() -> None:
+    with pytest.raises(TypeError, match="must be plain attribute names"):
+
+        class _Private(LocalMessageID):
+            __slots__ = ("__hidden",)
