@@ -279,3 +279,100 @@ def test_type_codes_of_an_unverified_batch_refuse_records_past_its_end() -> None
     assert batch.type_codes(bytes(data), header)[0] == 200
     with pytest.raises(errors.CorruptData, match="unknown type code 200"):
         batch.record_types(bytes(data), header)
+
+
+def layout(msgs: list[Message], info: batch.BatchInfo) -> bytes:
+    """A batch written field by field from the documented layout (the module
+    docstring of :mod:`headrace.message.batch`), independently of ``encode``."""
+    records = b""
+    for msg in msgs:
+        props = codec.encode_properties(msg.properties)
+        body = struct.pack("<BBHI", msg.type, 0, 0, len(props)) + props + msg.payload
+        records += struct.pack("<I", len(body)) + body
+    vch = info.vchannel.encode()
+    after_crc = (
+        struct.pack("<IIQQQH", len(msgs), 0, info.producer_id, info.sequence, info.txn_id, len(vch))
+        + vch
+        + records
+    )
+    flags = (1 if info.txn_id else 0) | (2 if info.system else 0)
+    stamp = bytes(16)
+    head = struct.pack("<2sBBI", b"HB", 2, flags, 32 + len(after_crc)) + stamp
+    return head + struct.pack("<II", crc32c.crc32c(stamp), crc32c.crc32c(after_crc)) + after_crc
+
+
+@st.composite
+def plain_batches(draw: st.DrawFn) -> tuple[list[Message], batch.BatchInfo]:
+    """Batches most of which are encoded column by column: messages without
+    properties, often of one length and type."""
+    info = batch.BatchInfo(
+        vchannel=draw(vchannels),
+        producer_id=draw(st.integers(0, 2**64 - 1)),
+        sequence=draw(st.integers(0, 2**64 - 1)),
+        txn_id=draw(st.sampled_from([0, 0, 5, 2**64 - 1])),
+        system=draw(st.booleans()),
+    )
+    count = draw(st.integers(1, 40))
+    if draw(st.booleans()):
+        kinds = [draw(st.sampled_from(list(MessageType)))] * count
+        payloads = [draw(st.binary(max_size=64))] * count
+    else:
+        kinds = draw(st.lists(st.sampled_from(list(MessageType)), min_size=count, max_size=count))
+        payloads = draw(st.lists(st.binary(max_size=64), min_size=count, max_size=count))
+    props: list[dict[str, str]] = [{}] * count
+    if draw(st.integers(0, 4)) == 0:
+        props[draw(st.integers(0, count - 1))] = {"k": "v"}
+    msgs = [
+        Message(kind, info.vchannel, payload, prop, 0, 0, info.txn_id)
+        for kind, payload, prop in zip(kinds, payloads, props, strict=True)
+    ]
+    return msgs, info
+
+
+@given(st.one_of(plain_batches(), batches()))
+def test_encoding_is_the_documented_layout_byte_for_byte(
+    drawn: tuple[list[Message], batch.BatchInfo],
+) -> None:
+    msgs, info = drawn
+    data = batch.encode(msgs, info)
+    assert data == layout(msgs, info)
+    assert [m.payload for m in batch.messages(data)] == [m.payload for m in msgs]
+
+
+def test_a_uniform_batch_is_the_documented_layout() -> None:
+    msgs = [Message(MessageType.INSERT, "v1", b"x" * 1024) for _ in range(256)]
+    info = batch.BatchInfo("v1", producer_id=7, sequence=11)
+    data = batch.encode(msgs, info)
+    assert data == layout(msgs, info)
+    assert len(data) == batch.HEADER_SIZE + 2 + 256 * (batch.RECORD_HEADER_SIZE + 1024)
+
+
+@given(plain_batches(), st.data())
+def test_a_message_of_another_vchannel_or_txn_is_named_in_any_batch(
+    drawn: tuple[list[Message], batch.BatchInfo], data: st.DataObject
+) -> None:
+    msgs, info = drawn
+    at = data.draw(st.integers(0, len(msgs) - 1))
+    other = data.draw(st.sampled_from(["vchannel", "txn_id"]))
+    if other == "vchannel":
+        msgs[at] = Message(
+            msgs[at].type, info.vchannel + "x", msgs[at].payload, {}, 0, 0, info.txn_id
+        )
+    else:
+        msgs[at] = Message(
+            msgs[at].type, info.vchannel, msgs[at].payload, {}, 0, 0, info.txn_id + 1
+        )
+    with pytest.raises(errors.InvalidArgument, match=rf": message {at} of a batch .* one vchannel"):
+        batch.encode(msgs, info)
+
+
+@given(plain_batches(), st.data())
+def test_a_message_over_the_limit_is_named_in_any_batch(
+    drawn: tuple[list[Message], batch.BatchInfo], data: st.DataObject
+) -> None:
+    msgs, info = drawn
+    at = data.draw(st.integers(0, len(msgs) - 1))
+    msgs[at] = Message(msgs[at].type, info.vchannel, bytes(200), {}, 0, 0, info.txn_id)
+    limits = batch.Limits(max_message_bytes=150 + len(info.vchannel.encode()), max_batch_bytes=1)
+    with pytest.raises(errors.MessageTooLarge, match=rf": message {at} of the batch is \d+ bytes"):
+        batch.encode(msgs, info, limits)

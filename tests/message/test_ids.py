@@ -232,3 +232,54 @@ def test_id_classes_must_declare_slots() -> None:
 
         class _NoSlots(LocalMessageID):
             pass
+
+
+@pytest.mark.parametrize("backend", sorted(RECORDS))
+@given(data=st.data(), count=st.integers(0, 40), start=st.integers(0, 5))
+def test_indexed_gives_each_message_id_of_the_record(
+    backend: str, data: st.DataObject, count: int, start: int
+) -> None:
+    record = data.draw(RECORDS[backend])
+    made = record.with_index(start).indexed(count)
+    expected = [record.with_index(i) for i in range(count)]
+    assert made == expected
+    assert [mid.index for mid in made] == list(range(count))
+    assert [str(mid) for mid in made] == [str(mid) for mid in expected]
+    assert [hash(mid) for mid in made] == [hash(mid) for mid in expected]
+    assert [ids.to_wire(mid) for mid in made] == [ids.to_wire(mid) for mid in expected]
+    assert sorted(reversed(made)) == expected
+    for mid in made:
+        assert type(mid) is type(record)
+        assert mid.record_id() == record
+        assert mid.to_bytes() == record.to_bytes()
+        assert pickle.loads(pickle.dumps(mid)) == mid
+        assert copy.deepcopy(mid).index == mid.index
+
+
+def test_indexed_copies_the_slots_of_every_class_of_the_id() -> None:
+    class _Tagged(PulsarMessageID):
+        __slots__ = ("tag",)
+
+        def __init__(self, ledger: int, entry: int, tag: str) -> None:
+            super().__init__(ledger, entry, 3, 4)
+            self.tag = tag
+
+    made = _Tagged(12, 5, "t").with_index(2).indexed(3)
+    assert [(m.ledger, m.entry, m.partition, m.batch, m.tag, m.index) for m in made] == [
+        (12, 5, 3, 4, "t", i) for i in range(3)
+    ]
+    assert made[0].index == 0
+    assert "index" not in vars(made[0])
+
+
+@pytest.mark.parametrize("count", [-1, 2**32 + 1, True, 2.0])
+def test_indexed_rejects_counts_out_of_range(count: int) -> None:
+    with pytest.raises(errors.InvalidArgument, match="count out of range"):
+        LocalMessageID(1).indexed(count)
+
+
+def test_id_classes_must_name_their_slots_plainly() -> None:
+    with pytest.raises(TypeError, match="must be plain attribute names"):
+
+        class _Private(LocalMessageID):
+            __slots__ = ("__hidden",)

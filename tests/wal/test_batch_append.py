@@ -19,6 +19,7 @@ from headrace.message import batch
 from headrace.message.batch import BatchInfo
 from headrace.message.formats import FormatSupport
 from headrace.message.ids import MessageID
+from headrace.message.records import message_id
 from headrace.message.types import Message, MessageType
 from headrace.tso import LocalTSO
 from headrace.wal import registry
@@ -27,7 +28,6 @@ from headrace.wal.api import (
     BatchAppendResult,
     DeliverPolicy,
     ReadOptions,
-    message_id,
 )
 from headrace.wal.contract import Backend, BackendWriter, Record, StartPosition
 from headrace.wal.framework import WAL, WALOptions
