@@ -239,8 +239,8 @@ class TableCatalog:
 
     def reader_pins(self) -> dict[str, frozenset[int]]:
         """Collection -> the snapshot ids open snapshot reads hold
-        (:mod:`headrace.table.pins`): pass them as ``pinned`` to expiry and
-        compaction so that no file under a reader is deleted."""
+        (:mod:`headrace.table.pins`), for tools and tests; snapshot expiry
+        reads one collection's with :meth:`reader_pins_of` instead."""
         return pinned_snapshots(self.keys, self._store.get_prefix(pins_prefix(self.keys)))
 
     def reader_pins_of(self, collection: str) -> ReaderPins:
