@@ -386,11 +386,8 @@ def _maintain_tables(
     except errors.HeadraceError as exc:
         return [MaintenanceFailure("(every table)", exc)]
     with catalog:
-        try:
-            pins = catalog.reader_pins()
-        except errors.HeadraceError as exc:
-            return [MaintenanceFailure("(every table: reading the reader pins)", exc)]
-        return maintain_all(catalog, dropped, options.retention, pins)
+        # Each table's expiry reads its reader pins itself, guarded by the pin epoch.
+        return maintain_all(catalog, dropped, options.retention)
 
 
 def outcome_of(launch: Launch, job: asyncio.Future[FlushResult]) -> Result:

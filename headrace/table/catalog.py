@@ -49,7 +49,13 @@ from headrace.metastore.factory import open_metastore
 from headrace.table.bridge import LoopThread, SyncStore
 from headrace.table.decide import AlreadyCommitted, Proceed, Refused, decide
 from headrace.table.iceberg import HeadraceIcebergCatalog, StagedPointer
-from headrace.table.pins import pinned_snapshots, pins_prefix
+from headrace.table.pins import (
+    ReaderPins,
+    pinned_snapshots,
+    pins_prefix,
+    reader_pins_of,
+    reader_pins_ops,
+)
 from headrace.table.records import (
     CheckpointRecord,
     FlushCommit,
@@ -65,8 +71,18 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MetadataChange = tuple[tuple[TableRequirement, ...], tuple[TableUpdate, ...]]
-"""Requirements checked against the current metadata, and the updates to apply."""
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MetadataChange:
+    """A metadata-only change of one table (snapshot expiry)."""
+
+    requirements: tuple[TableRequirement, ...]
+    """Checked against the table's metadata when the change is applied."""
+    updates: tuple[TableUpdate, ...]
+    guards: tuple[Compare, ...] = ()
+    """Metastore conditions the pointer swap compares as well (an expiry's:
+    no reader pinned a snapshot since it read the pins)."""
+
 
 PRIMARY_KEY_TYPES = (pa.int64(), pa.string())
 
@@ -223,9 +239,15 @@ class TableCatalog:
 
     def reader_pins(self) -> dict[str, frozenset[int]]:
         """Collection -> the snapshot ids open snapshot reads hold
-        (:mod:`headrace.table.pins`): pass them as ``pinned`` to expiry and
-        compaction so that no file under a reader is deleted."""
+        (:mod:`headrace.table.pins`), for tools and tests; snapshot expiry
+        reads one collection's with :meth:`reader_pins_of` instead."""
         return pinned_snapshots(self.keys, self._store.get_prefix(pins_prefix(self.keys)))
+
+    def reader_pins_of(self, collection: str) -> ReaderPins:
+        """The snapshots open reads of ``collection`` hold, with the pin epoch
+        to compare when a commit relies on them (:class:`MetadataChange` guards)."""
+        found = self._store.txn([], reader_pins_ops(self.keys, collection)).gets
+        return reader_pins_of(self.keys, collection, found)
 
     def iceberg_table(self, collection: str) -> Table:
         """The collection's pyiceberg ``Table`` as of now (for readers and tools)."""
@@ -267,10 +289,11 @@ class TableCatalog:
 
         ``plan`` sees the table as loaded now and returns the change, or None
         for nothing to do. The change is one swap of the table's pointer,
-        compared on its ``mod_revision`` like every commit, and touches no
-        checkpoint or segment; when another commit (a flush) moved the pointer
-        meanwhile, it is planned again on the new metadata (up to
-        ``commit_attempts`` tries, then CONFLICT, retryable). The table after.
+        compared on its ``mod_revision`` like every commit and on the change's
+        ``guards``, and touches no checkpoint or segment; when another commit
+        (a flush) moved the pointer or a guard failed meanwhile, it is planned
+        again on the new metadata (up to ``commit_attempts`` tries, then
+        CONFLICT, retryable). The table after.
         """
         with self._commit_lock:
             for attempt in range(1, self.config.commit_attempts + 1):
@@ -278,18 +301,31 @@ class TableCatalog:
                 change = plan(table)
                 if change is None:
                     return table
-                commit = functools.partial(self._iceberg.commit_table, table, *change)
-                try:
-                    self.storage(f"committing a change of {collection}", commit)
-                except CommitFailedException:
-                    log.info("%s: change attempt %d raced; trying again", collection, attempt)
-                    continue
-                return self._load(collection)
+                if self._swap(collection, table, change):
+                    return self._load(collection)
+                log.info("%s: change attempt %d raced; trying again", collection, attempt)
         raise errors.Conflict(
             f"the change of table {collection} kept racing with other commits "
             f"({self.config.commit_attempts} attempts); try again",
             retryable=True,
         )
+
+    def _swap(self, collection: str, table: Table, change: MetadataChange) -> bool:
+        """Write the changed metadata and swap the pointer under the guards;
+        False if the table or a guard moved."""
+        with self._iceberg.staging() as staged:
+            commit = functools.partial(
+                self._iceberg.commit_table, table, change.requirements, change.updates
+            )
+            try:
+                self.storage(f"committing a change of {collection}", commit)
+            except CommitFailedException:
+                return False
+            pointers = list(staged)
+        if not pointers:
+            return True  # the change leaves the metadata as it is
+        compares = [*(p.compare() for p in pointers), *change.guards]
+        return self._store.txn(compares, [p.put() for p in pointers]).succeeded
 
     def commit(self, collection: str, action: Callable[[], Table]) -> Table | None:
         """Run ``action``, a pyiceberg commit of ``collection`` (one pointer swap

@@ -3,10 +3,12 @@
 :func:`maintain` does, for one table:
 
 1. **expire snapshots** (:func:`~headrace.table.expiry.snapshots_to_expire`
-   decides): a ``RemoveSnapshotsUpdate`` committed through the catalog like
-   any commit, one pointer swap compared on ``mod_revision`` and re-planned
-   if a flush moved the pointer meanwhile; it requires the main branch to be
-   where the plan saw it, and moves no checkpoint;
+   decides, keeping every snapshot a reader pins, read afresh with the pin
+   epoch for each plan): a ``RemoveSnapshotsUpdate`` committed through the
+   catalog like any commit, one pointer swap compared on ``mod_revision``
+   and on the pin epoch (:mod:`headrace.table.pins`), re-planned if a flush
+   moved the pointer or a read pinned a snapshot meanwhile; it requires the
+   main branch to be where the plan saw it, and moves no checkpoint;
 2. **collect orphans** (:func:`~headrace.table.expiry.orphans` decides):
    list the files under ``<location>/data`` and ``<location>/metadata`` with
    the table's own pyarrow filesystem (local or S3) and delete those that no
@@ -72,16 +74,21 @@ def maintain(
 ) -> MaintenanceReport:
     """Expire the table's old snapshots, then delete its orphan files.
 
-    ``pinned``: snapshot ids kept whatever their age (readers' snapshots,
-    issue #15), on top of the table's branch and tag heads.
+    Every snapshot a reader pins (issue #15) is kept: the pins are read here,
+    for each plan, and the expiry commits only if no pin was taken since.
+    ``pinned``: more snapshot ids to keep whatever their age, on top of the
+    readers' and the table's branch and tag heads.
     """
     now = time.time() if now_s is None else now_s
     planned: list[Expiry] = []
 
     def plan(table: Table) -> MetadataChange | None:
-        expiry = plan_expiry(table, pinned, now, options)
+        pins = catalog.reader_pins_of(collection)
+        expiry = plan_expiry(table, pinned | pins.snapshot_ids, now, options)
         planned[:] = [] if expiry is None else [expiry]
-        return None if expiry is None else expiry.change
+        if expiry is None:
+            return None
+        return dataclasses.replace(expiry.change, guards=(pins.unchanged(),))
 
     table = catalog.change_table(collection, plan)
     expired = planned[0].snapshot_ids if planned else frozenset()
@@ -121,7 +128,7 @@ def plan_expiry(
         {"ref": MAIN_BRANCH, "snapshot-id": metadata.current_snapshot_id}
     )
     update = RemoveSnapshotsUpdate.model_validate({"snapshot-ids": sorted(decided.expire)})
-    return Expiry(decided.expire, ((requirement,), (update,)))
+    return Expiry(decided.expire, MetadataChange((requirement,), (update,)))
 
 
 def collect_dropped(
@@ -218,10 +225,7 @@ class MaintenanceFailure:
 
 
 def maintain_all(
-    catalog: TableCatalog,
-    dropped: Mapping[str, float],
-    options: RetentionOptions,
-    pinned: Mapping[str, frozenset[int]] | None = None,
+    catalog: TableCatalog, dropped: Mapping[str, float], options: RetentionOptions
 ) -> list[MaintenanceReport | MaintenanceFailure]:
     """:func:`maintain` every table (:func:`collect_dropped` for those in
     ``dropped``: collection -> when it was dropped); a table that fails does
@@ -232,8 +236,7 @@ def maintain_all(
             if collection in dropped:
                 report = collect_dropped(catalog, collection, dropped[collection], options)
             else:
-                held = frozenset() if pinned is None else pinned.get(collection, frozenset())
-                report = maintain(catalog, collection, options, held)
+                report = maintain(catalog, collection, options)
         except errors.HeadraceError as exc:
             results.append(MaintenanceFailure(collection, exc))
             continue

@@ -3,27 +3,36 @@
 A snapshot read records ``<root>/reader-pins/<collection>/<lease id>`` holding
 the snapshot id, under a metastore lease it keeps alive while it reads: a
 reader that dies without unpinning loses its pin when the lease runs out.
-:func:`pinned_snapshots` decodes them for whoever deletes files (snapshot
-expiry, compaction), which pass them as the ``pinned`` ids of
-:func:`headrace.table.expiry.snapshots_to_expire` (through
-:func:`headrace.table.maintenance.maintain`): a pinned snapshot is retained,
-so its files stay referenced and are never collected.
+:func:`reader_pins_of` decodes one collection's for snapshot expiry
+(:func:`headrace.table.maintenance.maintain` reads them itself for each plan
+and passes them to :func:`headrace.table.expiry.snapshots_to_expire`): a
+pinned snapshot is retained, so its files stay referenced and orphan
+collection never deletes them. :func:`pinned_snapshots` decodes every
+collection's (tools, tests).
 
 The pin is written in a transaction comparing the table pointer's
 ``mod_revision`` with the one the read planned on: the snapshot is then part
-of the table's metadata when the pin appears, so an expiry planned afterwards
-sees both (see docs/pipeline.md, "Snapshot reads", for the one window left).
+of the table's metadata when the pin appears. The same transaction writes the
+collection's **pin epoch** (``<root>/reader-pin-epochs/<collection>``), and an
+expiry reads the pins with the epoch (:class:`ReaderPins`, one transaction)
+and commits only if the epoch has not moved since (:meth:`ReaderPins.unchanged`
+in the pointer swap). So an expiry either saw a pin, or the pin was written
+after the expiry committed, when the pointer had moved and the pinned snapshot
+was one the expiry kept: no file a pin needs is ever collected. Without the
+epoch, a read that pinned between an expiry's reading of the pins and its
+commit lost its snapshot's files (docs/pipeline.md, "Snapshot reads").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from headrace import errors
 from headrace.cluster import Keys
-from headrace.metastore.contract import Compare, KeyValue, Put
+from headrace.metastore.contract import Compare, Get, KeyValue, Put
 from headrace.table.records import table_key
 
 PIN_TTL_S = 30.0
@@ -34,21 +43,64 @@ def pins_prefix(keys: Keys) -> str:
     return f"{keys.root}/reader-pins/"
 
 
-def pin_key(keys: Keys, collection: str, lease: int) -> str:
+def collection_pins_prefix(keys: Keys, collection: str) -> str:
     table_key(keys, collection)  # the same name check
-    return f"{pins_prefix(keys)}{collection}/{lease:016x}"
+    return f"{pins_prefix(keys)}{collection}/"
+
+
+def pin_key(keys: Keys, collection: str, lease: int) -> str:
+    return f"{collection_pins_prefix(keys, collection)}{lease:016x}"
+
+
+def pin_epoch_key(keys: Keys, collection: str) -> str:
+    """Written by every pin of ``collection``: an expiry compares its
+    ``mod_revision`` to know that no pin appeared since it read them."""
+    table_key(keys, collection)  # the same name check
+    return f"{keys.root}/reader-pin-epochs/{collection}"
 
 
 def pin_ops(
     keys: Keys, collection: str, snapshot_id: int, lease: int, pointer_revision: int
 ) -> tuple[list[Compare], list[Put]]:
     """The transaction that pins ``snapshot_id`` if the table pointer is still
-    at ``pointer_revision``."""
+    at ``pointer_revision``, and moves the collection's pin epoch."""
     value = json.dumps({"snapshot_id": snapshot_id, "since": time.time()}).encode()
     return (
         [Compare.mod_revision_is(table_key(keys, collection), pointer_revision)],
-        [Put(pin_key(keys, collection, lease), value, lease=lease)],
+        [
+            Put(pin_key(keys, collection, lease), value, lease=lease),
+            Put(pin_epoch_key(keys, collection), value),
+        ],
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReaderPins:
+    """The snapshots readers of one collection hold, read with the pin epoch."""
+
+    snapshot_ids: frozenset[int]
+    epoch_key: str
+    epoch_revision: int
+    """``mod_revision`` of the epoch when the pins were read (0: no pin ever)."""
+
+    def unchanged(self) -> Compare:
+        """The condition that no pin was taken since these were read: a commit
+        that drops snapshots on the strength of these pins compares it."""
+        return Compare.mod_revision_is(self.epoch_key, self.epoch_revision)
+
+
+def reader_pins_ops(keys: Keys, collection: str) -> list[Get]:
+    """The reads of :func:`reader_pins_of`, to run in one transaction."""
+    prefix = collection_pins_prefix(keys, collection)
+    return [Get(pin_epoch_key(keys, collection)), Get(prefix, prefix=True)]
+
+
+def reader_pins_of(keys: Keys, collection: str, found: Sequence[Sequence[KeyValue]]) -> ReaderPins:
+    """``collection``'s pins from the results of :func:`reader_pins_ops` (pure)."""
+    epoch, pins = found
+    held = pinned_snapshots(keys, pins).get(collection, frozenset())
+    revision = epoch[0].mod_revision if epoch else 0
+    return ReaderPins(held, pin_epoch_key(keys, collection), revision)
 
 
 def pinned_snapshots(keys: Keys, kvs: Iterable[KeyValue]) -> dict[str, frozenset[int]]:

@@ -7,26 +7,33 @@ real flush job run in-process (``tests/client/reads.py``), pyiceberg reading.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.table import Table
 
 from headrace import errors
 from headrace.cli.exits import EXIT_USAGE
 from headrace.cli.main import main
 from headrace.client import HeadraceClient
+from headrace.client.reading import AsOf, SnapshotRead
 from headrace.client.sync import SyncClient
-from headrace.table import CatalogConfig, TableCatalog
+from headrace.table import CatalogConfig, TableCatalog, maintenance
 from headrace.table.expiry import RetentionOptions
-from headrace.table.maintenance import maintain
+from headrace.table.maintenance import MaintenanceReport, maintain
 from tests.client.reads import flush_now
 from tests.node.harness import Cluster
 
 pytestmark = pytest.mark.timeout(300)
+
+T = TypeVar("T")
 
 SCHEMA = pa.schema(
     [
@@ -250,3 +257,116 @@ async def test_the_sync_client_reads_and_closes_a_batched_read_early(
     assert whole == {k: k * 10 for k in range(5, 11)}
     assert first and set(first) <= set(range(11))
     assert pins == {}
+
+
+@dataclasses.dataclass
+class PinsDuringMaintenance:
+    """Opens a read at the moment maintenance has read the reader pins and
+    planned nothing yet (its first ``plan_expiry``), then runs ``meanwhile``
+    (say, a flush that makes the read's snapshot old) on the test's loop."""
+
+    client: HeadraceClient
+    as_of: AsOf
+    loop: asyncio.AbstractEventLoop
+    meanwhile: Callable[[], Awaitable[None]] | None = None
+    opened: list[SnapshotRead] = dataclasses.field(default_factory=list)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        real = maintenance.plan_expiry
+
+        def plan_expiry(
+            table: Table, pinned: frozenset[int], now_s: float, options: RetentionOptions
+        ) -> maintenance.Expiry | None:
+            if not self.opened:
+                self.opened.append(self._run(self._open()))
+                if self.meanwhile is not None:
+                    self._run(self.meanwhile())
+            return real(table, pinned, now_s, options)
+
+        monkeypatch.setattr(maintenance, "plan_expiry", plan_expiry)
+
+    async def _open(self) -> SnapshotRead:
+        return await self.client.snapshot_read("items", as_of=self.as_of).__aenter__()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
+
+
+async def maintain_with_pins_read_first(catalog: TableCatalog) -> MaintenanceReport:
+    """A maintenance round as the runner does it, the pins read first, then
+    ``maintain``, as of an hour later: every snapshot replaced by then, even
+    during the round, is old enough to expire."""
+
+    def run() -> MaintenanceReport:
+        pins = catalog.reader_pins().get("items", frozenset())
+        return maintain(catalog, "items", EVERYTHING_GOES, pins, now_s=time.time() + 3600)
+
+    return await asyncio.to_thread(run)
+
+
+async def test_a_time_travel_read_pinning_while_maintenance_plans_keeps_its_snapshot(
+    served: Cluster, client: HeadraceClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Maintenance reads the pins (none), then a read at an old timetick
+    plans and pins the snapshot of the first flush (no longer current), then
+    maintenance expires everything unpinned and deletes unreferenced files
+    with no grace period: the read still gets every row of its snapshot."""
+    warehouse = tmp_path / "warehouse"
+    async with client.producer() as producer:
+        await producer.insert("items", rows(list(range(10))))
+        await flush_now(served, client, warehouse, "items")
+        marker = await producer.insert("items", rows([100]))
+        as_of = max(r.timetick for r in marker.results)
+        await producer.delete("items", list(range(10)))  # the flush rewrites every file
+        await flush_now(served, client, warehouse, "items")
+    hook = PinsDuringMaintenance(client, as_of, asyncio.get_running_loop())
+    hook.install(monkeypatch)
+    config = CatalogConfig(served.url, str(warehouse), served.keys.cluster)
+    with TableCatalog.open(config) as catalog:
+        report = await maintain_with_pins_read_first(catalog)
+        (reading,) = hook.opened
+        try:
+            snapshot = reading.planned.plan.snapshot_id
+            assert snapshot is not None
+            assert snapshot != catalog.iceberg_table("items").metadata.current_snapshot_id
+            assert by_key(await reading.table()) == {k: k * 10 for k in [*range(10), 100]}
+            assert snapshot not in report.expired
+            assert report.deleted, "the rewrite left no garbage to collect"
+        finally:
+            await reading.close()
+        again = await maintain_with_pins_read_first(catalog)
+        assert snapshot in again.expired, "the snapshot outlived its pin"
+    assert by_key(await client.read("items")) == {100: 1000}
+
+
+async def test_a_latest_read_pinning_while_maintenance_plans_survives_a_flush_meanwhile(
+    served: Cluster, client: HeadraceClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Maintenance reads the pins (none), a "latest" read pins the current
+    snapshot, a flush rewriting its files commits, and maintenance, raced by
+    the flush, plans again on the new table: the read's snapshot, no longer
+    current, keeps its files for the read."""
+    warehouse = tmp_path / "warehouse"
+    async with client.producer() as producer:
+        await producer.insert("items", rows(list(range(10))))
+        await flush_now(served, client, warehouse, "items")
+
+        async def rewrite() -> None:
+            await producer.delete("items", list(range(5)))
+            await flush_now(served, client, warehouse, "items")
+
+        hook = PinsDuringMaintenance(client, "latest", asyncio.get_running_loop(), rewrite)
+        hook.install(monkeypatch)
+        config = CatalogConfig(served.url, str(warehouse), served.keys.cluster)
+        with TableCatalog.open(config) as catalog:
+            report = await maintain_with_pins_read_first(catalog)
+            (reading,) = hook.opened
+            try:
+                snapshot = reading.planned.plan.snapshot_id
+                assert snapshot is not None
+                assert snapshot != catalog.iceberg_table("items").metadata.current_snapshot_id
+                assert by_key(await reading.table()) == {k: k * 10 for k in range(10)}
+                assert snapshot not in report.expired
+            finally:
+                await reading.close()
+    assert by_key(await client.read("items")) == {k: k * 10 for k in range(5, 10)}

@@ -5,6 +5,7 @@ DuckDB still reads exactly the current rows; expiry races a flush safely."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from headrace import errors
+from headrace.metastore.factory import open_metastore
 from headrace.table import TableCatalog, maintenance
 from headrace.table.catalog import MetadataChange
 from headrace.table.expiry import Listed, RetentionOptions
@@ -26,6 +28,8 @@ from headrace.table.maintenance import (
     plan_expiry,
     table_location,
 )
+from headrace.table.pins import pin_ops
+from headrace.table.records import table_key
 
 from .conftest import SCHEMA, Bed, expected
 from .test_commit import P, flush
@@ -246,3 +250,60 @@ def test_a_pinned_snapshot_keeps_its_files(bed: Bed) -> None:
         assert first_files <= files(catalog)
         old = table.scan(snapshot_id=pinned).to_arrow()
         assert sorted(old.column("pk").to_pylist()) == [1, 2, 3]
+
+
+def pin_as_a_reader(bed: Bed, snapshot_id: int) -> int:
+    """Pin ``snapshot_id`` of ``orders`` the way a snapshot read does (the
+    table pointer's revision compared); the pin's lease."""
+
+    async def take() -> int:
+        async with await open_metastore(bed.config.metastore_url) as store:
+            lease = await store.grant_lease(60)
+            pointer = await store.get(table_key(bed.keys, "orders"))
+            assert pointer is not None
+            compares, puts = pin_ops(bed.keys, "orders", snapshot_id, lease, pointer.mod_revision)
+            assert (await store.txn(compares, puts)).succeeded
+            return lease
+
+    return asyncio.run(take())
+
+
+@pytest.mark.parametrize("flush_meanwhile", [False, True], ids=["pin", "pin-and-flush"])
+def test_a_pin_taken_after_the_round_read_the_pins_keeps_its_snapshot(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch, flush_meanwhile: bool
+) -> None:
+    """A round reads the pins (none), then a reader pins an old snapshot
+    (and, in the variant, a flush commits) before the round's expiry
+    commits: the snapshot and its files stay for the reader."""
+    bed.assign(P, term=3)
+    with bed.open() as catalog, bed.open() as flusher:
+        catalog.create_table("orders", SCHEMA, "pk")
+        catalog.commit_flush(flush(catalog, 3, None, 10, [1, 2, 3]))
+        first = catalog.iceberg_table("orders")
+        first_files = live_data_files(first)
+        old = first.metadata.current_snapshot_id
+        assert old is not None
+        catalog.commit_flush(flush(catalog, 3, 10, 20, [4], deletes=(1,), segment_id=2))
+        real = maintenance.plan_expiry
+        leases: list[int] = []
+
+        def plan_expiry(
+            table: Table, pinned: frozenset[int], now_s: float, options: RetentionOptions
+        ) -> maintenance.Expiry | None:
+            if not leases:
+                leases.append(pin_as_a_reader(bed, old))
+                if flush_meanwhile:
+                    flusher.commit_flush(flush(flusher, 3, 20, 30, [5], segment_id=3))
+            return real(table, pinned, now_s, options)
+
+        monkeypatch.setattr(maintenance, "plan_expiry", plan_expiry)
+        options = RetentionOptions(max_snapshot_age_s=0, min_snapshots=1, orphan_grace_s=0)
+        pins = catalog.reader_pins().get("orders", frozenset())
+        report = maintain(catalog, "orders", options, pins, time.time() + LATER)
+        assert leases, "the round never planned"
+        assert old not in report.expired
+        assert first_files <= files(catalog), "a pinned snapshot's file was deleted"
+        table = catalog.iceberg_table("orders")
+        assert old in {s.snapshot_id for s in table.metadata.snapshots}
+        rows_then = table.scan(snapshot_id=old).to_arrow()
+        assert sorted(rows_then.column("pk").to_pylist()) == [1, 2, 3]

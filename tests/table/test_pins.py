@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from headrace import errors
 from headrace.cluster import Keys
-from headrace.metastore.contract import Compare, KeyValue
-from headrace.table.pins import pin_key, pin_ops, pinned_snapshots, pins_prefix
+from headrace.metastore.contract import Compare, Get, KeyValue
+from headrace.table.pins import (
+    pin_epoch_key,
+    pin_key,
+    pin_ops,
+    pinned_snapshots,
+    pins_prefix,
+    reader_pins_of,
+    reader_pins_ops,
+)
 from headrace.table.records import table_key
 
 KEYS = Keys("c1")
@@ -21,10 +31,13 @@ def test_the_pin_is_put_under_its_lease_only_if_the_pointer_did_not_move() -> No
     compares, puts = pin_ops(KEYS, "orders", 42, lease=0xABC, pointer_revision=17)
     (compare,) = compares
     assert compare == Compare.mod_revision_is(table_key(KEYS, "orders"), 17)
-    (put,) = puts
+    put, epoch = puts
     assert put.key == pin_key(KEYS, "orders", 0xABC) and put.lease == 0xABC
     assert put.key.startswith(pins_prefix(KEYS) + "orders/")
     assert pinned_snapshots(KEYS, [kv(put.key, put.value)]) == {"orders": frozenset({42})}
+    # The epoch outlives the pin (no lease) and is not read as a pin.
+    assert epoch.key == pin_epoch_key(KEYS, "orders") and epoch.lease == 0
+    assert not epoch.key.startswith(pins_prefix(KEYS))
 
 
 def test_pins_of_several_readers_and_collections() -> None:
@@ -32,9 +45,30 @@ def test_pins_of_several_readers_and_collections() -> None:
         kv(put.key, put.value)
         for collection, snapshot, lease in [("a", 1, 1), ("a", 2, 2), ("a", 1, 3), ("b", 9, 4)]
         for put in pin_ops(KEYS, collection, snapshot, lease, 1)[1]
+        if put.lease
     ]
     assert pinned_snapshots(KEYS, found) == {"a": frozenset({1, 2}), "b": frozenset({9})}
     assert pinned_snapshots(KEYS, []) == {}
+
+
+def test_one_collections_pins_come_with_the_epoch_an_expiry_compares() -> None:
+    epoch_op, pins_op = reader_pins_ops(KEYS, "a")
+    assert epoch_op == Get(pin_epoch_key(KEYS, "a"))
+    assert pins_op == Get(pins_prefix(KEYS) + "a/", prefix=True)
+    pins = [
+        kv(pin_key(KEYS, "a", lease), pin_ops(KEYS, "a", 7, lease, 1)[1][0].value)
+        for lease in (1, 2)
+    ]
+    epoch = dataclasses.replace(kv(pin_epoch_key(KEYS, "a"), b"{}"), mod_revision=12)
+    held = reader_pins_of(KEYS, "a", [[epoch], pins])
+    assert held.snapshot_ids == frozenset({7})
+    assert held.unchanged() == Compare.mod_revision_is(pin_epoch_key(KEYS, "a"), 12)
+    never = reader_pins_of(KEYS, "a", [[], []])
+    assert never.snapshot_ids == frozenset()
+    # No pin ever taken: the epoch is absent, which mod_revision 0 compares.
+    assert never.unchanged() == Compare.mod_revision_is(pin_epoch_key(KEYS, "a"), 0)
+    assert never.unchanged().holds(None)
+    assert not never.unchanged().holds(epoch)
 
 
 @pytest.mark.parametrize("value", [b"", b"{}", b'{"snapshot_id": "x"}', b"[1]"])
