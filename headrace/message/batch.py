@@ -51,12 +51,12 @@ import dataclasses
 import itertools
 import operator
 import struct
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import crc32c
 
-from headrace import errors
+from headrace import errors, slots
 from headrace.message import codec
 from headrace.message.formats import RELEASE_FORMATS, describe
 from headrace.message.types import (
@@ -179,21 +179,32 @@ class BatchHeader:
         return bool(self.flags & FLAG_SYSTEM)
 
 
-def _header_setter(name: str) -> Callable[[BatchHeader, Any], None]:
-    setter: Callable[[BatchHeader, Any], None] = BatchHeader.__dict__[name].__set__
-    return setter
-
-
-_SET_FLAGS = _header_setter("flags")
-_SET_LENGTH = _header_setter("length")
-_SET_BASE_TIMETICK = _header_setter("base_timetick")
-_SET_TERM = _header_setter("term")
-_SET_COUNT = _header_setter("count")
-_SET_PRODUCER_ID = _header_setter("producer_id")
-_SET_SEQUENCE = _header_setter("sequence")
-_SET_TXN_ID = _header_setter("txn_id")
-_SET_VCHANNEL = _header_setter("vchannel")
-_SET_RECORDS_AT = _header_setter("records_at")
+(
+    _SET_FLAGS,
+    _SET_LENGTH,
+    _SET_BASE_TIMETICK,
+    _SET_TERM,
+    _SET_COUNT,
+    _SET_PRODUCER_ID,
+    _SET_SEQUENCE,
+    _SET_TXN_ID,
+    _SET_VCHANNEL,
+    _SET_RECORDS_AT,
+) = slots.setters(
+    BatchHeader,
+    (
+        "flags",
+        "length",
+        "base_timetick",
+        "term",
+        "count",
+        "producer_id",
+        "sequence",
+        "txn_id",
+        "vchannel",
+        "records_at",
+    ),
+)
 
 
 def is_batch(data: bytes | bytearray | memoryview) -> bool:

@@ -37,16 +37,14 @@ Every id class gets the index from :class:`MessageID`, generically:
 from __future__ import annotations
 
 import abc
-import collections
 import functools
 import itertools
 import re
 import struct
-import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, ClassVar, Self
 
-from headrace import errors
+from headrace import errors, slots
 
 INDEX_LIMIT = 1 << 32
 """Indexes are below this (they travel as 4 bytes on the wire)."""
@@ -57,34 +55,6 @@ _INDEXED = b"\1"
 _SEPARATOR = re.compile(b"[\0\1]")
 _new = object.__new__
 _repeat = itertools.repeat
-
-
-def drain(calls: Iterable[object]) -> None:
-    """Run an iterator of calls to its end, keeping nothing: ``drain(map(setter,
-    objects, values))`` sets a slot on many objects without a Python loop."""
-    collections.deque(calls, maxlen=0)
-
-
-def _slot_names(cls: type) -> tuple[str, ...]:
-    names: list[str] = []
-    for klass in reversed(cls.__mro__):
-        slots = klass.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__") and name not in names:
-                names.append(name)
-    return tuple(names)
-
-
-def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any], None], ...]:
-    """The ``__set__`` of each slot descriptor ``names`` names, found along the MRO."""
-    setters: list[Callable[[Any, Any], None]] = []
-    for name in names:
-        for klass in cls.__mro__:
-            slot = klass.__dict__.get(name)
-            if isinstance(slot, types.MemberDescriptorType):
-                setters.append(slot.__set__)
-                break
-    return tuple(setters)
 
 
 def _check_index(index: int) -> int:
@@ -116,13 +86,8 @@ class MessageID(abc.ABC):
         super().__init_subclass__(**kwargs)
         if "__slots__" not in cls.__dict__:
             raise TypeError(f"message id class {cls.__name__} must declare __slots__")
-        cls._fields = _slot_names(cls)
-        cls._setters = _slot_setters(cls, cls._fields)
-        if len(cls._setters) != len(cls._fields):
-            raise TypeError(
-                f"message id class {cls.__name__}: slots {cls._fields} must be plain "
-                "attribute names (not private '__name's, which Python renames)"
-            )
+        cls._fields = slots.slot_names(cls)
+        cls._setters = slots.setters(cls, cls._fields)
 
     @abc.abstractmethod
     def sort_key(self) -> tuple[int, ...]:
@@ -185,8 +150,8 @@ class MessageID(abc.ABC):
         rest = count - 1
         clones: list[Self] = list(map(_new, _repeat(type(self), rest)))
         for name, set_slot in zip(self._fields, self._setters, strict=True):
-            drain(map(set_slot, clones, _repeat(object.__getattribute__(record, name), rest)))
-        drain(map(setattr, clones, _repeat("index", rest), range(1, count)))
+            slots.drain(map(set_slot, clones, _repeat(object.__getattribute__(record, name), rest)))
+        slots.drain(map(setattr, clones, _repeat("index", rest), range(1, count)))
         return [record, *clones]
 
     def record_id(self) -> Self:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from headrace import errors
+from headrace import errors, slots
 from headrace.message.ids import MessageID
 
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -136,19 +136,12 @@ class Message:
         return dataclasses.replace(self, timetick=timetick, term=term)
 
 
-def _slot_setter(name: str) -> Callable[[Message, Any], None]:
-    setter: Callable[[Message, Any], None] = Message.__dict__[name].__set__
-    return setter
-
-
-_SET_TYPE = _slot_setter("type")
-_SET_VCHANNEL = _slot_setter("vchannel")
-_SET_PAYLOAD = _slot_setter("payload")
-_SET_PROPERTIES = _slot_setter("properties")
-_SET_TIMETICK = _slot_setter("timetick")
-_SET_TERM = _slot_setter("term")
-_SET_TXN_ID = _slot_setter("txn_id")
-MESSAGE_SLOT_SETTERS = (
+MESSAGE_SLOT_SETTERS = slots.setters(
+    Message, ("type", "vchannel", "payload", "properties", "timetick", "term", "txn_id")
+)
+"""Setters of a Message's fields in declaration order, for code that builds
+messages in bulk (on ``object.__new__(Message)``; every field must be set)."""
+(
     _SET_TYPE,
     _SET_VCHANNEL,
     _SET_PAYLOAD,
@@ -156,9 +149,7 @@ MESSAGE_SLOT_SETTERS = (
     _SET_TIMETICK,
     _SET_TERM,
     _SET_TXN_ID,
-)
-"""Setters of a Message's fields in declaration order, for code that builds
-messages in bulk (on ``object.__new__(Message)``; every field must be set)."""
+) = MESSAGE_SLOT_SETTERS
 EMPTY_PROPERTIES: Mapping[str, str] = _EMPTY
 """The shared, immutable empty properties mapping (the field's default)."""
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Collection
 
-from headrace.message.ids import MessageID, drain
+from headrace import slots
+from headrace.message.ids import MessageID
 from headrace.message.types import Message, MessageType
 
 
@@ -47,10 +47,10 @@ class BatchAppendResult:
         count = self.count
         results: list[AppendResult] = list(map(_new, _repeat(AppendResult, count)))
         set_id, set_timetick, set_term, set_txn = _SET_RESULT
-        drain(map(set_id, results, self.record_id.indexed(count)))
-        drain(map(set_timetick, results, range(self.timetick, self.timetick + count)))
-        drain(map(set_term, results, _repeat(self.term, count)))
-        drain(map(set_txn, results, _repeat(self.txn_id, count)))
+        slots.drain(map(set_id, results, self.record_id.indexed(count)))
+        slots.drain(map(set_timetick, results, range(self.timetick, self.timetick + count)))
+        slots.drain(map(set_term, results, _repeat(self.term, count)))
+        slots.drain(map(set_txn, results, _repeat(self.txn_id, count)))
         return results
 
     def first(self) -> AppendResult:
@@ -63,12 +63,7 @@ class BatchAppendResult:
         return cls(first.id, count, first.timetick, first.term, first.txn_id)
 
 
-def _result_setter(name: str) -> Callable[[AppendResult, Any], None]:
-    setter: Callable[[AppendResult, Any], None] = AppendResult.__dict__[name].__set__
-    return setter
-
-
-_SET_RESULT = tuple(_result_setter(field.name) for field in dataclasses.fields(AppendResult))
+_SET_RESULT = slots.setters(AppendResult)
 """Setters of an AppendResult's fields in declaration order (every field is set)."""
 _new = object.__new__
 _repeat = itertools.repeat

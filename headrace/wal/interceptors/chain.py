@@ -31,7 +31,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from headrace import errors
+from headrace import errors, slots
 from headrace.message.batch import BatchHeader
 from headrace.message.types import EMPTY_PROPERTIES, Message, MessageType
 from headrace.wal.api import AppendResult, BatchAppendResult
@@ -57,8 +57,7 @@ class BatchPart:
         return (header.producer_id, header.sequence) if header.producer_id else None
 
 
-_SET_PART_HEADER = BatchPart.__dict__["header"].__set__
-_SET_PART_DATA = BatchPart.__dict__["data"].__set__
+_SET_PART_HEADER, _SET_PART_DATA = slots.setters(BatchPart, ("header", "data"))
 
 
 def whole_part(header: BatchHeader, data: bytes) -> BatchPart:
@@ -70,9 +69,8 @@ def whole_part(header: BatchHeader, data: bytes) -> BatchPart:
     return part
 
 
-_BATCH_RESULT_FIELDS = ("record_id", "count", "timetick", "term", "txn_id")
-assert tuple(f.name for f in dataclasses.fields(BatchAppendResult)) == _BATCH_RESULT_FIELDS
-_SET_BATCH_RESULT = tuple(BatchAppendResult.__dict__[name].__set__ for name in _BATCH_RESULT_FIELDS)
+_SET_BATCH_RESULT = slots.setters(BatchAppendResult)
+"""In field order: record_id, count, timetick, term, txn_id."""
 
 
 def batch_result(first: AppendResult, count: int) -> BatchAppendResult:

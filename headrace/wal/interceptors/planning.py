@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 from typing import NamedTuple
 
-from headrace import errors
+from headrace import errors, slots
 from headrace.message import batch as batches
 from headrace.message import codec
 from headrace.message.batch import BatchHeader
@@ -221,9 +221,8 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
     stamp.dirty = dirty
 
 
-_RESULT_FIELDS = ("id", "timetick", "term", "txn_id")
-assert tuple(f.name for f in dataclasses.fields(AppendResult)) == _RESULT_FIELDS
-_SET_RESULT = tuple(AppendResult.__dict__[name].__set__ for name in _RESULT_FIELDS)
+_SET_RESULT = slots.setters(AppendResult)
+"""In field order: id, timetick, term, txn_id."""
 
 
 def make_result(mid: MessageID, timetick: int, term: int, txn_id: int) -> AppendResult:
@@ -242,8 +241,8 @@ def make_result(mid: MessageID, timetick: int, term: int, txn_id: int) -> Append
     return result
 
 
-_SET_ENTRY = tuple(BatchEntry.__dict__[name].__set__ for name in ("id", "header", "data"))
-assert tuple(f.name for f in dataclasses.fields(BatchEntry)) == ("id", "header", "data")
+_SET_ENTRY = slots.setters(BatchEntry)
+"""In field order: id, header, data."""
 
 
 def batch_entry(mid: MessageID, header: BatchHeader, record: bytes) -> BatchEntry:
