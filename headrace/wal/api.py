@@ -59,11 +59,36 @@ class BatchAppendResult:
 
     @classmethod
     def of(cls, first: AppendResult, count: int) -> BatchAppendResult:
-        """The result of a batch of ``count`` messages whose first got ``first``."""
-        return cls(first.id, count, first.timetick, first.term, first.txn_id)
+        """The result of a batch of ``count`` messages whose first got ``first``,
+        built through its slots (one per appended batch and per remembered dedup
+        key: the generated ``__init__`` of a frozen dataclass sets fields by name,
+        several times slower)."""
+        batch_result: BatchAppendResult = _new(cls)
+        set_id, set_count, set_timetick, set_term, set_txn = _SET_BATCH_RESULT
+        set_id(batch_result, first.id)
+        set_count(batch_result, count)
+        set_timetick(batch_result, first.timetick)
+        set_term(batch_result, first.term)
+        set_txn(batch_result, first.txn_id)
+        return batch_result
+
+
+def append_result(mid: MessageID, timetick: int, term: int, txn_id: int) -> AppendResult:
+    """``AppendResult(mid, timetick, term, txn_id)``, built through its slots in
+    half the time of the frozen dataclass's ``__init__`` (one per appended
+    message)."""
+    result: AppendResult = _new(AppendResult)
+    set_id, set_timetick, set_term, set_txn = _SET_RESULT
+    set_id(result, mid)
+    set_timetick(result, timetick)
+    set_term(result, term)
+    set_txn(result, txn_id)
+    return result
 
 
 _SET_RESULT = slots.setters(AppendResult)
+_SET_BATCH_RESULT = slots.setters(BatchAppendResult)
+"""In field order: record_id, count, timetick, term, txn_id."""
 """Setters of an AppendResult's fields in declaration order (every field is set)."""
 _new = object.__new__
 _repeat = itertools.repeat

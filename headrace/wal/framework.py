@@ -48,7 +48,6 @@ from headrace.wal.interceptors.backpressure import note_opaque
 from headrace.wal.interceptors.chain import (
     AppendContext,
     BatchPart,
-    batch_result,
     representative,
     whole_part,
 )
@@ -653,7 +652,9 @@ def _batch_outcome(ctx: AppendContext) -> BatchAppendResult | errors.HeadraceErr
     if isinstance(outcome, errors.HeadraceError):
         return outcome
     part = ctx.batch
-    return batch_result(outcome, 1 if part is None or part.data is None else part.header.count)
+    return BatchAppendResult.of(
+        outcome, 1 if part is None or part.data is None else part.header.count
+    )
 
 
 def _outcome(ctx: AppendContext) -> AppendResult | errors.HeadraceError:

@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 from headrace import errors, slots
 from headrace.message.batch import BatchHeader
 from headrace.message.types import EMPTY_PROPERTIES, Message, MessageType
-from headrace.wal.api import AppendResult, BatchAppendResult
+from headrace.wal.api import AppendResult
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,29 +62,11 @@ _SET_PART_HEADER, _SET_PART_DATA = slots.setters(BatchPart, ("header", "data"))
 
 def whole_part(header: BatchHeader, data: bytes) -> BatchPart:
     """``BatchPart(header, data)``, built through its slots (one per appended
-    whole batch; see :func:`batch_result`)."""
+    whole batch; see :meth:`BatchAppendResult.of`)."""
     part = object.__new__(BatchPart)
     _SET_PART_HEADER(part, header)
     _SET_PART_DATA(part, data)
     return part
-
-
-_SET_BATCH_RESULT = slots.setters(BatchAppendResult)
-"""In field order: record_id, count, timetick, term, txn_id."""
-
-
-def batch_result(first: AppendResult, count: int) -> BatchAppendResult:
-    """``BatchAppendResult.of(first, count)``, built through its slots (the
-    generated ``__init__`` of a frozen dataclass sets fields by name, several
-    times slower; one is made per appended batch and per remembered key)."""
-    result = object.__new__(BatchAppendResult)
-    set_id, set_count, set_timetick, set_term, set_txn = _SET_BATCH_RESULT
-    set_id(result, first.id)
-    set_count(result, count)
-    set_timetick(result, first.timetick)
-    set_term(result, first.term)
-    set_txn(result, first.txn_id)
-    return result
 
 
 def representative(header: BatchHeader, first_type: MessageType) -> Message:

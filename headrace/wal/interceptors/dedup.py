@@ -30,7 +30,7 @@ from headrace.message.ids import MessageID
 from headrace.message.properties import PRODUCER_ID, PRODUCER_SEQ
 from headrace.message.types import Message
 from headrace.wal.api import AppendResult, BatchAppendResult
-from headrace.wal.interceptors.chain import AppendContext, Handler, batch_result
+from headrace.wal.interceptors.chain import AppendContext, Handler
 
 ProducerKey = tuple[str, int]
 """A message's key: its ``producer_id`` and ``producer_seq`` properties."""
@@ -107,7 +107,7 @@ def _remembered(ctx: AppendContext, result: AppendResult) -> Remembered:
     part = ctx.batch
     if part is None or part.dedup_key is None:
         return result
-    return batch_result(result, part.header.count)
+    return BatchAppendResult.of(result, part.header.count)
 
 
 def _answer(ctx: AppendContext, known: Remembered) -> None:

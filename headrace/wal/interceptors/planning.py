@@ -25,7 +25,7 @@ from headrace.message.batch import BatchHeader
 from headrace.message.ids import MessageID
 from headrace.message.records import BatchEntry, message_id
 from headrace.message.types import LogEntry, Message, MessageType
-from headrace.wal.api import AppendResult
+from headrace.wal.api import append_result
 from headrace.wal.interceptors.chain import AppendContext, BatchPart
 
 SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))
@@ -221,33 +221,13 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
     stamp.dirty = dirty
 
 
-_SET_RESULT = slots.setters(AppendResult)
-"""In field order: id, timetick, term, txn_id."""
-
-
-def make_result(mid: MessageID, timetick: int, term: int, txn_id: int) -> AppendResult:
-    """``AppendResult(mid, timetick, term, txn_id)``, built through its slots.
-
-    The generated ``__init__`` of a frozen dataclass sets fields by name with
-    ``object.__setattr__``; the slot setters do the same in half the time
-    (one result per appended message).
-    """
-    result = object.__new__(AppendResult)
-    set_id, set_timetick, set_term, set_txn = _SET_RESULT
-    set_id(result, mid)
-    set_timetick(result, timetick)
-    set_term(result, term)
-    set_txn(result, txn_id)
-    return result
-
-
 _SET_ENTRY = slots.setters(BatchEntry)
 """In field order: id, header, data."""
 
 
 def batch_entry(mid: MessageID, header: BatchHeader, record: bytes) -> BatchEntry:
     """``BatchEntry(mid, header, record)``, built through its slots (one per
-    appended whole batch; see :func:`make_result`)."""
+    appended whole batch; see :func:`headrace.wal.api.append_result`)."""
     entry = object.__new__(BatchEntry)
     set_id, set_header, set_data = _SET_ENTRY
     set_id(entry, mid)
@@ -285,12 +265,12 @@ def settle(batch: Batch, ids: list[MessageID], last_id: MessageID | None) -> Col
         whole = wholes.get(i) if wholes else None
         if whole is None:
             tt = msg.timetick
-            ctx.result = make_result(mid, tt, msg.term, msg.txn_id)
+            ctx.result = append_result(mid, tt, msg.term, msg.txn_id)
             append(new_tuple(LogEntry, (mid, msg)))
             timeticks.append(tt)
         else:
             record, header = whole
-            ctx.result = make_result(mid, header.base_timetick, header.term, header.txn_id)
+            ctx.result = append_result(mid, header.base_timetick, header.term, header.txn_id)
             append(batch_entry(mid, header, record))
             timeticks.append(header.last_timetick)
     return Columns(entries, timeticks, batch.sizes, batch.persisted)
