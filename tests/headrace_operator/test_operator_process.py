@@ -259,6 +259,8 @@ async def test_a_paused_cluster_keeps_its_coordinator_across_an_operator_restart
         snapshot = await read_snapshot(store, keys)
         victim = snapshot.assignments["pchannel-000"].node
         survivor = next(n for n in ("demo-node-0", "demo-node-1") if n != victim)
+        doomed = await api.get("v1", "Pod", namespace, victim)
+        assert doomed is not None
         await api.delete("v1", "Pod", namespace, victim)
 
         async def failed_over() -> bool:
@@ -266,6 +268,15 @@ async def test_a_paused_cluster_keeps_its_coordinator_across_an_operator_restart
             return all(r.node == survivor and r.state is AssignmentState.ASSIGNED for r in records)
 
         await wait(failed_over, f"every pchannel on {survivor} while paused")
+
+        async def deleted() -> bool:
+            # The failover can be seen before the API server has removed the
+            # deleted pod; wait for that pod (by uid) to be gone, so a pod the
+            # operator recreated under the same name is still caught below.
+            pods = await api.list("v1", "Pod", namespace, {})
+            return all(p["metadata"]["uid"] != doomed["metadata"]["uid"] for p in pods)
+
+        await wait(deleted, f"the deleted pod {victim} gone")
         pods = await api.list("v1", "Pod", namespace, {})
         assert [p["metadata"]["name"] for p in pods] == [survivor], "paused: no pod recreated"
     finally:
