@@ -43,7 +43,7 @@ from headrace.message import ids
 from headrace.message.types import MessageType
 from headrace.metastore.contract import Get, LeaseExpired, Metastore
 from headrace.table import messages
-from headrace.table.collections import Collection, CollectionStore
+from headrace.table.collections import Collection, CollectionRecord, CollectionStore
 from headrace.table.merge import (
     TableRows,
     Tail,
@@ -53,8 +53,8 @@ from headrace.table.merge import (
     fold_tail,
     merge,
 )
-from headrace.table.pins import PIN_TTL_S, pin_ops
-from headrace.table.records import CheckpointRecord, TableRecord, table_key
+from headrace.table.pins import PIN_TTL_S, PinBasis, pin_ops
+from headrace.table.records import CheckpointRecord, TableRecord, collection_key, table_key
 from headrace.table.snapshots import Position, ReadPlan, plan_read
 from headrace.table.storage import ObjectStoreOptions
 
@@ -224,14 +224,14 @@ class SnapshotRead:
         pchannels = sorted({view.route(v) for v in collection.vchannels})
         as_of = await self._as_of(pchannels)
         for _ in range(self._options.plan_attempts):
-            revision, record, checkpoints = await self._read_pointers(collection.name, pchannels)
+            basis, record, checkpoints = await self._read_pointers(collection.name, pchannels)
             table = None if record is None else await asyncio.to_thread(self._open, record)
             plan = await asyncio.to_thread(_plan, table, checkpoints, pchannels, as_of)
             planned = Planned(collection, as_of, plan, table, row_filter, columns)
             if plan.snapshot_id is None:
                 return planned, None
             pin = await _Pin.take(
-                view.metastore, view.keys, collection.name, plan.snapshot_id, revision
+                view.metastore, view.keys, collection.name, plan.snapshot_id, basis
             )
             if pin is not None:
                 return planned, pin
@@ -248,20 +248,27 @@ class SnapshotRead:
 
     async def _read_pointers(
         self, collection: str, pchannels: Sequence[str]
-    ) -> tuple[int, TableRecord | None, dict[str, Position]]:
+    ) -> tuple[PinBasis, TableRecord | None, dict[str, Position]]:
+        """The table pointer and the checkpoints, read in one transaction with
+        the collection's record (NOT_FOUND if it was dropped meanwhile)."""
         view = self._session.view
-        gets = [Get(table_key(view.keys, collection))]
+        gets = [Get(collection_key(view.keys, collection)), Get(table_key(view.keys, collection))]
         gets += [Get(view.keys.checkpoint(p)) for p in pchannels]
         found = (await view.metastore.txn([], gets)).gets
-        table_kvs, checkpoint_kvs = found[0], found[1:]
+        collection_kvs, table_kvs, checkpoint_kvs = found[0], found[1], found[2:]
+        if not collection_kvs or CollectionRecord.from_json(collection_kvs[0].value).dropped:
+            raise errors.NotFound(f"collection {collection} was dropped")
         record = TableRecord.from_json(table_kvs[0].value) if table_kvs else None
-        revision = table_kvs[0].mod_revision if table_kvs else 0
+        basis = PinBasis(
+            table_revision=table_kvs[0].mod_revision if table_kvs else 0,
+            collection_revision=collection_kvs[0].mod_revision,
+        )
         checkpoints: dict[str, Position] = {}
         for pchannel, kvs in zip(pchannels, checkpoint_kvs, strict=True):
             if kvs:
                 checkpoint = CheckpointRecord.from_json(kvs[0].value)
                 checkpoints[pchannel] = Position(checkpoint.position, checkpoint.timetick)
-        return revision, record, checkpoints
+        return basis, record, checkpoints
 
     async def _as_of(self, pchannels: Sequence[str]) -> int:
         """The read's timetick: the one asked for, or for "latest" the largest
@@ -380,11 +387,12 @@ class _Pin:
 
     @classmethod
     async def take(
-        cls, metastore: Metastore, keys: Keys, collection: str, snapshot_id: int, revision: int
+        cls, metastore: Metastore, keys: Keys, collection: str, snapshot_id: int, basis: PinBasis
     ) -> _Pin | None:
-        """The pin, or None if the table pointer moved since ``revision``."""
+        """The pin, or None if the table pointer or the collection's record
+        moved since the read planned on ``basis``."""
         lease = await metastore.grant_lease(PIN_TTL_S)
-        compares, puts = pin_ops(keys, collection, snapshot_id, lease, revision)
+        compares, puts = pin_ops(keys, collection, snapshot_id, lease, basis)
         result = await metastore.txn(compares, puts)
         if not result.succeeded:
             await metastore.revoke_lease(lease)

@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING
 
 from headrace import errors
 from headrace.cluster import JsonRecord, Keys
-from headrace.metastore.contract import Compare, Metastore, Put
+from headrace.metastore.contract import Compare, Delete, Metastore, Put
+from headrace.table.pins import pin_epoch_key
+from headrace.table.records import collection_key
 
 if TYPE_CHECKING:
     # pyarrow is imported where a schema is built or checked, not with this
@@ -41,10 +43,6 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]{0,199}$")
 """Collection names: 1-200 of ``[A-Za-z0-9_]``, starting alphanumeric."""
 
 MAX_SHARDS = 256
-
-
-def collection_key(keys: Keys, name: str) -> str:
-    return f"{keys.root}/collections/{name}"
 
 
 def collections_prefix(keys: Keys) -> str:
@@ -276,7 +274,11 @@ class CollectionStore:
     async def drop(self, name: str, dropped: Dropped) -> Collection:
         """Mark ``name`` dropped (idempotent: a dropped one is returned as it is).
 
-        NOT_FOUND if there is no such collection.
+        The same transaction deletes the collection's reader pin epoch
+        (:mod:`headrace.table.pins`): a dropped collection is never expired
+        again, and no pin can be taken on it after the mark (a pin compares
+        the record), so nothing would ever delete the key later. NOT_FOUND
+        if there is no such collection.
         """
         key = collection_key(self.keys, name)
         for _ in range(self.max_attempts):
@@ -289,7 +291,10 @@ class CollectionStore:
             marked = dataclasses.replace(current, dropped=dropped)
             result = await self.metastore.txn(
                 [Compare.mod_revision_is(key, kv.mod_revision)],
-                [Put(key, marked.to_record().to_json())],
+                [
+                    Put(key, marked.to_record().to_json()),
+                    Delete(pin_epoch_key(self.keys, name)),
+                ],
             )
             if result.succeeded:
                 return marked

@@ -10,9 +10,10 @@ pinned snapshot is retained, so its files stay referenced and orphan
 collection never deletes them. :func:`pinned_snapshots` decodes every
 collection's (tools, tests).
 
-The pin is written in a transaction comparing the table pointer's
-``mod_revision`` with the one the read planned on: the snapshot is then part
-of the table's metadata when the pin appears. The same transaction writes the
+The pin is written in a transaction comparing the table pointer's and the
+collection record's ``mod_revision`` with those the read planned on
+(:class:`PinBasis`): the snapshot is then part of the table's metadata when
+the pin appears, and the collection was not dropped. The same transaction writes the
 collection's **pin epoch** (``<root>/reader-pin-epochs/<collection>``), and an
 expiry reads the pins with the epoch (:class:`ReaderPins`, one transaction)
 and commits only if the epoch has not moved since (:meth:`ReaderPins.unchanged`
@@ -21,6 +22,13 @@ after the expiry committed, when the pointer had moved and the pinned snapshot
 was one the expiry kept: no file a pin needs is ever collected. Without the
 epoch, a read that pinned between an expiry's reading of the pins and its
 commit lost its snapshot's files (docs/pipeline.md, "Snapshot reads").
+
+The epoch is the one pin key without a lease: the drop of the collection
+deletes it in the transaction that marks the record dropped, and as a pin
+compares the record, no pin written after the drop can put it back. An
+expiry that read the epoch before the drop compares a revision the deleted
+key no longer has, so it does not commit on the strength of those pins (a
+dropped collection is not expired anyway: its files are collected whole).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from headrace import errors
 from headrace.cluster import Keys
 from headrace.metastore.contract import Compare, Get, KeyValue, Put
-from headrace.table.records import table_key
+from headrace.table.records import collection_key, table_key
 
 PIN_TTL_S = 30.0
 """Lease of a pin; a reading client renews it every third of this."""
@@ -52,21 +60,41 @@ def pin_key(keys: Keys, collection: str, lease: int) -> str:
     return f"{collection_pins_prefix(keys, collection)}{lease:016x}"
 
 
+def pin_epochs_prefix(keys: Keys) -> str:
+    return f"{keys.root}/reader-pin-epochs/"
+
+
 def pin_epoch_key(keys: Keys, collection: str) -> str:
     """Written by every pin of ``collection``: an expiry compares its
-    ``mod_revision`` to know that no pin appeared since it read them."""
+    ``mod_revision`` to know that no pin appeared since it read them.
+    Deleted with the drop of the collection (:meth:`CollectionStore.drop
+    <headrace.table.collections.CollectionStore.drop>`)."""
     table_key(keys, collection)  # the same name check
-    return f"{keys.root}/reader-pin-epochs/{collection}"
+    return f"{pin_epochs_prefix(keys)}{collection}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PinBasis:
+    """What a read planned on: the ``mod_revision`` of the table pointer and
+    of the collection's record (0: absent), read in one transaction."""
+
+    table_revision: int
+    collection_revision: int
 
 
 def pin_ops(
-    keys: Keys, collection: str, snapshot_id: int, lease: int, pointer_revision: int
+    keys: Keys, collection: str, snapshot_id: int, lease: int, basis: PinBasis
 ) -> tuple[list[Compare], list[Put]]:
-    """The transaction that pins ``snapshot_id`` if the table pointer is still
-    at ``pointer_revision``, and moves the collection's pin epoch."""
+    """The transaction that pins ``snapshot_id`` if neither the table pointer
+    nor the collection's record moved since the read planned (a drop moves
+    the record: a read that planned before it cannot write the epoch the
+    drop deleted), and moves the collection's pin epoch."""
     value = json.dumps({"snapshot_id": snapshot_id, "since": time.time()}).encode()
     return (
-        [Compare.mod_revision_is(table_key(keys, collection), pointer_revision)],
+        [
+            Compare.mod_revision_is(table_key(keys, collection), basis.table_revision),
+            Compare.mod_revision_is(collection_key(keys, collection), basis.collection_revision),
+        ],
         [
             Put(pin_key(keys, collection, lease), value, lease=lease),
             Put(pin_epoch_key(keys, collection), value),

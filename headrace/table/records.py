@@ -4,6 +4,7 @@ Keys (``<root>`` = ``/headrace/<cluster>``, see :class:`headrace.cluster.Keys`):
 
     <root>/pchannels/<pchannel>                   Assignment (read and compared, never written)
     <root>/tables/<collection>                    TableRecord: the table's metadata pointer
+    <root>/collections/<collection>               the collection's record (compared by reader pins)
     <root>/segments/<pchannel>/<segment id:020d>  SegmentRecord
     <root>/checkpoints/<pchannel>                 CheckpointRecord, written last
     <root>/seals/<pchannel>                       SealRecord: the last seal the owner wrote
@@ -204,6 +205,11 @@ def table_key(keys: Keys, collection: str) -> str:
     if not collection or "/" in collection:
         raise errors.InvalidArgument(f"invalid collection name {collection!r}")
     return f"{keys.root}/tables/{collection}"
+
+
+def collection_key(keys: Keys, name: str) -> str:
+    """Where the collection's record is (:mod:`headrace.table.collections`)."""
+    return f"{keys.root}/collections/{name}"
 
 
 def tables_prefix(keys: Keys) -> str:

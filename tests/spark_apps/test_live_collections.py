@@ -9,7 +9,8 @@ import pyarrow as pa
 
 from headrace.cluster import Keys
 from headrace.metastore.factory import open_metastore
-from headrace.table.collections import CollectionSpec, CollectionStore, collection_key
+from headrace.table.collections import CollectionSpec, CollectionStore
+from headrace.table.records import collection_key
 from spark_apps.flush import live_collections
 
 SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False)])

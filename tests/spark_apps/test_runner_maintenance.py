@@ -15,8 +15,8 @@ from headrace.metastore.factory import open_metastore
 from headrace.table import CatalogConfig, TableCatalog
 from headrace.table.collections import CollectionSpec, CollectionStore, Dropped
 from headrace.table.expiry import RetentionOptions
-from headrace.table.pins import pin_ops
-from headrace.table.records import table_key
+from headrace.table.pins import PinBasis, pin_ops
+from headrace.table.records import collection_key, table_key
 from spark_apps.runner import FlushRunner, RunnerOptions, parse_args
 from tests.node.harness import until
 from tests.table.data import SCHEMA
@@ -136,7 +136,10 @@ async def test_the_runner_keeps_a_snapshot_a_reader_pins(tmp_path: Path) -> None
         lease = await metastore.grant_lease(60)
         pointer = await metastore.get(table_key(runner.keys, "orders"))
         assert pointer is not None
-        compares, puts = pin_ops(runner.keys, "orders", pinned, lease, pointer.mod_revision)
+        record = await metastore.get(collection_key(runner.keys, "orders"))
+        assert record is not None
+        basis = PinBasis(pointer.mod_revision, collection_revision=record.mod_revision)
+        compares, puts = pin_ops(runner.keys, "orders", pinned, lease, basis)
         assert (await metastore.txn(compares, puts)).succeeded
 
         def snapshots() -> set[int]:

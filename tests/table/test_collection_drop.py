@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,9 +21,17 @@ from headrace.table.collections import (
     CollectionSpec,
     CollectionStore,
     Dropped,
-    collection_key,
 )
 from headrace.table.payloads import decode, key_array
+from headrace.table.pins import (
+    PinBasis,
+    pin_epoch_key,
+    pin_epochs_prefix,
+    pin_ops,
+    reader_pins_of,
+    reader_pins_ops,
+)
+from headrace.table.records import collection_key, table_key
 
 SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("name", pa.string())])
 ORDERS = Collection(CollectionSpec("orders", SCHEMA, shards=2), collection_id=3)
@@ -58,6 +67,64 @@ async def test_drop_marks_the_record_once_and_the_name_is_not_reused(
     assert await store.list() == [dropped]
     assert dropped.describe()["dropped"] is True
     assert dropped.describe()["dropped_timetick"] == 99
+
+
+async def test_the_drop_deletes_the_pin_epoch_and_no_pin_writes_it_again(
+    metastore_url: str,
+) -> None:
+    """On SQLite and etcd: a pinned collection's epoch (the one pin key
+    without a lease) goes with the drop, in its transaction; a read that
+    planned before the drop cannot pin after it (that would write the epoch
+    again), and an expiry that read the pins before the drop does not
+    commit on them. The name is not reused, so no new collection can meet
+    an old epoch."""
+    keys = Keys(f"d{uuid.uuid4().hex[:10]}")
+    async with await open_metastore(metastore_url) as metastore:
+        store = CollectionStore(metastore, keys)
+        spec = CollectionSpec("orders", SCHEMA, shards=2)
+        await store.create(spec)
+        await store.create(CollectionSpec("users", SCHEMA))
+        record = await metastore.get(collection_key(keys, "orders"))
+        assert record is not None
+        basis = PinBasis(table_revision=0, collection_revision=record.mod_revision)
+        for name in ("orders", "users"):
+            lease = await metastore.grant_lease(60)
+            planned_on = await metastore.get(collection_key(keys, name))
+            assert planned_on is not None
+            own = PinBasis(0, planned_on.mod_revision)
+            assert (await metastore.txn(*pin_ops(keys, name, 7, lease, own))).succeeded
+        assert await metastore.get(pin_epoch_key(keys, "orders")) is not None
+        found = (await metastore.txn([], reader_pins_ops(keys, "orders"))).gets
+        seen_by_expiry = reader_pins_of(keys, "orders", found)
+        assert seen_by_expiry.epoch_revision > 0
+
+        await store.drop("orders", Dropped(at=1_700_000_000.0, timetick=99))
+
+        epochs = await metastore.get_prefix(pin_epochs_prefix(keys))
+        assert [kv.key for kv in epochs] == [pin_epoch_key(keys, "users")]
+        late = await metastore.grant_lease(60)
+        pinned_late = await metastore.txn(*pin_ops(keys, "orders", 7, late, basis))
+        assert not pinned_late.succeeded
+        assert await metastore.get(pin_epoch_key(keys, "orders")) is None
+        assert not (await metastore.txn([seen_by_expiry.unchanged()], [])).succeeded
+        # A drop of a dropped collection changes nothing (and writes no epoch).
+        await store.drop("orders", Dropped(at=1_800_000_000.0))
+        assert await metastore.get(pin_epoch_key(keys, "orders")) is None
+        with pytest.raises(errors.Conflict, match="is not reused"):
+            await store.create(spec)
+        assert await metastore.get(table_key(keys, "orders")) is None
+
+
+async def test_a_drop_of_a_collection_never_pinned_has_no_epoch_to_delete(
+    metastore_url: str,
+) -> None:
+    keys = Keys(f"d{uuid.uuid4().hex[:10]}")
+    async with await open_metastore(metastore_url) as metastore:
+        store = CollectionStore(metastore, keys)
+        await store.create(CollectionSpec("orders", SCHEMA))
+        dropped = await store.drop("orders", Dropped(at=1.0))
+        assert dropped.dropped == Dropped(at=1.0)
+        assert await metastore.get_prefix(pin_epochs_prefix(keys)) == []
 
 
 async def test_a_record_written_before_the_dropped_mark_still_decodes(

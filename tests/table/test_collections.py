@@ -21,7 +21,6 @@ from headrace.table.collections import (
     Collection,
     CollectionSpec,
     CollectionStore,
-    collection_key,
 )
 from headrace.table.payloads import (
     check_keys,
@@ -31,6 +30,7 @@ from headrace.table.payloads import (
     encode_keys,
     encode_rows,
 )
+from headrace.table.records import collection_key
 
 SCHEMA = pa.schema(
     [

@@ -28,7 +28,7 @@ from headrace.table.maintenance import (
     plan_expiry,
     table_location,
 )
-from headrace.table.pins import pin_ops
+from headrace.table.pins import PinBasis, pin_ops
 from headrace.table.records import table_key
 
 from .conftest import SCHEMA, Bed, expected
@@ -261,7 +261,9 @@ def pin_as_a_reader(bed: Bed, snapshot_id: int) -> int:
             lease = await store.grant_lease(60)
             pointer = await store.get(table_key(bed.keys, "orders"))
             assert pointer is not None
-            compares, puts = pin_ops(bed.keys, "orders", snapshot_id, lease, pointer.mod_revision)
+            # No collection record here (the table alone): revision 0, absent.
+            basis = PinBasis(table_revision=pointer.mod_revision, collection_revision=0)
+            compares, puts = pin_ops(bed.keys, "orders", snapshot_id, lease, basis)
             assert (await store.txn(compares, puts)).succeeded
             return lease
 

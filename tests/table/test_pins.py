@@ -10,6 +10,7 @@ from headrace import errors
 from headrace.cluster import Keys
 from headrace.metastore.contract import Compare, Get, KeyValue
 from headrace.table.pins import (
+    PinBasis,
     pin_epoch_key,
     pin_key,
     pin_ops,
@@ -18,7 +19,7 @@ from headrace.table.pins import (
     reader_pins_of,
     reader_pins_ops,
 )
-from headrace.table.records import table_key
+from headrace.table.records import collection_key, table_key
 
 KEYS = Keys("c1")
 
@@ -27,10 +28,11 @@ def kv(key: str, value: bytes) -> KeyValue:
     return KeyValue(key=key, value=value, mod_revision=1, create_revision=1, version=1, lease=0)
 
 
-def test_the_pin_is_put_under_its_lease_only_if_the_pointer_did_not_move() -> None:
-    compares, puts = pin_ops(KEYS, "orders", 42, lease=0xABC, pointer_revision=17)
-    (compare,) = compares
-    assert compare == Compare.mod_revision_is(table_key(KEYS, "orders"), 17)
+def test_the_pin_is_put_under_its_lease_only_if_pointer_and_record_did_not_move() -> None:
+    compares, puts = pin_ops(KEYS, "orders", 42, lease=0xABC, basis=PinBasis(17, 5))
+    pointer, record = compares
+    assert pointer == Compare.mod_revision_is(table_key(KEYS, "orders"), 17)
+    assert record == Compare.mod_revision_is(collection_key(KEYS, "orders"), 5)
     put, epoch = puts
     assert put.key == pin_key(KEYS, "orders", 0xABC) and put.lease == 0xABC
     assert put.key.startswith(pins_prefix(KEYS) + "orders/")
@@ -44,7 +46,7 @@ def test_pins_of_several_readers_and_collections() -> None:
     found = [
         kv(put.key, put.value)
         for collection, snapshot, lease in [("a", 1, 1), ("a", 2, 2), ("a", 1, 3), ("b", 9, 4)]
-        for put in pin_ops(KEYS, collection, snapshot, lease, 1)[1]
+        for put in pin_ops(KEYS, collection, snapshot, lease, PinBasis(1, 1))[1]
         if put.lease
     ]
     assert pinned_snapshots(KEYS, found) == {"a": frozenset({1, 2}), "b": frozenset({9})}
@@ -56,7 +58,7 @@ def test_one_collections_pins_come_with_the_epoch_an_expiry_compares() -> None:
     assert epoch_op == Get(pin_epoch_key(KEYS, "a"))
     assert pins_op == Get(pins_prefix(KEYS) + "a/", prefix=True)
     pins = [
-        kv(pin_key(KEYS, "a", lease), pin_ops(KEYS, "a", 7, lease, 1)[1][0].value)
+        kv(pin_key(KEYS, "a", lease), pin_ops(KEYS, "a", 7, lease, PinBasis(1, 1))[1][0].value)
         for lease in (1, 2)
     ]
     epoch = dataclasses.replace(kv(pin_epoch_key(KEYS, "a"), b"{}"), mod_revision=12)
