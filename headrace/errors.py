@@ -77,6 +77,14 @@ class CorruptData(HeadraceError):
         self.offset = offset
 
 
+class MissingFile(CorruptData):
+    """A file that committed table metadata references (a metadata file, a
+    manifest list, a manifest, a data file) is not in the store: collected
+    after a reader that held no pin of its snapshot read the metadata, or
+    deleted by hand. ``path`` names it ("" when the reader could not tell
+    which file); the message names what references it."""
+
+
 class NotOwner(HeadraceError):
     """This node does not (or no longer) serve the pchannel.
 

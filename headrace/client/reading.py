@@ -201,13 +201,25 @@ class SnapshotRead:
         )
         try:
             while True:
-                part = await asyncio.to_thread(next, parts, None)
+                try:
+                    part = await asyncio.to_thread(next, parts, None)
+                except errors.MissingFile as missing:
+                    raise await self._missing(missing) from None
                 if part is None:
                     return
                 yield part
         finally:
             # A read ended early: stop the scan's threads (off the event loop).
             await asyncio.to_thread(parts.close)
+
+    async def _missing(self, missing: errors.MissingFile) -> errors.HeadraceError:
+        """Why a file of the read's snapshot is gone: the pin was lost (seen by
+        its renewal, or its lease found expired now), so expiry could collect
+        the snapshot's files and reading again succeeds (UNAVAILABLE); or the
+        file went while the pin held, which only a hand deletion does (the
+        scan's error: lost data)."""
+        lost = None if self._pin is None else await self._pin.confirm()
+        return missing if lost is None else errors.Unavailable(f"{lost.message}: {missing.message}")
 
     # -- planning and pinning -------------------------------------------------
 
@@ -400,18 +412,27 @@ class _Pin:
         return cls(metastore, lease, f"read-pin-{collection}-{snapshot_id}")
 
     async def _renew(self) -> None:
-        while True:
+        while self.lost is None:
             await asyncio.sleep(PIN_TTL_S / 3)
-            try:
-                await self._metastore.keep_alive(self._lease)
-            except LeaseExpired:
-                self.lost = errors.Unavailable(
-                    f"the read's pin of its snapshot expired (lease {self._lease:x} not renewed "
-                    f"within {PIN_TTL_S:g}s): its files may be collected; read again"
-                )
-                return
-            except errors.HeadraceError as exc:
-                log.warning("renewing a reader pin: %s", exc)
+            await self._keep_alive()
+
+    async def _keep_alive(self) -> None:
+        try:
+            await self._metastore.keep_alive(self._lease)
+        except LeaseExpired:
+            self.lost = errors.Unavailable(
+                f"the read's pin of its snapshot expired (lease {self._lease:x} not renewed "
+                f"within {PIN_TTL_S:g}s): its files may be collected; read again"
+            )
+        except errors.HeadraceError as exc:
+            log.warning("renewing a reader pin: %s", exc)
+
+    async def confirm(self) -> errors.HeadraceError | None:
+        """Why the pin is lost, renewing it now to find out; None: it holds
+        (or the metastore could not tell)."""
+        if self.lost is None:
+            await self._keep_alive()
+        return self.lost
 
     async def _failed(self, failure: TaskFailure) -> None:
         self.lost = errors.HeadraceError(f"keeping a reader pin: {failure.describe()}")

@@ -12,7 +12,10 @@
 * :func:`scan_files`: the rows of one snapshot, data file by data file,
   newest first, in the collection's Arrow schema.
 
-Storage failures are Headrace errors (:meth:`Warehouse.translate`).
+Storage failures are Headrace errors (:meth:`Warehouse.translate`); every
+file read here is one committed metadata references, so a missing one is
+:class:`headrace.errors.MissingFile` naming it and the snapshot, never the
+caller's bad input.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pyparsing import ParseBaseException
 from headrace import errors
 from headrace.table.maintenance import table_location
 from headrace.table.snapshots import SnapshotFacts
-from headrace.table.storage import ObjectStoreOptions, Warehouse
+from headrace.table.storage import ObjectStoreOptions, Referenced, Warehouse
 
 T = TypeVar("T")
 
@@ -60,6 +63,7 @@ def open_table(metadata_location: str, object_store: ObjectStoreOptions) -> Tabl
         warehouse,
         f"reading {metadata_location}",
         lambda: StaticTable.from_metadata(metadata_location, warehouse.io_properties()),
+        Referenced(metadata_location, "the table pointer"),
     )
 
 
@@ -143,19 +147,18 @@ def scan_files(
     scan = table.scan(
         row_filter=row_filter.iceberg, selected_fields=tuple(fields), snapshot_id=snapshot_id
     )
-
-    def plan() -> list[FileScanTask]:
-        tasks = list(scan.plan_files())
-        order = _sequence_numbers(table, snapshot_id)
-        tasks.sort(key=lambda task: order.get(task.file.file_path, 0), reverse=True)
-        return tasks
-
-    tasks = storage(warehouse, f"planning a scan of {table.metadata_location}", plan)
+    snapshot = f"snapshot {snapshot_id} of {table.metadata_location}"
+    # The manifests are read with their paths known first, so a missing one is named.
+    order = _sequence_numbers(table, snapshot_id, warehouse)
+    doing = f"planning a scan of {snapshot}"
+    planned = storage(warehouse, doing, lambda: list(scan.plan_files()), Referenced("", snapshot))
+    tasks = sorted(planned, key=lambda task: order.get(task.file.file_path, 0), reverse=True)
     reader = ArrowScan(table.metadata, table.io, scan.projection(), scan.row_filter)
 
     def read(task: FileScanTask) -> pa.Table:
         fetch = partial(reader.to_table, [task])
-        return storage(warehouse, f"reading {task.file.file_path}", fetch)
+        path = task.file.file_path
+        return storage(warehouse, f"reading {path}", fetch, Referenced(path, snapshot))
 
     # Files are read READ_AHEAD at a time in threads and given in order.
     remaining = iter(tasks)
@@ -170,14 +173,27 @@ def scan_files(
                 yield conform(rows, target)
 
 
-def _sequence_numbers(table: Table, snapshot_id: int) -> dict[str, int]:
+def _sequence_numbers(table: Table, snapshot_id: int, warehouse: Warehouse) -> dict[str, int]:
     """Data file path -> its data sequence number (the commit that added it)."""
     snapshot = table.snapshot_by_id(snapshot_id)
     if snapshot is None:
         raise errors.NotFound(f"snapshot {snapshot_id} is not in {table.metadata_location}")
+    name = f"snapshot {snapshot_id} of {table.metadata_location}"
+    manifests = storage(
+        warehouse,
+        f"reading the manifest list of {name}",
+        lambda: snapshot.manifests(table.io),
+        Referenced(snapshot.manifest_list, name),
+    )
     found: dict[str, int] = {}
-    for manifest in snapshot.manifests(table.io):
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+    for manifest in manifests:
+        entries = storage(
+            warehouse,
+            f"reading a manifest of {name}",
+            partial(manifest.fetch_manifest_entry, table.io, discard_deleted=True),
+            Referenced(manifest.manifest_path, name),
+        )
+        for entry in entries:
             found[entry.data_file.file_path] = entry.sequence_number or 0
     return found
 
@@ -192,12 +208,15 @@ def conform(rows: pa.Table, target: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=target)
 
 
-def storage(warehouse: Warehouse, doing: str, action: Callable[[], T]) -> T:
-    """Run a storage action; its OSError as a Headrace error."""
+def storage(
+    warehouse: Warehouse, doing: str, action: Callable[[], T], referenced: Referenced
+) -> T:
+    """Run a storage action that reads a file committed metadata references;
+    its OSError as a Headrace error (a missing file: MissingFile naming it)."""
     try:
         return action()
     except OSError as exc:
-        raise warehouse.translate(exc, doing) from None
+        raise warehouse.translate(exc, doing, referenced) from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -7,6 +7,11 @@ fsspec) and translates storage failures once, at this boundary:
 * the object store does not answer (connection refused, timeouts, DNS):
   :class:`headrace.errors.Unavailable` naming the endpoint (retryable);
 * a file the commit names does not exist: :class:`headrace.errors.InvalidArgument`;
+  a file committed metadata references (:class:`Referenced`: a snapshot's
+  manifest list, manifests, data files) does not exist:
+  :class:`headrace.errors.MissingFile` naming the file and what references it
+  (lost data, or a snapshot expired under a reader that did not pin it: not
+  the caller's input);
 * a full disk: :class:`headrace.errors.StorageFull`.
 
 S3 notes for SeaweedFS (see docs/pipeline.md): nothing is ever fenced on S3
@@ -50,6 +55,17 @@ class ObjectStoreOptions:
             access_key=os.environ.get("AWS_ACCESS_KEY_ID", ""),
             secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
         )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Referenced:
+    """A file that committed table metadata references, as a read names it
+    when the file is missing."""
+
+    path: str
+    """The file's URI; "" when the read does not know which file it opens."""
+    by: str
+    """What references it (``"snapshot 12 of s3://b/t/metadata/…json"``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,10 +125,17 @@ class Warehouse:
                 props["s3.secret-access-key"] = opts.secret_key
         return props
 
-    def translate(self, exc: Exception, doing: str) -> errors.HeadraceError:
-        """A storage exception raised while ``doing`` as a Headrace error."""
+    def translate(
+        self, exc: Exception, doing: str, referenced: Referenced | None = None
+    ) -> errors.HeadraceError:
+        """A storage exception raised while ``doing`` as a Headrace error;
+        ``referenced``: the action reads a file committed metadata references
+        (a missing one is then MissingFile, CORRUPT, else the caller named it:
+        INVALID_ARGUMENT)."""
         if isinstance(exc, errors.HeadraceError):
             return exc
+        if isinstance(exc, FileNotFoundError) and referenced is not None:
+            return errors.MissingFile(self._missing(referenced, exc), path=referenced.path)
         if isinstance(exc, FileNotFoundError):
             return errors.InvalidArgument(f"{doing}: {exc} not found in the {self.where}")
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -120,3 +143,13 @@ class Warehouse:
         if isinstance(exc, PermissionError):
             return errors.InvalidArgument(f"{doing}: permission denied in the {self.where}: {exc}")
         return errors.Unavailable(f"{doing}: the {self.where} failed: {exc}")
+
+    def _missing(self, referenced: Referenced, exc: FileNotFoundError) -> str:
+        what = referenced.path or f"a file ({exc})"
+        return (
+            f"{referenced.by} needs {what}, which is not in the {self.where}: it was collected "
+            f"after the reader read {referenced.by} (snapshot expiry and orphan collection "
+            "keep only what retained snapshots need: a reader that held no pin of its "
+            "snapshot, or whose pin was lost, reads a newer snapshot when it reads again), or "
+            "it was deleted from the store by hand (its rows are lost)"
+        )

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -25,9 +26,11 @@ from headrace.cli.main import main
 from headrace.client import HeadraceClient
 from headrace.client.reading import AsOf, SnapshotRead
 from headrace.client.sync import SyncClient
+from headrace.node.errors import STATUS_OF_CODE
 from headrace.table import CatalogConfig, TableCatalog, maintenance
 from headrace.table.expiry import RetentionOptions
 from headrace.table.maintenance import MaintenanceReport, maintain
+from headrace.table.pins import pins_prefix
 from tests.client.reads import flush_now
 from tests.node.harness import Cluster
 
@@ -370,3 +373,58 @@ async def test_a_latest_read_pinning_while_maintenance_plans_survives_a_flush_me
             finally:
                 await reading.close()
     assert by_key(await client.read("items")) == {k: k * 10 for k in range(5, 10)}
+
+
+async def test_a_read_whose_pin_lapsed_and_whose_files_were_collected_says_read_again(
+    served: Cluster, client: HeadraceClient, tmp_path: Path
+) -> None:
+    """The read's pin lease runs out (a reader stalled past its TTL: here
+    revoked), a flush rewrites every file and expiry collects the read's
+    snapshot: the read fails UNAVAILABLE (retryable) naming the pin, the
+    snapshot and the missing file, not INVALID_ARGUMENT; reading again works."""
+    warehouse = tmp_path / "warehouse"
+    async with client.producer() as producer:
+        await producer.insert("items", rows(list(range(10))))
+        await flush_now(served, client, warehouse, "items")
+        config = CatalogConfig(served.url, str(warehouse), served.keys.cluster)
+        with TableCatalog.open(config) as catalog:
+            async with client.snapshot_read("items") as reading:
+                snapshot = reading.planned.plan.snapshot_id
+                (pin,) = await served.metastore.get_prefix(pins_prefix(served.keys))
+                await served.metastore.revoke_lease(pin.lease)
+                await producer.delete("items", list(range(5)))
+                await flush_now(served, client, warehouse, "items")
+                report = await asyncio.to_thread(maintain, catalog, "items", EVERYTHING_GOES)
+                assert snapshot in report.expired and report.deleted
+                with pytest.raises(errors.HeadraceError) as raised:
+                    await reading.table()
+            lost = raised.value
+            assert isinstance(lost, errors.Unavailable) and lost.retryable, lost
+            assert STATUS_OF_CODE[lost.code] is grpc.StatusCode.UNAVAILABLE
+            assert "pin of its snapshot expired" in lost.message
+            assert f"snapshot {snapshot} of" in lost.message
+            assert "is not in the warehouse directory" in lost.message
+    assert by_key(await client.read("items")) == {k: k * 10 for k in range(5, 10)}
+
+
+async def test_a_file_deleted_by_hand_under_a_held_pin_is_lost_data(
+    served: Cluster, client: HeadraceClient, tmp_path: Path
+) -> None:
+    warehouse = tmp_path / "warehouse"
+    async with client.producer() as producer:
+        await producer.insert("items", rows(list(range(10))))
+        await flush_now(served, client, warehouse, "items")
+    async with client.snapshot_read("items") as reading:
+        snapshot = reading.planned.plan.snapshot_id
+        table = reading.planned.table
+        assert table is not None and snapshot is not None
+        gone = next(iter(table.scan(snapshot_id=snapshot).plan_files())).file.file_path
+        await asyncio.to_thread(Path(gone.removeprefix("file://")).unlink)
+        with pytest.raises(errors.HeadraceError) as raised:
+            await reading.table()
+    lost = raised.value
+    assert isinstance(lost, errors.MissingFile) and not lost.retryable, lost
+    assert STATUS_OF_CODE[lost.code] is grpc.StatusCode.DATA_LOSS
+    assert lost.path == gone and f"snapshot {snapshot} of" in lost.message
+    with pytest.raises(errors.MissingFile):
+        await client.read("items")
