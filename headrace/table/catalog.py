@@ -65,7 +65,7 @@ from headrace.table.records import (
     segment_keys,
     table_key,
 )
-from headrace.table.storage import ObjectStoreOptions, Warehouse
+from headrace.table.storage import ObjectStoreOptions, Referenced, Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,10 @@ class TableCatalog:
     def scan(self, collection: str) -> pa.Table:
         """The committed rows (pyiceberg's own reader; tests use DuckDB as well)."""
         table = self._load(collection)
-        return self.storage(f"reading {collection}", lambda: table.scan().to_arrow())
+        current = f"the current snapshot of {table.metadata_location}"
+        return self.storage(
+            f"reading {collection}", lambda: table.scan().to_arrow(), Referenced("", current)
+        )
 
     def write_data_file(self, collection: str, rows: pa.Table, name: str) -> str:
         """Write ``rows`` as ``<table location>/data/<name>.parquet``; its path.
@@ -535,9 +538,13 @@ class TableCatalog:
         except (ValueError, TypeError) as exc:
             raise errors.InvalidArgument(f"no Iceberg type for {arrow_schema}: {exc}") from None
 
-    def storage(self, doing: str, action: Callable[[], T]) -> T:
-        """Run a storage action; its OSError as a Headrace error."""
+    def storage(
+        self, doing: str, action: Callable[[], T], referenced: Referenced | None = None
+    ) -> T:
+        """Run a storage action; its OSError as a Headrace error (``referenced``:
+        the action reads files committed metadata references, see
+        :meth:`Warehouse.translate`)."""
         try:
             return action()
         except OSError as exc:
-            raise self.warehouse.translate(exc, doing) from None
+            raise self.warehouse.translate(exc, doing, referenced) from None

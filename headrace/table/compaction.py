@@ -39,6 +39,7 @@ from pyiceberg.types import PrimitiveType
 from headrace import errors
 from headrace.table.catalog import TableCatalog
 from headrace.table.records import PrimaryKey
+from headrace.table.storage import Referenced
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,8 @@ def files_of(catalog: TableCatalog, table: Table, collection: str) -> TableFiles
                 )
         return tuple(found)
 
-    files = catalog.storage(f"reading the manifests of {collection}", read)
+    current = Referenced("", f"snapshot {snapshot.snapshot_id} of {table.metadata_location}")
+    files = catalog.storage(f"reading the manifests of {collection}", read, current)
     return TableFiles(collection, primary_key, snapshot.snapshot_id, files)
 
 
@@ -225,7 +227,8 @@ def _live_data_files(catalog: TableCatalog, table: Table) -> dict[str, DataFile]
             if entry.data_file.content == DataFileContent.DATA
         }
 
-    return catalog.storage(f"reading the manifests of {table.name()}", read)
+    current = Referenced("", f"snapshot {snapshot.snapshot_id} of {table.metadata_location}")
+    return catalog.storage(f"reading the manifests of {table.name()}", read, current)
 
 
 def _data_file(catalog: TableCatalog, table: Table, path: str) -> DataFile:

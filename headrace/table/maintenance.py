@@ -50,6 +50,7 @@ from headrace.table.expiry import (
     orphans,
     snapshots_to_expire,
 )
+from headrace.table.storage import Referenced
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,8 @@ def _referenced(catalog: TableCatalog, table: Table, previous: str) -> frozenset
                 for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
                     uris.add(entry.data_file.file_path)
 
-    catalog.storage(f"reading the manifests of {table.name()}", read)
+    retained = Referenced("", f"the retained snapshots of {table.metadata_location}")
+    catalog.storage(f"reading the manifests of {table.name()}", read, retained)
     return frozenset(_fs_path(uri) for uri in uris)
 
 

@@ -124,3 +124,26 @@ def test_a_missing_manifest_and_a_missing_metadata_file_are_named_too(bed: Bed) 
             open_table(location, catalog.config.object_store)
         assert missing.value.path == location
         assert missing.value.message.startswith(f"the table pointer needs {location}")
+
+
+def test_maintenance_and_the_catalogs_scan_name_a_missing_file_too(bed: Bed) -> None:
+    """Expiry's reading of the retained manifests and ``TableCatalog.scan``
+    meet the same fault: MissingFile, never INVALID_ARGUMENT (which stays for
+    a file a flush commit names, tests/table/test_errors.py)."""
+    bed.assign(P, term=3)
+    with bed.open() as catalog:
+        catalog.create_table("orders", SCHEMA, "pk")
+        catalog.commit_flush(flush(catalog, 3, None, 10, [1, 2, 3]))
+        table = catalog.iceberg_table("orders")
+        snapshot = table.current_snapshot()
+        assert snapshot is not None
+        (manifest,) = snapshot.manifests(table.io)
+        delete(catalog, manifest.manifest_path)
+        with pytest.raises(errors.HeadraceError) as in_maintenance:
+            maintain(catalog, "orders", EVERYTHING_GOES)
+        with pytest.raises(errors.HeadraceError) as in_scan:
+            catalog.scan("orders")
+    for raised in (in_maintenance.value, in_scan.value):
+        assert isinstance(raised, errors.MissingFile), raised
+        assert STATUS_OF_CODE[raised.code] is grpc.StatusCode.DATA_LOSS
+        assert table.metadata_location in raised.message
