@@ -48,14 +48,33 @@ PCHANNEL = "bd-0"
 NODE = "bd-node"
 OP_TIMEOUT = "2"
 """--wal-operation-timeout of the node: how long one failed open takes at most."""
+BROKER_OP_TIMEOUT = "10"
+"""--wal-operation-timeout of a node that must open its WAL on a real broker
+once it is reachable (the product default is 30): each call of a first open
+(creating the topics, taking the exclusive producer, the subscriptions) must
+fit in it. With :data:`OP_TIMEOUT` a broker slow to answer (a JVM standalone
+on a loaded 2-core machine) has each retried open cut off the same way, so
+the WAL is never served within the wait."""
+SERVING_WITHIN_S = 120.0
+"""How long a node with :data:`BROKER_OP_TIMEOUT` may take to serve the WAL
+once the broker is reachable: a first open cut off by its bound (4x the
+operation timeout) and the retry after it."""
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on (it was free a moment ago)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def closed_port() -> socket.socket:
+    """A loopback port held by this process and not listening: connections to
+    it are refused, and no other process can take it (a port found free and
+    released could be taken by anyone, e.g. as another connection's local
+    port, before the test uses it)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def port_of(sock: socket.socket) -> int:
+    port: int = sock.getsockname()[1]
+    return port
 
 
 def broker_flags(backend: str, address: str) -> list[str]:
@@ -72,7 +91,9 @@ class NodeProcess:
         self.log = log
 
     @classmethod
-    async def start(cls, tmp_path: Path, cluster: Cluster, flags: list[str]) -> NodeProcess:
+    async def start(
+        cls, tmp_path: Path, cluster: Cluster, flags: list[str], op_timeout: str = OP_TIMEOUT
+    ) -> NodeProcess:
         log = tmp_path / "node.log"
         with log.open("ab") as out:
             proc = await asyncio.create_subprocess_exec(
@@ -90,7 +111,7 @@ class NodeProcess:
                 "--lease-ttl",
                 "3",
                 "--wal-operation-timeout",
-                OP_TIMEOUT,
+                op_timeout,
                 *flags,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
@@ -149,11 +170,11 @@ async def assign(cluster: Cluster, term: int = 1) -> None:
 
 
 async def wal_status(
-    manager: ManagerClient, wanted: str, node: NodeProcess | None = None
+    manager: ManagerClient, wanted: str, node: NodeProcess | None = None, within: float = 45.0
 ) -> WALStatus:
     """Poll the node's Manager service until it lists the WAL in state ``wanted``
     (checking all along that the ``node`` process, if given, is alive)."""
-    async with asyncio.timeout(45):
+    async with asyncio.timeout(within):
         while True:
             assert node is None or node.alive(), f"the node died:\n{node and node.output()}"
             status = (await manager.list_wals()).find(PCHANNEL)
@@ -184,7 +205,8 @@ def vchannel_of(pchannel: str) -> str:
 async def test_a_node_whose_broker_is_down_reports_the_wal_unavailable(
     tmp_path: Path, cluster: Cluster, backend: str
 ) -> None:
-    broker = f"127.0.0.1:{free_port()}"
+    port = closed_port()
+    broker = f"127.0.0.1:{port_of(port)}"
     node = await NodeProcess.start(tmp_path, cluster, broker_flags(backend, broker))
     try:
         address = await node.address(cluster)
@@ -233,6 +255,7 @@ async def test_a_node_whose_broker_is_down_reports_the_wal_unavailable(
         if node.alive():
             node.proc.kill()
             await node.proc.wait()
+        port.close()
 
 
 class StuckBackend(MemoryBackend):
@@ -360,17 +383,19 @@ async def test_a_wal_that_fails_while_served_is_reopened_once_its_broker_is_back
 
 
 class Forwarder:
-    """A loopback TCP port that forwards to ``target`` once :meth:`open` is called."""
+    """A loopback TCP port that refuses connections until :meth:`open`, then
+    forwards them to ``target``; the port is held from the start."""
 
-    def __init__(self, port: int, target: str) -> None:
-        self.port = port
+    def __init__(self, target: str) -> None:
+        self.sock = closed_port()
+        self.port = port_of(self.sock)
         host, _, target_port = target.rpartition(":")
         self.target = (host, int(target_port))
         self.server: asyncio.Server | None = None
         self.pipes: set[asyncio.Task[None]] = set()
 
     async def open(self) -> None:
-        self.server = await asyncio.start_server(self._connect, "127.0.0.1", self.port)
+        self.server = await asyncio.start_server(self._connect, sock=self.sock)
 
     async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -394,6 +419,7 @@ class Forwarder:
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        self.sock.close()
         for task in list(self.pipes):
             task.cancel()
         await asyncio.gather(*self.pipes, return_exceptions=True)
@@ -402,12 +428,13 @@ class Forwarder:
 async def serves_once_the_broker_is_up(
     tmp_path: Path, cluster: Cluster, backend: str, real: str
 ) -> None:
-    """Down first (nothing on the port), then the port forwards to the real broker."""
-    forwarder = Forwarder(free_port(), real)
+    """Down first (the port refuses connections), then the port forwards to
+    the real broker."""
+    forwarder = Forwarder(real)
     flags = broker_flags(backend, f"127.0.0.1:{forwarder.port}")
     if backend == "kafka":
         flags += ["--kafka-config", "reconnect.backoff.max.ms=1000"]
-    node = await NodeProcess.start(tmp_path, cluster, flags)
+    node = await NodeProcess.start(tmp_path, cluster, flags, BROKER_OP_TIMEOUT)
     try:
         address = await node.address(cluster)
         await assign(cluster)
@@ -416,7 +443,7 @@ async def serves_once_the_broker_is_up(
             down = await wal_status(manager, "UNAVAILABLE", node)
             assert f"127.0.0.1:{forwarder.port}" in down.stats["error"]
             await forwarder.open()
-            served = await wal_status(manager, "SERVING", node)
+            served = await wal_status(manager, "SERVING", node, SERVING_WITHIN_S)
             assert served.term == 1
         finally:
             await manager.close()
