@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,7 +30,7 @@ from headrace.node.errors import STATUS_OF_CODE
 from headrace.table import CatalogConfig, TableCatalog, maintenance
 from headrace.table.expiry import RetentionOptions
 from headrace.table.maintenance import MaintenanceReport, maintain
-from headrace.table.pins import pins_prefix
+from headrace.table.pins import pin_epochs_prefix, pins_prefix
 from tests.client.reads import flush_now
 from tests.node.harness import Cluster
 
@@ -428,3 +428,26 @@ async def test_a_file_deleted_by_hand_under_a_held_pin_is_lost_data(
     assert lost.path == gone and f"snapshot {snapshot} of" in lost.message
     with pytest.raises(errors.MissingFile):
         await client.read("items")
+
+
+async def test_a_read_that_planned_before_a_drop_neither_pins_nor_leaves_an_epoch(
+    served: Cluster, client: HeadraceClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collection is dropped after the read found it live and before it
+    read the table pointer: the read is NOT_FOUND, and no pin epoch (the one
+    pin key without a lease) is left for the dropped collection."""
+    async with client.producer() as producer:
+        await producer.insert("items", rows(list(range(4))))
+    await flush_now(served, client, tmp_path / "warehouse", "items")
+    real = SnapshotRead._as_of
+
+    async def dropped_meanwhile(self: SnapshotRead, pchannels: Sequence[str]) -> int:
+        as_of = await real(self, pchannels)
+        await client.drop_collection("items")
+        return as_of
+
+    monkeypatch.setattr(SnapshotRead, "_as_of", dropped_meanwhile)
+    with pytest.raises(errors.NotFound, match="collection items was dropped"):
+        await client.read("items")
+    assert await served.metastore.get_prefix(pins_prefix(served.keys)) == []
+    assert await served.metastore.get_prefix(pin_epochs_prefix(served.keys)) == []
