@@ -208,9 +208,7 @@ def conform(rows: pa.Table, target: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=target)
 
 
-def storage(
-    warehouse: Warehouse, doing: str, action: Callable[[], T], referenced: Referenced
-) -> T:
+def storage(warehouse: Warehouse, doing: str, action: Callable[[], T], referenced: Referenced) -> T:
     """Run a storage action that reads a file committed metadata references;
     its OSError as a Headrace error (a missing file: MissingFile naming it)."""
     try:
