@@ -259,6 +259,10 @@ def encode(messages: Sequence[Message], info: BatchInfo, limits: Limits = Limits
         raise errors.InvalidArgument("vchannel name longer than 65535 bytes")
     # What format 1 adds to a message's properties and payload (its size limit counts it).
     overhead = codec.HEADER_SIZE + len(vch) + 4 + (8 if info.txn_id else 0)
+    if len(messages) == 1:
+        single = _plain_single(messages[0], info, limits, overhead, vch)
+        if single is not None:
+            return single
     parts = _plain_records(messages, info, limits, overhead)
     if parts is None:
         parts = _checked_records(messages, info, limits, overhead)
@@ -283,6 +287,36 @@ def encode(messages: Sequence[Message], info: BatchInfo, limits: Limits = Limits
         body_crc = _crc(chunk, body_crc)
     head = _PREFIX.pack(MAGIC, FORMAT_VERSION, flags, size) + _UNSTAMPED + _CRC.pack(body_crc)
     return b"".join([head, body_head, vch, *chunks])
+
+
+def _plain_single(
+    msg: Message, info: BatchInfo, limits: Limits, overhead: int, vch: bytes
+) -> bytes | None:
+    """The batch of one message without properties, of ``info``'s vchannel and
+    transaction and within ``limits`` (the common batch of a call spread over
+    many vchannels), packed in a few calls without a parts list; None for any
+    other message or a field out of range (:func:`encode` then builds or
+    refuses it the general way)."""
+    payload = msg.payload
+    if (
+        msg.properties
+        or msg.vchannel != info.vchannel
+        or msg.txn_id != info.txn_id
+        or overhead + len(payload) > limits.max_message_bytes
+    ):
+        return None
+    size = HEADER_SIZE + len(vch) + RECORD_HEADER_SIZE + len(payload)
+    if size > limits.max_batch_bytes:
+        return None
+    try:
+        body_head = _BODY.pack(1, 0, info.producer_id, info.sequence, info.txn_id, len(vch))
+    except struct.error:
+        return None
+    record = _RECORD.pack(8 + len(payload), msg.type, 0, 0, 0)
+    body_crc = _crc(payload, _crc(record, _crc(vch, _crc(body_head))))
+    flags = (FLAG_TXN if info.txn_id else 0) | (FLAG_SYSTEM if info.system else 0)
+    head = _PREFIX.pack(MAGIC, FORMAT_VERSION, flags, size) + _UNSTAMPED + _CRC.pack(body_crc)
+    return b"".join((head, body_head, vch, record, payload))
 
 
 def _plain_records(
