@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import operator
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -65,6 +64,11 @@ from headrace.message.types import (
     MESSAGE_SLOT_SETTERS,
     Message,
     MessageType,
+    payload_of,
+    properties_of,
+    txn_id_of,
+    type_of,
+    vchannel_of,
 )
 
 MAGIC = b"HB"
@@ -228,11 +232,6 @@ the CRC and the batch's own join: a CRC call per piece rather than per part,
 and pieces of some 32 KiB for 1 KiB messages, so the copy is never a second
 allocation of the batch's size (freeing and making one each batch costs more
 than the copy itself when the allocator gives the memory back in between)."""
-_vchannel_of = operator.attrgetter("vchannel")
-_txn_id_of = operator.attrgetter("txn_id")
-_properties_of = operator.attrgetter("properties")
-_payload_of = operator.attrgetter("payload")
-_type_of = operator.attrgetter("type")
 _repeat = itertools.repeat
 
 
@@ -327,17 +326,17 @@ def _plain_records(
     column by column (one record header packed for all when every record has
     the same length and type); None for any other batch."""
     count = len(messages)
-    if any(map(_properties_of, messages)):
+    if any(map(properties_of, messages)):
         return None
-    if list(map(_vchannel_of, messages)).count(info.vchannel) != count:
+    if list(map(vchannel_of, messages)).count(info.vchannel) != count:
         return None
-    if list(map(_txn_id_of, messages)).count(info.txn_id) != count:
+    if list(map(txn_id_of, messages)).count(info.txn_id) != count:
         return None
-    payloads = list(map(_payload_of, messages))
+    payloads = list(map(payload_of, messages))
     lengths = list(map(len, payloads))
     if overhead + max(lengths) > limits.max_message_bytes:
         return None
-    types = list(map(_type_of, messages))
+    types = list(map(type_of, messages))
     if lengths.count(lengths[0]) == count and types.count(types[0]) == count:
         heads = [_RECORD.pack(8 + lengths[0], types[0], 0, 0, 0)] * count
     else:
