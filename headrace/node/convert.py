@@ -52,8 +52,8 @@ class Admission:
         self.pchannel = pchannel
         self.config = config
         self._good: set[str] = set()
-        self._good_raw: set[bytes] = set()
-        """The good names as a record batch's header holds them (UTF-8)."""
+        """Names found good (well formed, hence ASCII: a record batch's header
+        field holding one is its ASCII bytes)."""
 
     def _check_vchannel(self, vchannel: str) -> None:
         if not VCHANNEL_PATTERN.match(vchannel):
@@ -67,7 +67,6 @@ class Admission:
         good = self._good
         if len(good) >= GOOD_VCHANNELS_MAX:
             good.clear()
-            self._good_raw.clear()
         good.add(vchannel)
 
     def record_batch(self, data: bytes) -> errors.HeadraceError | None:
@@ -76,7 +75,7 @@ class Admission:
         it may go on (a malformed batch too: the WAL refuses it, saying why).
         A batch whose vchannel field holds a name found good goes on unread."""
         raw = batch.raw_vchannel(data)
-        if raw in self._good_raw:
+        if raw.isascii() and raw.decode("ascii") in self._good:
             return None
         try:
             vchannel = batch.read_header(data).vchannel
@@ -87,7 +86,6 @@ class Admission:
                 self._check_vchannel(vchannel)
             except errors.InvalidArgument as exc:
                 return exc
-        self._good_raw.add(raw)
         return None
 
     def message(self, proto: pb.ProduceMessage) -> Message:
