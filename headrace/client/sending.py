@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from headrace import errors
+from headrace import errors, slots
 from headrace.message import batch
 from headrace.message.batch import BatchInfo, Limits
 from headrace.message.properties import PRODUCER_ID, PRODUCER_SEQ
@@ -303,7 +303,7 @@ def _items(
     return built
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
 class Sealed:
     """A record batch encoded once, with its messages: every retry sends these
     same bytes (the same producer id and sequence), so the WAL's dedup answers
@@ -314,9 +314,19 @@ class Sealed:
     count: int
     """Messages in the batch."""
 
+    def __init__(self, data: bytes, items: tuple[Item, ...], count: int) -> None:
+        # The slot descriptors' setters (one is made per batch: per message of
+        # a call spread over many vchannels); see headrace.slots.
+        _SET_SEALED_DATA(self, data)
+        _SET_SEALED_ITEMS(self, items)
+        _SET_SEALED_COUNT(self, count)
+
     @property
     def deadline(self) -> float:
         return min(item.deadline for item in self.items)
+
+
+_SET_SEALED_DATA, _SET_SEALED_ITEMS, _SET_SEALED_COUNT = slots.setters(Sealed)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -338,7 +348,7 @@ def group(items: Sequence[Item], max_batch_bytes: int) -> list[list[Item]]:
     sizes: list[int] = []
     open_at: dict[str, int] = {}
     for item in items:
-        vchannel = item.vchannel
+        vchannel = item.messages[0].vchannel
         if item.alone or item.sent_one_by_one:
             open_at.pop(vchannel, None)
             for single in item.singles():
@@ -353,7 +363,7 @@ def group(items: Sequence[Item], max_batch_bytes: int) -> list[list[Item]]:
             at = open_at.get(vchannel)
             if (
                 at is not None
-                and batches[at][0].txn_id == piece.txn_id
+                and batches[at][0].messages[0].txn_id == piece.messages[0].txn_id
                 and sizes[at] + piece.records <= max_batch_bytes
             ):
                 batches[at].append(piece)
@@ -425,12 +435,15 @@ def _encoded(items: list[Item], sealing: Sealing) -> Sealed | errors.HeadraceErr
     next sequence, or why they do not encode. A sequence taken by a batch that
     fails to encode is skipped: only uniqueness and order matter."""
     first = items[0]
-    messages = (
-        first.messages if len(items) == 1 else [msg for item in items for msg in item.messages]
-    )
-    info = BatchInfo(first.vchannel, sealing.producer_id, sealing.next_sequence(), first.txn_id)
+    members: tuple[Item, ...]
+    if len(items) == 1:
+        messages, members = first.messages, (first,)
+    else:
+        messages, members = [msg for item in items for msg in item.messages], tuple(items)
+    head = messages[0]
+    info = BatchInfo(head.vchannel, sealing.producer_id, sealing.next_sequence(), head.txn_id)
     try:
         data = batch.encode(messages, info, sealing.limits)
     except errors.HeadraceError as exc:
         return exc
-    return Sealed(data, tuple(items), len(messages))
+    return Sealed(data, members, len(messages))

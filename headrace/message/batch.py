@@ -99,7 +99,7 @@ _KNOWN_CODES = bytes(sorted(_TYPES))
 _crc = crc32c.crc32c
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
 class BatchInfo:
     """What a producer says of a batch besides its messages."""
 
@@ -108,6 +108,31 @@ class BatchInfo:
     sequence: int = 0
     txn_id: int = 0
     system: bool = False
+
+    def __init__(
+        self,
+        vchannel: str = "",
+        producer_id: int = 0,
+        sequence: int = 0,
+        txn_id: int = 0,
+        system: bool = False,
+    ) -> None:
+        # The slot descriptors' setters, as BatchHeader's (one is made per
+        # encoded batch: per message of a call spread over many vchannels).
+        _SET_INFO_VCHANNEL(self, vchannel)
+        _SET_INFO_PRODUCER_ID(self, producer_id)
+        _SET_INFO_SEQUENCE(self, sequence)
+        _SET_INFO_TXN_ID(self, txn_id)
+        _SET_INFO_SYSTEM(self, system)
+
+
+(
+    _SET_INFO_VCHANNEL,
+    _SET_INFO_PRODUCER_ID,
+    _SET_INFO_SEQUENCE,
+    _SET_INFO_TXN_ID,
+    _SET_INFO_SYSTEM,
+) = slots.setters(BatchInfo)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, init=False)
