@@ -9,13 +9,21 @@ deep in a background task. Long values are shortened in messages.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Collection, Iterable, Mapping
 from typing import Literal, TypeVar
 
 from headrace import errors
 from headrace.message.ids import MessageID
-from headrace.message.types import Message, MessageType, validate_vchannel
+from headrace.message.types import (
+    Message,
+    MessageType,
+    payload_of,
+    properties_of,
+    txn_id_of,
+    type_of,
+    validate_vchannel,
+    vchannel_of,
+)
 
 T = TypeVar("T")
 
@@ -126,13 +134,6 @@ def message(value: object) -> Message:
     return _message(value)
 
 
-_VCHANNEL = operator.attrgetter("vchannel")
-_PAYLOAD = operator.attrgetter("payload")
-_PROPERTIES = operator.attrgetter("properties")
-_TYPE = operator.attrgetter("type")
-_TXN_ID = operator.attrgetter("txn_id")
-
-
 def common(values: list[Message]) -> bool:
     """Whether :func:`message` passes every one of ``values`` as it is, checked
     per call rather than per message (each distinct type, txn id and
@@ -140,13 +141,13 @@ def common(values: list[Message]) -> bool:
     if set(map(type, values)) != {Message}:
         return False
     return (
-        _GOOD_VCHANNELS.issuperset(map(_VCHANNEL, values))
-        and set(map(type, map(_PAYLOAD, values))) == {bytes}
-        and not any(map(_PROPERTIES, values))
+        _GOOD_VCHANNELS.issuperset(map(vchannel_of, values))
+        and set(map(type, map(payload_of, values))) == {bytes}
+        and not any(map(properties_of, values))
         and all(
-            t.__class__ is MessageType and t in _SENDABLE_TYPES for t in set(map(_TYPE, values))
+            t.__class__ is MessageType and t in _SENDABLE_TYPES for t in set(map(type_of, values))
         )
-        and all(t.__class__ is int and t >= 0 for t in set(map(_TXN_ID, values)))
+        and all(t.__class__ is int and t >= 0 for t in set(map(txn_id_of, values)))
     )
 
 

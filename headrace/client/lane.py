@@ -32,7 +32,7 @@ from headrace.message import batch, ids
 from headrace.message.batch import Limits
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
-from headrace.wal.api import AppendResult, BatchAppendResult
+from headrace.wal.api import AppendResult, BatchAppendResult, append_result
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,9 @@ class Lane:
     def _start(self) -> asyncio.Task[None]:
         return guarded_task(self._run(), f"produce-{self.pchannel}", self._on_failure, logger=log)
 
-    def push(self, item: Item) -> None:
-        self.queue.append(item)
+    def push(self, items: list[Item]) -> None:
+        """Queue ``items`` (of one call, in order) to be sent."""
+        self.queue.extend(items)
         self._idle.clear()
         self._wake.set()
         if self._task.done() and not self._task.cancelled():
@@ -522,6 +523,7 @@ class Lane:
             stream.fail(errors.Unavailable("a Produce response of the wrong length"), broken=True)
             return
         settle = self.context.settle
+        acked = 0
         for unit, result in zip(sealed, results, strict=True):
             if result.HasField("error"):
                 error = from_proto(result.error)
@@ -537,12 +539,16 @@ class Lane:
                 for item in unit.items:
                     settle(item, first)
                 continue
-            tt, term, txn = result.timetick, result.term, result.txn_id
-            outcomes = (
-                [AppendResult(first, tt, term, txn)]
-                if unit.count == 1
-                else BatchAppendResult(first, unit.count, tt, term, txn).results()
-            )
+            count = unit.count
+            acked += count
+            if count == 1:
+                # The batch of one message (a call spread over many vchannels).
+                outcome = append_result(first, result.timetick, result.term, result.txn_id)
+                settle(unit.items[0], [outcome])
+                continue
+            outcomes = BatchAppendResult(
+                first, count, result.timetick, result.term, result.txn_id
+            ).results()
             if len(unit.items) == 1:
                 settle(unit.items[0], outcomes)
             else:
@@ -550,7 +556,7 @@ class Lane:
                 for item in unit.items:
                     settle(item, outcomes[at : at + len(item.messages)])
                     at += len(item.messages)
-            stream.acked += unit.count
+        stream.acked += acked
 
 
 def _outcome(result: pb.MessageResult) -> Outcome:

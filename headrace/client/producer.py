@@ -139,17 +139,30 @@ class Producer:
         group = Group(len(batch))
         deadline = time.monotonic() + self.options.deadline
         view = self.session.view
+        budget = self.budget
         lanes: dict[str, Lane] = {}
-        for item in self._items(batch, group, deadline):
-            vchannel = item.vchannel
-            lane = lanes.get(vchannel)
-            if lane is None:
-                if view.config is None:
-                    await view.wait_route(vchannel, deadline)
-                lane = lanes[vchannel] = self._lane_of(vchannel)
-            if not self.budget.try_acquire(item.size):
-                await self.budget.acquire(item.size)
-            lane.push(item)
+        # Items admitted and not yet pushed, per lane: pushed once per call,
+        # or before any wait (the budget is freed only by their answers).
+        taken: dict[Lane, list[Item]] = {}
+        try:
+            for item in self._items(batch, group, deadline):
+                vchannel = item.messages[0].vchannel
+                lane = lanes.get(vchannel)
+                if lane is None:
+                    if view.config is None:
+                        _push(taken)
+                        await view.wait_route(vchannel, deadline)
+                    lane = lanes[vchannel] = self._lane_of(vchannel)
+                if not budget.try_acquire(item.size):
+                    _push(taken)
+                    await budget.acquire(item.size)
+                held = taken.get(lane)
+                if held is None:
+                    taken[lane] = [item]
+                else:
+                    held.append(item)
+        finally:
+            _push(taken)
         return await group.future
 
     async def insert(self, collection: str | Collection, rows: Rows) -> WriteResult:
@@ -293,6 +306,13 @@ class Producer:
     def owners(self) -> dict[str, Owner | None]:
         """The owner each pchannel's stream is connected to (for status output)."""
         return {p: lane.owner for p, lane in self._lanes.items()}
+
+
+def _push(taken: dict[Lane, list[Item]]) -> None:
+    """Push each lane's taken items to it, in order; ``taken`` is emptied."""
+    for lane, held in taken.items():
+        lane.push(held)
+    taken.clear()
 
 
 _ROUTES_MAX = 1 << 16

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import operator
 from collections.abc import Callable, Sequence
 
-from headrace import errors
+from headrace import errors, slots
 from headrace.message import batch
 from headrace.message.batch import BatchInfo, Limits
 from headrace.message.properties import PRODUCER_ID, PRODUCER_SEQ
-from headrace.message.types import Message
+from headrace.message.types import (
+    Message,
+    payload_of,
+    properties_of,
+    txn_id_of,
+    type_of,
+    vchannel_of,
+)
 from headrace.wal.api import AppendResult
 from headrace.wal.validation import goes_alone
 
@@ -177,7 +183,7 @@ _ITEM_OVERHEAD = 96
 
 def budget_size(messages: Sequence[Message]) -> int:
     """Bytes that ``messages`` (of one vchannel) hold of a producer's budget."""
-    return sum(map(len, map(_PAYLOAD, messages))) + len(messages) * (
+    return sum(map(len, map(payload_of, messages))) + len(messages) * (
         len(messages[0].vchannel) + _ITEM_OVERHEAD
     )
 
@@ -186,13 +192,6 @@ def record_size(msg: Message) -> int:
     """A message's record bytes in a batch (properties counted in characters)."""
     props = sum(6 + len(k) + len(v) for k, v in msg.properties.items())
     return batch.RECORD_HEADER_SIZE + len(msg.payload) + (2 + props if props else 0)
-
-
-_VCHANNEL = operator.attrgetter("vchannel")
-_PAYLOAD = operator.attrgetter("payload")
-_PROPERTIES = operator.attrgetter("properties")
-_TXN_ID = operator.attrgetter("txn_id")
-_TYPE = operator.attrgetter("type")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -217,11 +216,15 @@ def items(
     without per-message work."""
     if not messages:
         return []
-    plain = not any(map(_PROPERTIES, messages)) and not any(
+    plain = not any(map(properties_of, messages)) and not any(
         # One message per type is enough: without properties, the type decides.
-        map(goes_alone, dict(zip(map(_TYPE, messages), messages, strict=True)).values())
+        map(goes_alone, dict(zip(map(type_of, messages), messages, strict=True)).values())
     )
-    if plain and len(set(map(_VCHANNEL, messages))) == 1 and len(set(map(_TXN_ID, messages))) == 1:
+    if (
+        plain
+        and len(set(map(vchannel_of, messages))) == 1
+        and len(set(map(txn_id_of, messages))) == 1
+    ):
         found = _plain_items(messages, indexes, call, options)
         if found is not None:
             return found
@@ -237,7 +240,7 @@ def _plain_items(
     vchannel = messages[0].vchannel
     head, held = batch.HEADER_SIZE + len(vchannel), len(vchannel) + _ITEM_OVERHEAD
     step = options.max_batch_messages
-    lengths = list(map(len, map(_PAYLOAD, messages)))
+    lengths = list(map(len, map(payload_of, messages)))
     found: list[Item] = []
     for start in range(0, len(messages), step):
         part = messages[start : start + step]
@@ -300,7 +303,7 @@ def _items(
     return built
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
 class Sealed:
     """A record batch encoded once, with its messages: every retry sends these
     same bytes (the same producer id and sequence), so the WAL's dedup answers
@@ -311,9 +314,19 @@ class Sealed:
     count: int
     """Messages in the batch."""
 
+    def __init__(self, data: bytes, items: tuple[Item, ...], count: int) -> None:
+        # The slot descriptors' setters (one is made per batch: per message of
+        # a call spread over many vchannels); see headrace.slots.
+        _SET_SEALED_DATA(self, data)
+        _SET_SEALED_ITEMS(self, items)
+        _SET_SEALED_COUNT(self, count)
+
     @property
     def deadline(self) -> float:
         return min(item.deadline for item in self.items)
+
+
+_SET_SEALED_DATA, _SET_SEALED_ITEMS, _SET_SEALED_COUNT = slots.setters(Sealed)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -335,7 +348,7 @@ def group(items: Sequence[Item], max_batch_bytes: int) -> list[list[Item]]:
     sizes: list[int] = []
     open_at: dict[str, int] = {}
     for item in items:
-        vchannel = item.vchannel
+        vchannel = item.messages[0].vchannel
         if item.alone or item.sent_one_by_one:
             open_at.pop(vchannel, None)
             for single in item.singles():
@@ -350,7 +363,7 @@ def group(items: Sequence[Item], max_batch_bytes: int) -> list[list[Item]]:
             at = open_at.get(vchannel)
             if (
                 at is not None
-                and batches[at][0].txn_id == piece.txn_id
+                and batches[at][0].messages[0].txn_id == piece.messages[0].txn_id
                 and sizes[at] + piece.records <= max_batch_bytes
             ):
                 batches[at].append(piece)
@@ -422,12 +435,15 @@ def _encoded(items: list[Item], sealing: Sealing) -> Sealed | errors.HeadraceErr
     next sequence, or why they do not encode. A sequence taken by a batch that
     fails to encode is skipped: only uniqueness and order matter."""
     first = items[0]
-    messages = (
-        first.messages if len(items) == 1 else [msg for item in items for msg in item.messages]
-    )
-    info = BatchInfo(first.vchannel, sealing.producer_id, sealing.next_sequence(), first.txn_id)
+    members: tuple[Item, ...]
+    if len(items) == 1:
+        messages, members = first.messages, (first,)
+    else:
+        messages, members = [msg for item in items for msg in item.messages], tuple(items)
+    head = messages[0]
+    info = BatchInfo(head.vchannel, sealing.producer_id, sealing.next_sequence(), head.txn_id)
     try:
         data = batch.encode(messages, info, sealing.limits)
     except errors.HeadraceError as exc:
         return exc
-    return Sealed(data, tuple(items), len(messages))
+    return Sealed(data, members, len(messages))

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import operator
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -65,6 +64,11 @@ from headrace.message.types import (
     MESSAGE_SLOT_SETTERS,
     Message,
     MessageType,
+    payload_of,
+    properties_of,
+    txn_id_of,
+    type_of,
+    vchannel_of,
 )
 
 MAGIC = b"HB"
@@ -93,9 +97,10 @@ _UNIFORM_BYTES = (0, 1, 2, 3, 8, 9, 10, 11)
 _TYPES = {int(t): t for t in MessageType}
 _KNOWN_CODES = bytes(sorted(_TYPES))
 _crc = crc32c.crc32c
+_new_tuple = tuple.__new__
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
 class BatchInfo:
     """What a producer says of a batch besides its messages."""
 
@@ -105,17 +110,43 @@ class BatchInfo:
     txn_id: int = 0
     system: bool = False
 
+    def __init__(
+        self,
+        vchannel: str = "",
+        producer_id: int = 0,
+        sequence: int = 0,
+        txn_id: int = 0,
+        system: bool = False,
+    ) -> None:
+        # The slot descriptors' setters, as BatchHeader's (one is made per
+        # encoded batch: per message of a call spread over many vchannels).
+        _SET_INFO_VCHANNEL(self, vchannel)
+        _SET_INFO_PRODUCER_ID(self, producer_id)
+        _SET_INFO_SEQUENCE(self, sequence)
+        _SET_INFO_TXN_ID(self, txn_id)
+        _SET_INFO_SYSTEM(self, system)
 
-@dataclasses.dataclass(frozen=True, slots=True, init=False)
-class BatchHeader:
-    """The fixed fields of a batch, read without touching its records."""
+
+(
+    _SET_INFO_VCHANNEL,
+    _SET_INFO_PRODUCER_ID,
+    _SET_INFO_SEQUENCE,
+    _SET_INFO_TXN_ID,
+    _SET_INFO_SYSTEM,
+) = slots.setters(BatchInfo)
+
+
+class BatchHeader(NamedTuple):
+    """The fixed fields of a batch, read without touching its records (a named
+    tuple: one is made per appended and per read batch, and building one
+    costs a fifth of a slotted dataclass's, even through its slot setters)."""
 
     flags: int
     length: int
     base_timetick: int
     """Timetick of the first message; message ``i`` has ``base_timetick + i``."""
     term: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count on purpose
     producer_id: int
     sequence: int
     txn_id: int
@@ -123,46 +154,22 @@ class BatchHeader:
     records_at: int
     """Offset of the first record."""
 
-    def __init__(  # noqa: PLR0917 - the dataclass's own positional signature
-        self,
-        flags: int,
-        length: int,
-        base_timetick: int,
-        term: int,
-        count: int,
-        producer_id: int,
-        sequence: int,
-        txn_id: int,
-        vchannel: str,
-        records_at: int,
-    ) -> None:
-        # The slot descriptors' setters: the generated __init__ of a frozen
-        # dataclass sets each field by name, several times slower (one header
-        # is made per appended and per read batch).
-        _SET_FLAGS(self, flags)
-        _SET_LENGTH(self, length)
-        _SET_BASE_TIMETICK(self, base_timetick)
-        _SET_TERM(self, term)
-        _SET_COUNT(self, count)
-        _SET_PRODUCER_ID(self, producer_id)
-        _SET_SEQUENCE(self, sequence)
-        _SET_TXN_ID(self, txn_id)
-        _SET_VCHANNEL(self, vchannel)
-        _SET_RECORDS_AT(self, records_at)
-
     def with_stamp(self, base_timetick: int, term: int) -> BatchHeader:
         """The same header with the WAL's base timetick and term."""
-        return BatchHeader(
-            self.flags,
-            self.length,
-            base_timetick,
-            term,
-            self.count,
-            self.producer_id,
-            self.sequence,
-            self.txn_id,
-            self.vchannel,
-            self.records_at,
+        return _new_tuple(
+            BatchHeader,
+            (
+                self.flags,
+                self.length,
+                base_timetick,
+                term,
+                self.count,
+                self.producer_id,
+                self.sequence,
+                self.txn_id,
+                self.vchannel,
+                self.records_at,
+            ),
         )
 
     @property
@@ -177,34 +184,6 @@ class BatchHeader:
     @property
     def system(self) -> bool:
         return bool(self.flags & FLAG_SYSTEM)
-
-
-(
-    _SET_FLAGS,
-    _SET_LENGTH,
-    _SET_BASE_TIMETICK,
-    _SET_TERM,
-    _SET_COUNT,
-    _SET_PRODUCER_ID,
-    _SET_SEQUENCE,
-    _SET_TXN_ID,
-    _SET_VCHANNEL,
-    _SET_RECORDS_AT,
-) = slots.setters(
-    BatchHeader,
-    (
-        "flags",
-        "length",
-        "base_timetick",
-        "term",
-        "count",
-        "producer_id",
-        "sequence",
-        "txn_id",
-        "vchannel",
-        "records_at",
-    ),
-)
 
 
 def is_batch(data: bytes | bytearray | memoryview) -> bool:
@@ -228,11 +207,6 @@ the CRC and the batch's own join: a CRC call per piece rather than per part,
 and pieces of some 32 KiB for 1 KiB messages, so the copy is never a second
 allocation of the batch's size (freeing and making one each batch costs more
 than the copy itself when the allocator gives the memory back in between)."""
-_vchannel_of = operator.attrgetter("vchannel")
-_txn_id_of = operator.attrgetter("txn_id")
-_properties_of = operator.attrgetter("properties")
-_payload_of = operator.attrgetter("payload")
-_type_of = operator.attrgetter("type")
 _repeat = itertools.repeat
 
 
@@ -259,6 +233,10 @@ def encode(messages: Sequence[Message], info: BatchInfo, limits: Limits = Limits
         raise errors.InvalidArgument("vchannel name longer than 65535 bytes")
     # What format 1 adds to a message's properties and payload (its size limit counts it).
     overhead = codec.HEADER_SIZE + len(vch) + 4 + (8 if info.txn_id else 0)
+    if len(messages) == 1:
+        single = _plain_single(messages[0], info, limits, overhead, vch)
+        if single is not None:
+            return single
     parts = _plain_records(messages, info, limits, overhead)
     if parts is None:
         parts = _checked_records(messages, info, limits, overhead)
@@ -285,6 +263,36 @@ def encode(messages: Sequence[Message], info: BatchInfo, limits: Limits = Limits
     return b"".join([head, body_head, vch, *chunks])
 
 
+def _plain_single(
+    msg: Message, info: BatchInfo, limits: Limits, overhead: int, vch: bytes
+) -> bytes | None:
+    """The batch of one message without properties, of ``info``'s vchannel and
+    transaction and within ``limits`` (the common batch of a call spread over
+    many vchannels), packed in a few calls without a parts list; None for any
+    other message or a field out of range (:func:`encode` then builds or
+    refuses it the general way)."""
+    payload = msg.payload
+    if (
+        msg.properties
+        or msg.vchannel != info.vchannel
+        or msg.txn_id != info.txn_id
+        or overhead + len(payload) > limits.max_message_bytes
+    ):
+        return None
+    size = HEADER_SIZE + len(vch) + RECORD_HEADER_SIZE + len(payload)
+    if size > limits.max_batch_bytes:
+        return None
+    try:
+        body_head = _BODY.pack(1, 0, info.producer_id, info.sequence, info.txn_id, len(vch))
+    except struct.error:
+        return None
+    record = _RECORD.pack(8 + len(payload), msg.type, 0, 0, 0)
+    body_crc = _crc(payload, _crc(record, _crc(vch, _crc(body_head))))
+    flags = (FLAG_TXN if info.txn_id else 0) | (FLAG_SYSTEM if info.system else 0)
+    head = _PREFIX.pack(MAGIC, FORMAT_VERSION, flags, size) + _UNSTAMPED + _CRC.pack(body_crc)
+    return b"".join((head, body_head, vch, record, payload))
+
+
 def _plain_records(
     messages: Sequence[Message], info: BatchInfo, limits: Limits, overhead: int
 ) -> list[bytes] | None:
@@ -293,17 +301,17 @@ def _plain_records(
     column by column (one record header packed for all when every record has
     the same length and type); None for any other batch."""
     count = len(messages)
-    if any(map(_properties_of, messages)):
+    if any(map(properties_of, messages)):
         return None
-    if list(map(_vchannel_of, messages)).count(info.vchannel) != count:
+    if list(map(vchannel_of, messages)).count(info.vchannel) != count:
         return None
-    if list(map(_txn_id_of, messages)).count(info.txn_id) != count:
+    if list(map(txn_id_of, messages)).count(info.txn_id) != count:
         return None
-    payloads = list(map(_payload_of, messages))
+    payloads = list(map(payload_of, messages))
     lengths = list(map(len, payloads))
     if overhead + max(lengths) > limits.max_message_bytes:
         return None
-    types = list(map(_type_of, messages))
+    types = list(map(type_of, messages))
     if lengths.count(lengths[0]) == count and types.count(types[0]) == count:
         heads = [_RECORD.pack(8 + lengths[0], types[0], 0, 0, 0)] * count
     else:
@@ -406,8 +414,9 @@ def read_header(data: bytes | bytearray | memoryview) -> BatchHeader:
         raise errors.CorruptData("batch transactional flag does not match its txn id")
     if timetick + count > 1 << 64:
         raise errors.CorruptData(f"batch timeticks from {timetick} for {count} records overflow")
-    return BatchHeader(
-        flags, length, timetick, term, count, producer, sequence, txn_id, vchannel, records_at
+    return _new_tuple(
+        BatchHeader,
+        (flags, length, timetick, term, count, producer, sequence, txn_id, vchannel, records_at),
     )
 
 
@@ -421,9 +430,9 @@ class RecordShape(NamedTuple):
     payload_length: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Outline:
-    """What a batch's records hold, in aggregate, read from their framing alone."""
+class Outline(NamedTuple):
+    """What a batch's records hold, in aggregate, read from their framing alone
+    (a named tuple: one is made per checked batch)."""
 
     type_codes: frozenset[int]
     first_type_code: int
@@ -500,7 +509,7 @@ def _outline_single(data: bytes | bytearray | memoryview, header: BatchHeader) -
     codes = _ONE_CODE.get(tcode)
     if codes is None or length < 8 + plen or start + 4 + length != end:
         return None
-    return Outline(codes, tcode, 0 if plen else length - 8, bool(plen))
+    return _new_tuple(Outline, (codes, tcode, 0 if plen else length - 8, bool(plen)))
 
 
 def _outline_uniform(data: bytes | bytearray | memoryview, header: BatchHeader) -> Outline | None:

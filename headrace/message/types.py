@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import operator
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -152,6 +153,14 @@ messages in bulk (on ``object.__new__(Message)``; every field must be set)."""
 ) = MESSAGE_SLOT_SETTERS
 EMPTY_PROPERTIES: Mapping[str, str] = _EMPTY
 """The shared, immutable empty properties mapping (the field's default)."""
+
+# A message's fields as functions, for checks and columns over many messages
+# (``map(vchannel_of, messages)``) without a Python loop.
+type_of = operator.attrgetter("type")
+vchannel_of = operator.attrgetter("vchannel")
+payload_of = operator.attrgetter("payload")
+properties_of = operator.attrgetter("properties")
+txn_id_of = operator.attrgetter("txn_id")
 
 
 class LogEntry(NamedTuple):

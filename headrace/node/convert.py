@@ -52,8 +52,8 @@ class Admission:
         self.pchannel = pchannel
         self.config = config
         self._good: set[str] = set()
-        self._good_raw: set[bytes] = set()
-        """The good names as a record batch's header holds them (UTF-8)."""
+        """Names found good (well formed, hence ASCII: a record batch's header
+        field holding one is its ASCII bytes)."""
 
     def _check_vchannel(self, vchannel: str) -> None:
         if not VCHANNEL_PATTERN.match(vchannel):
@@ -67,7 +67,6 @@ class Admission:
         good = self._good
         if len(good) >= GOOD_VCHANNELS_MAX:
             good.clear()
-            self._good_raw.clear()
         good.add(vchannel)
 
     def record_batch(self, data: bytes) -> errors.HeadraceError | None:
@@ -76,7 +75,7 @@ class Admission:
         it may go on (a malformed batch too: the WAL refuses it, saying why).
         A batch whose vchannel field holds a name found good goes on unread."""
         raw = batch.raw_vchannel(data)
-        if raw in self._good_raw:
+        if raw.isascii() and raw.decode("ascii") in self._good:
             return None
         try:
             vchannel = batch.read_header(data).vchannel
@@ -87,7 +86,6 @@ class Admission:
                 self._check_vchannel(vchannel)
             except errors.InvalidArgument as exc:
                 return exc
-        self._good_raw.add(raw)
         return None
 
     def message(self, proto: pb.ProduceMessage) -> Message:
@@ -117,13 +115,16 @@ def fill_batch_results(
     add = out.add
     for outcome in outcomes:
         if isinstance(outcome, BatchAppendResult):
-            add(
-                id=str(outcome.record_id),
-                count=outcome.count,
-                timetick=outcome.timetick,
-                term=outcome.term,
-                txn_id=outcome.txn_id,
-            )
+            # Field by field: a quarter cheaper than add()'s keywords (one
+            # result per batch, most of one message when a call spreads over
+            # many vchannels); txn_id 0 is the proto default, left unset.
+            result = add()
+            result.id = str(outcome.record_id)
+            result.count = outcome.count
+            result.timetick = outcome.timetick
+            result.term = outcome.term
+            if outcome.txn_id:
+                result.txn_id = outcome.txn_id
         else:
             error = protos.get(id(outcome))
             if error is None:

@@ -101,6 +101,26 @@ async def test_small_inflight_budget_still_delivers_everything(
     assert len(set(ticks)) == 200
 
 
+@pytest.mark.parametrize("vchannels", [1, 3, 60])
+async def test_one_call_larger_than_the_inflight_budget_is_delivered(
+    served: Cluster, client: HeadraceClient, vchannels: int
+) -> None:
+    """A call's items are pushed to their lanes before the call waits for the
+    budget, which only their answers free: a single ``send_many`` of more bytes
+    than the budget completes, whether its messages share a vchannel or not."""
+    options = ProducerOptions(max_inflight_bytes=8 * 1024, max_batch_messages=4)
+    messages = [
+        Message(MessageType.INSERT, f"orders-{i % vchannels}", b"%d" % i + bytes(1024))
+        for i in range(60)
+    ]
+    async with client.producer(options) as producer:
+        async with asyncio.timeout(HANG_GUARD):
+            outcomes = await producer.send_many(messages)
+        assert producer.budget.used == 0
+    assert len(outcomes) == 60
+    assert all(isinstance(o, AppendResult) for o in outcomes), outcomes
+
+
 async def test_start_positions(served: Cluster, client: HeadraceClient) -> None:
     async with client.producer() as producer:
         first = [await producer.send("v", f"{i}".encode()) for i in range(4)]

@@ -302,9 +302,10 @@ def layout(msgs: list[Message], info: batch.BatchInfo) -> bytes:
 
 
 @st.composite
-def plain_batches(draw: st.DrawFn) -> tuple[list[Message], batch.BatchInfo]:
-    """Batches most of which are encoded column by column: messages without
-    properties, often of one length and type."""
+def plain_batches(draw: st.DrawFn, max_count: int = 40) -> tuple[list[Message], batch.BatchInfo]:
+    """Batches most of which are encoded column by column (or, of one
+    message, packed whole): messages without properties, often of one length
+    and type."""
     info = batch.BatchInfo(
         vchannel=draw(vchannels),
         producer_id=draw(st.integers(0, 2**64 - 1)),
@@ -312,7 +313,7 @@ def plain_batches(draw: st.DrawFn) -> tuple[list[Message], batch.BatchInfo]:
         txn_id=draw(st.sampled_from([0, 0, 5, 2**64 - 1])),
         system=draw(st.booleans()),
     )
-    count = draw(st.integers(1, 40))
+    count = draw(st.integers(1, max_count))
     if draw(st.booleans()):
         kinds = [draw(st.sampled_from(list(MessageType)))] * count
         payloads = [draw(st.binary(max_size=64))] * count
@@ -329,7 +330,7 @@ def plain_batches(draw: st.DrawFn) -> tuple[list[Message], batch.BatchInfo]:
     return msgs, info
 
 
-@given(st.one_of(plain_batches(), batches()))
+@given(st.one_of(plain_batches(), plain_batches(max_count=1), batches()))
 def test_encoding_is_the_documented_layout_byte_for_byte(
     drawn: tuple[list[Message], batch.BatchInfo],
 ) -> None:
@@ -347,7 +348,7 @@ def test_a_uniform_batch_is_the_documented_layout() -> None:
     assert len(data) == batch.HEADER_SIZE + 2 + 256 * (batch.RECORD_HEADER_SIZE + 1024)
 
 
-@given(plain_batches(), st.data())
+@given(st.one_of(plain_batches(), plain_batches(max_count=1)), st.data())
 def test_a_message_of_another_vchannel_or_txn_is_named_in_any_batch(
     drawn: tuple[list[Message], batch.BatchInfo], data: st.DataObject
 ) -> None:
@@ -366,7 +367,7 @@ def test_a_message_of_another_vchannel_or_txn_is_named_in_any_batch(
         batch.encode(msgs, info)
 
 
-@given(plain_batches(), st.data())
+@given(st.one_of(plain_batches(), plain_batches(max_count=1)), st.data())
 def test_a_message_over_the_limit_is_named_in_any_batch(
     drawn: tuple[list[Message], batch.BatchInfo], data: st.DataObject
 ) -> None:
@@ -376,3 +377,21 @@ def test_a_message_over_the_limit_is_named_in_any_batch(
     limits = batch.Limits(max_message_bytes=150 + len(info.vchannel.encode()), max_batch_bytes=1)
     with pytest.raises(errors.MessageTooLarge, match=rf": message {at} of the batch is \d+ bytes"):
         batch.encode(msgs, info, limits)
+
+
+@pytest.mark.parametrize(
+    ("producer_id", "sequence", "txn_id"), [(-1, 0, 0), (0, 2**64, 0), (0, 0, 2**64)]
+)
+def test_a_one_message_batch_with_a_field_out_of_range_is_an_invalid_argument(
+    producer_id: int, sequence: int, txn_id: int
+) -> None:
+    msg = Message(MessageType.INSERT, "v1", b"x", txn_id=txn_id)
+    with pytest.raises(errors.InvalidArgument, match="batch field out of range"):
+        batch.encode([msg], batch.BatchInfo("v1", producer_id, sequence, txn_id))
+
+
+def test_a_one_message_batch_over_the_batch_limit_is_refused_whole() -> None:
+    msg = Message(MessageType.INSERT, "v1", bytes(100))
+    limits = batch.Limits(max_message_bytes=1000, max_batch_bytes=150)
+    with pytest.raises(errors.MessageTooLarge, match="batch of 1 messages is 180 bytes"):
+        batch.encode([msg], batch.BatchInfo("v1"), limits)

@@ -105,7 +105,7 @@ def context_key(ctx: AppendContext) -> Key | None:
 
 def _remembered(ctx: AppendContext, result: AppendResult) -> Remembered:
     part = ctx.batch
-    if part is None or part.dedup_key is None:
+    if part is None or not part.header.producer_id:  # no batch key (see BatchPart.dedup_key)
         return result
     return BatchAppendResult.of(result, part.header.count)
 

@@ -270,9 +270,10 @@ def settle(batch: Batch, ids: list[MessageID], last_id: MessageID | None) -> Col
             timeticks.append(tt)
         else:
             record, header = whole
-            ctx.result = append_result(mid, header.base_timetick, header.term, header.txn_id)
+            base = header.base_timetick
+            ctx.result = append_result(mid, base, header.term, header.txn_id)
             append(batch_entry(mid, header, record))
-            timeticks.append(header.last_timetick)
+            timeticks.append(base + header.count - 1)  # its last timetick
     return Columns(entries, timeticks, batch.sizes, batch.persisted)
 
 
