@@ -44,10 +44,12 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import queue
 import secrets
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -137,6 +139,44 @@ def baseline_rate(path: str, msgs: list[Message], batch: int, message_format: in
             os.fsync(fd)
         elapsed = time.perf_counter() - start
     finally:
+        os.close(fd)
+    return report.rate(len(msgs), elapsed)
+
+
+async def offloop_baseline_rate(
+    path: str, msgs: list[Message], batch: int, message_format: int = 1
+) -> float:
+    """Messages per second of the same write+fsync loop when each batch's
+    write and fsync run on a thread of their own and the event loop awaits
+    them one at a time: the loop of :func:`baseline_rate` plus one hand-off
+    to a thread and one back per batch and nothing else, so the ceiling of
+    any writer that keeps its fsync off the event loop (as the node must,
+    which serves every other pchannel from that loop meanwhile)."""
+    chunks = [b"".join(chunk) for chunk in _records(msgs, batch, message_format)]
+    loop = asyncio.get_running_loop()
+    jobs: queue.SimpleQueue[tuple[bytes, asyncio.Future[None]] | None] = queue.SimpleQueue()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def write_and_sync() -> None:
+        while (job := jobs.get()) is not None:
+            view = memoryview(job[0])
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+            loop.call_soon_threadsafe(job[1].set_result, None)
+
+    thread = threading.Thread(target=write_and_sync, name="bench-offloop", daemon=True)
+    thread.start()
+    try:
+        start = time.perf_counter()
+        for chunk in chunks:
+            done: asyncio.Future[None] = loop.create_future()
+            jobs.put((chunk, done))
+            await done
+        elapsed = time.perf_counter() - start
+    finally:
+        jobs.put(None)
+        await asyncio.to_thread(thread.join)
         os.close(fd)
     return report.rate(len(msgs), elapsed)
 
@@ -336,7 +376,11 @@ async def bench_wal(
     ``ratio_backend`` is the backend writer alone (the same batches, already
     encoded and stamped, one ``append`` at a time, no framework) against the
     same baseline, the median of the rounds' own ratios: what the backend's
-    append path costs, apart from the framework's.
+    append path costs, apart from the framework's. On the file backends
+    ``ratio_offloop`` is the baseline loop itself with each batch's write and
+    fsync handed to a thread and awaited (:func:`offloop_baseline_rate`)
+    against the baseline, likewise: the ceiling of ``ratio`` for a writer
+    that keeps fsync off the event loop.
 
     On Kafka and Pulsar the baseline is the raw client producer
     (:mod:`headrace.bench.broker`) with ``producers`` batches in flight;
@@ -416,6 +460,9 @@ async def _measure_round(
         baseline = baseline_rate(base_path, msgs, setup.batch, setup.message_format)
         figures, latencies = await _one_round(rnd, msgs)
         figures["baseline"] = baseline
+        figures["baseline_offloop"] = await offloop_baseline_rate(
+            base_path, msgs, setup.batch, setup.message_format
+        )
         return _Measured(figures, latencies)
     baseline, base_latencies = await _raw(setup, f"{rnd.pchannel}-base", msgs, setup.producers)
     txn: tuple[float, list[float]] | None = None
@@ -492,6 +539,8 @@ async def _bench(
     per_round = [m.figures for m in measured_rounds]
     for x in per_round:
         x["ratio_backend"] = x["backend"] / x["baseline"] if x["baseline"] else 0.0
+        if "baseline_offloop" in x:
+            x["ratio_offloop"] = x["baseline_offloop"] / x["baseline"] if x["baseline"] else 0.0
 
     def fastest(key: str) -> _Measured:
         """The first round with the highest ``key`` (its latencies are reported)."""
@@ -500,6 +549,10 @@ async def _bench(
     latencies = fastest("msgs_per_s").latencies
     summary = report.summary(described, per_round, latencies)
     summary["ratio_backend"] = round(statistics.median(x["ratio_backend"] for x in per_round), 3)
+    if all("ratio_offloop" in x for x in per_round):
+        summary["ratio_offloop"] = round(
+            statistics.median(x["ratio_offloop"] for x in per_round), 3
+        )
     # Overheads from unrounded p99s, as each round's own, so that one round's
     # figures and the summary agree to the last digit.
     p99 = report.ms(report.percentile(latencies, 0.99))

@@ -421,4 +421,6 @@ async def test_the_wal_benchmark_runs_end_to_end(kind: str, tmp_path: Path) -> N
     (only,) = result["rounds"]
     assert abs(result["ratio_backend"] - only["backend"] / only["baseline"]) < 0.01
     assert result["ratio_backend"] == only["ratio_backend"]
+    assert only["baseline_offloop"] > 0
+    assert abs(result["ratio_offloop"] - only["baseline_offloop"] / only["baseline"]) < 0.01
     assert sorted(os.listdir(tmp_path)) == [], "the benchmark cleans up after itself"
