@@ -322,3 +322,73 @@ async def test_format_1_logs_keep_transactions(kafka: Any, message_format: int, 
     [two] = await writer.append([b"two"])
     assert two.offset - one.offset == step
     await writer.close()
+
+
+@pytest.mark.kafka
+async def test_the_switch_to_format_2_fences_the_transactional_writer(kafka: Any) -> None:
+    """A format 1 (transactional) writer still open when a format 2 writer takes over
+    can commit nothing more: the take fences its producer epoch."""
+    old = await kafka.open_writer_for("s", 1, 1)
+    await old.append([b"format-1"])
+    new = await kafka.open_writer_for("s", 2, 2)
+    with pytest.raises(errors.Fenced):
+        await old.append([b"after-the-switch"])
+    await new.append([b"format-2"])
+    records = await _read_all(kafka, "s", StartPosition.earliest())
+    assert [r.data for r in records] == [b"format-1", b"format-2"]
+    await old.close()
+    await new.close()
+
+
+class _FailingReport:
+    """The chained links' producers; the delivery report of ``value`` says it failed
+    (the record itself is produced: its fate is what the writer cannot know)."""
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+
+    def producer(self, config: dict[str, Any]) -> Any:
+        from confluent_kafka import KafkaError, Producer  # noqa: PLC0415
+
+        failing = self.value
+        inner = Producer(config)
+
+        class Proxy:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def produce(self, topic: str, value: bytes, **kwargs: Any) -> None:
+                report = kwargs.pop("on_delivery")
+                if value == failing:
+
+                    def failed(err: Any, msg: Any) -> None:
+                        report(KafkaError(KafkaError._MSG_TIMED_OUT), msg)
+
+                    kwargs["on_delivery"] = failed
+                else:
+                    kwargs["on_delivery"] = report
+                inner.produce(topic, value, **kwargs)
+
+        return Proxy()
+
+
+@pytest.mark.kafka
+async def test_an_append_whose_delivery_is_unknown_fails_and_the_writer_goes_on(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed delivery report is never taken for an acknowledgement: the append fails
+    Unavailable, and the next append takes the topic again behind a new fence record."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    monkeypatch.setattr(chain, "Producer", _FailingReport(b"unknown").producer)
+    writer = await kafka.open_writer_for("u", 1, 2)
+    [before] = await writer.append([b"before"])
+    with pytest.raises(errors.Unavailable, match="unknown"):
+        await writer.append([b"unknown", b"unknown-too"])
+    [after] = await writer.append([b"after"])
+    assert after.offset > before.offset + 3  # the new fence record lies between
+    records = await _read_all(kafka, "u", StartPosition.earliest())
+    # Stored in place before the new fence record, so read: the append's outcome was
+    # unknown, and it is never reported acknowledged.
+    assert [r.data for r in records] == [b"before", b"unknown", b"unknown-too", b"after"]
+    await writer.close()
