@@ -7,8 +7,8 @@ A backend's tests run them in one line against a real broker, e.g.::
 They hold the backend's :class:`~.contract.Link`, :class:`~.contract.Source`
 and :class:`~.contract.Boundary` to what :class:`~.writer.BrokerWriter` and
 :class:`~.reader.BrokerReader` rely on: the end a look reports, ids in order,
-fence records hidden from readers, a take fencing the previous producer, and
-library errors translated. The calls block; failures raise AssertionError
+fence records hidden from readers, a take (and its fence record) fencing the
+previous producer, and library errors translated. The calls block; failures raise AssertionError
 naming the part. No test library is imported here.
 """
 
