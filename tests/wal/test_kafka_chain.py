@@ -392,3 +392,38 @@ async def test_an_append_whose_delivery_is_unknown_fails_and_the_writer_goes_on(
     # unknown, and it is never reported acknowledged.
     assert [r.data for r in records] == [b"before", b"unknown", b"unknown-too", b"after"]
     await writer.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.05])
+async def test_a_racing_takeover_loses_no_acknowledged_append(kafka: Any, delay: float) -> None:
+    """Eight appenders of term 1 keep appending (their appends share sends) while
+    term 2 opens: exactly the term 1 appends that were acknowledged are read, then
+    term 2's."""
+    old = await kafka.open_writer_for("r", 1, 2)
+    acked: list[bytes] = []
+    refused: list[bytes] = []
+
+    async def appender(k: int) -> None:
+        for i in range(10_000):
+            data = f"t1-{k}-{i}".encode()
+            try:
+                await old.append([data])
+            except errors.Fenced:
+                refused.append(data)
+                return
+            acked.append(data)
+
+    appenders = [asyncio.create_task(appender(k)) for k in range(8)]
+    await asyncio.sleep(delay)
+    new = await kafka.open_writer_for("r", 2, 2)
+    await asyncio.wait_for(asyncio.gather(*appenders), 60)
+    await new.append([b"t2"])
+    assert len(refused) == 8
+    records = await _read_all(kafka, "r", StartPosition.earliest())
+    read = [r.data for r in records]
+    assert read[-1] == b"t2"
+    assert sorted(read[:-1]) == sorted(acked)
+    assert not set(refused) & set(read)
+    await old.close()
+    await new.close()
