@@ -17,13 +17,14 @@ one producer with the WAL writer's own settings, minus what only the WAL needs.
   record is likewise written at open), every group of in-flight batches is
   exactly ``begin_transaction()``, the batches' ``produce()`` calls,
   ``commit_transaction()``, with no record headers. That is the least the
-  broker needs for the fencing the WAL must provide (one transaction per
-  backend append, so a new owner's ``init_transactions()`` fences the old
-  one); it pays the same AddPartitionsToTxn and EndTxn round trips as the
-  writer. The WAL's ratio against it (``ratio_vs_txn``) isolates the WAL
-  layer's own overhead (interceptors, encoding, term stamps, group commit,
-  thread hand-offs) from the broker's transaction cost that the fencing
-  requirement imposes, which the non-transactional baseline does not pay.
+  broker needs for the fencing of a message format 1 log's writer (one
+  transaction per backend append, so a new owner's ``init_transactions()``
+  fences the old one); it pays the same AddPartitionsToTxn and EndTxn round
+  trips as that writer. The WAL's ratio against it (``ratio_vs_txn``)
+  isolates the WAL layer's own overhead (interceptors, encoding, term stamps,
+  group commit, thread hand-offs) from the broker's transaction cost, which
+  the non-transactional baseline does not pay. A format 2 log's writer
+  (:mod:`headrace.wal.kafka.chain`) pays no transaction either.
 * Pulsar: a producer with the writer's options
   (:func:`headrace.wal.pulsar.writer.producer_options`: the same queue and
   send timeout) with its own batching on (up to a batch's messages, published

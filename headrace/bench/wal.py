@@ -27,9 +27,10 @@ that many batches outstanding on its one producer. The two-producer figures
 latencies of both sides are reported (``baseline_p99_ms``,
 ``p99_overhead_ms``). On Kafka each round also measures a second baseline,
 the raw producer with transactions (one per group of in-flight batches, as
-the fencing requirement imposes on the writer), and reports the WAL against
-it too (``*_txn`` and ``*_vs_txn`` fields): that comparison leaves out the
-broker's transaction cost and shows the WAL layer's own overhead.
+the fencing of a message format 1 log imposes on its writer), and reports
+the WAL against it too (``*_txn`` and ``*_vs_txn`` fields): for format 1
+that comparison leaves out the broker's transaction cost and shows the WAL
+layer's own overhead (a format 2 log's writer runs no transactions).
 
 The process runs with the product's collector tuning
 (:func:`headrace.runtime.tune_process`, ``gc_tuned``), as the node and the
@@ -206,9 +207,10 @@ def encode_rate(msgs: list[Message], batch: int) -> float:
 
 
 async def _backend_append(rnd: _Round, backend: Backend, msgs: list[Message]) -> float:
-    """The backend writer alone, with the same pre-encoded batches."""
+    """The backend writer alone (the one the WAL's message format gets), with the
+    same pre-encoded batches."""
     chunks = _records(msgs, rnd.batch, rnd.options.message_format)
-    writer = await backend.open_writer(rnd.raw_pchannel, 1)
+    writer = await backend.open_writer_for(rnd.raw_pchannel, 1, rnd.options.message_format)
     try:
         start = time.perf_counter()
         for chunk in chunks:

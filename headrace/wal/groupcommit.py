@@ -57,6 +57,19 @@ def failed(error: errors.HeadraceError, on_done: OnDone = None) -> Future:
     return future
 
 
+class PartlyWritten(Exception):
+    """A write that failed with ``failure`` after its first records were stored for good.
+
+    ``written`` are the ids of those records, in order: the calls whose
+    records all lie among them succeed, the others fail with ``failure``.
+    """
+
+    def __init__(self, failure: errors.HeadraceError, written: Sequence[MessageID]) -> None:
+        super().__init__(failure, list(written))
+        self.failure = failure
+        self.written: list[MessageID] = list(written)
+
+
 def failure_of(exc: BaseException, what: str) -> errors.HeadraceError:
     """The error callers get for a failed write (library errors are translated already)."""
     if isinstance(exc, errors.HeadraceError):
@@ -167,8 +180,12 @@ class GroupCommit:
             answered = self._settle(group, done.result(), None)
             answered += self._dispatch()
         else:
+            written: Sequence[MessageID] = ()
+            if isinstance(exc, PartlyWritten):
+                written = exc.written
+                exc = exc.failure
             failure = failure_of(exc, self._what)
-            answered = self._settle(group, None, failure)
+            answered = self._settle(group, written, failure)
             if isinstance(failure, errors.Fenced):
                 self.fenced = failure
                 answered += self._fail_queued(failure)
@@ -193,12 +210,15 @@ class GroupCommit:
         ids: Sequence[MessageID] | None,
         failure: errors.HeadraceError | None,
     ) -> list[_Answered]:
-        """Set each call's outcome; the callbacks still to run."""
+        """Set each call's outcome; the callbacks still to run.
+
+        A call succeeds if ``ids`` hold all its records (a failed write's
+        ``ids`` are the stored prefix), and fails with ``failure`` otherwise."""
         answered: list[_Answered] = []
         index = 0
         for batch, future, on_done in group:
             if not future.done():
-                if ids is not None:
+                if ids is not None and index + len(batch) <= len(ids):
                     future.set_result(list(ids[index : index + len(batch)]))
                 else:
                     assert failure is not None

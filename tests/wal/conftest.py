@@ -84,6 +84,19 @@ async def kafka_case(tmp_path: Path) -> BackendCase:
     return BackendCase("kafka", open_backend, id_between=between)
 
 
+async def kafka_chained_case(tmp_path: Path) -> BackendCase:
+    """Kafka with the writer of message format 2 logs (chained, no transactions)."""
+    from tests.wal.delegating import FormatBackend  # noqa: PLC0415
+
+    case = await kafka_case(tmp_path)
+    transactional = case.open_backend
+
+    async def open_backend() -> Backend:
+        return FormatBackend(await transactional(), 2)
+
+    return dataclasses.replace(case, name="kafka-chained", open_backend=open_backend)
+
+
 async def pulsar_case(tmp_path: Path) -> BackendCase:
     from headrace.wal.pulsar.message_id import PulsarMessageID  # noqa: PLC0415
     from tests.fixtures_brokers import pulsar_service_url  # noqa: PLC0415
@@ -109,9 +122,14 @@ BACKENDS: dict[str, Callable[[Path], Awaitable[BackendCase]]] = {
     "memory": memory_case,
     "local": local_case,
     "kafka": kafka_case,
+    "kafka-chained": kafka_chained_case,
     "pulsar": pulsar_case,
 }
-MARKS: dict[str, pytest.MarkDecorator] = {"kafka": pytest.mark.kafka, "pulsar": pytest.mark.pulsar}
+MARKS: dict[str, pytest.MarkDecorator] = {
+    "kafka": pytest.mark.kafka,
+    "kafka-chained": pytest.mark.kafka,
+    "pulsar": pytest.mark.pulsar,
+}
 
 
 @pytest.fixture(params=[pytest.param(name, marks=MARKS.get(name, ())) for name in BACKENDS])

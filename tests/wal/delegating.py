@@ -79,3 +79,20 @@ class _CountingReader(BackendReader):
 
     async def close(self) -> None:
         await self._inner.close()
+
+
+class FormatBackend(DelegatingBackend):
+    """``inner`` whose writers are opened as for a WAL of ``message_format``
+    (``open_writer`` is ``open_writer_for``), so the suites written against
+    ``open_writer`` run on the writer a backend picks for that format."""
+
+    def __init__(self, inner: Backend, message_format: int) -> None:
+        super().__init__(inner)
+        self.name = inner.name
+        self.message_format = message_format
+
+    async def open_writer(self, pchannel: str, term: int) -> BackendWriter:
+        return await self.inner.open_writer_for(pchannel, term, self.message_format)
+
+    def describe(self) -> dict[str, object]:
+        return self.inner.describe()

@@ -19,11 +19,12 @@ from headrace.wal.pulsar.message_id import PulsarMessageID
 pytestmark = pytest.mark.timeout(180)
 
 
-def kafka_parts(bootstrap: str) -> Parts[KafkaMessageID]:
+def kafka_parts(bootstrap: str, *, chained: bool = False) -> Parts[KafkaMessageID]:
     from confluent_kafka import KafkaError, KafkaException  # noqa: PLC0415
 
     from headrace.wal.kafka import client  # noqa: PLC0415
     from headrace.wal.kafka.backend import start_offset  # noqa: PLC0415
+    from headrace.wal.kafka.chain import ChainLink  # noqa: PLC0415
     from headrace.wal.kafka.reader import KafkaSource  # noqa: PLC0415
     from headrace.wal.kafka.settings import parse_settings  # noqa: PLC0415
     from headrace.wal.kafka.writer import KafkaLink  # noqa: PLC0415
@@ -32,9 +33,10 @@ def kafka_parts(bootstrap: str) -> Parts[KafkaMessageID]:
     settings = parse_settings({"bootstrap_servers": bootstrap, "topic_prefix": prefix})
     admin = client.new_admin(settings)
 
-    def link(pchannel: str) -> KafkaLink:
+    def link(pchannel: str) -> KafkaLink | ChainLink:
         client.ensure_topic(admin, settings, settings.topic(pchannel))
-        return KafkaLink(settings, pchannel, settings.topic(pchannel))
+        kind = ChainLink if chained else KafkaLink
+        return kind(settings, pchannel, settings.topic(pchannel))
 
     def source(pchannel: str, start: StartPosition) -> KafkaSource:
         return KafkaSource(settings, settings.topic(pchannel), start_offset(start))
@@ -44,6 +46,7 @@ def kafka_parts(bootstrap: str) -> Parts[KafkaMessageID]:
         source=source,
         boundary=client.boundary(settings),
         library_error=lambda: KafkaException(KafkaError(KafkaError._TRANSPORT)),
+        displaced_by_fenced=chained,
     )
 
 
@@ -78,6 +81,11 @@ def pulsar_parts(url: str) -> Parts[PulsarMessageID]:
 @pytest.mark.kafka
 async def test_kafka_parts(kafka_bootstrap: str) -> None:
     await asyncio.to_thread(check_parts, kafka_parts(kafka_bootstrap))
+
+
+@pytest.mark.kafka
+async def test_kafka_chained_parts(kafka_bootstrap: str) -> None:
+    await asyncio.to_thread(check_parts, kafka_parts(kafka_bootstrap, chained=True))
 
 
 @pytest.mark.pulsar

@@ -1,8 +1,10 @@
 """A stale writer cannot write past a newer term: Kafka and Pulsar, real brokers.
 
 The brokers fence (Kafka: producer epoch of the transactional id; Pulsar:
-ExclusiveWithFencing producers); the backends add the term rule on top. Each
-test uses its own topic prefix, so tests share one broker per session.
+ExclusiveWithFencing producers); the backends add the term rule on top.
+``kafka-chained`` runs the same tests on Kafka's writer of message format 2
+logs, which fences by where its records land (no transactions). Each test
+uses its own topic prefix, so tests share one broker per session.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from headrace import errors
 from headrace.wal import registry
 from headrace.wal.contract import Backend, BackendWriter, Record, StartPosition
+from tests.wal.delegating import FormatBackend
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,6 +33,22 @@ def _kafka_interloper(backend: Backend, pchannel: str) -> None:
     topic = backend.settings.topic(pchannel)
     producer = Producer(backend.settings.producer_config(topic))
     producer.init_transactions(30.0)
+
+
+def _kafka_chained_interloper(backend: Backend, pchannel: str) -> None:
+    """Land a record between the chained writer's, like a stale opener's fence record."""
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    from headrace.wal.brokers.stamps import Kind, Stamp  # noqa: PLC0415
+    from headrace.wal.kafka.fencing import header  # noqa: PLC0415
+
+    inner = backend.inner if isinstance(backend, FormatBackend) else backend
+    settings = inner.settings  # type: ignore[attr-defined]
+    producer = Producer(settings.idempotent_producer_config())
+    producer.produce(
+        settings.topic(pchannel), b"", partition=0, headers=header(Stamp(Kind.FENCE, 0, 1))
+    )
+    assert producer.flush(30.0) == 0
 
 
 def _pulsar_interloper(backend: Backend, pchannel: str) -> None:
@@ -53,6 +72,7 @@ def _pulsar_interloper(backend: Backend, pchannel: str) -> None:
 @pytest.fixture(
     params=[
         pytest.param("kafka", marks=pytest.mark.kafka),
+        pytest.param("kafka-chained", marks=pytest.mark.kafka),
         pytest.param("pulsar", marks=pytest.mark.pulsar),
     ]
 )
@@ -66,6 +86,13 @@ async def broker_backend(
             "kafka", bootstrap_servers=bootstrap, topic_prefix=prefix, operation_timeout_s=30.0
         )
         interloper = _kafka_interloper
+    elif request.param == "kafka-chained":
+        bootstrap = request.getfixturevalue("kafka_bootstrap")
+        inner = registry.create(
+            "kafka", bootstrap_servers=bootstrap, topic_prefix=prefix, operation_timeout_s=30.0
+        )
+        backend = FormatBackend(inner, 2)
+        interloper = _kafka_chained_interloper
     else:
         url = request.getfixturevalue("pulsar_url")
         backend = registry.create("pulsar", service_url=url, topic_prefix=prefix)

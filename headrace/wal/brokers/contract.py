@@ -53,12 +53,15 @@ class Lost(Exception):
 
     Not an error past the toolkit: the writer decides whether to take the
     topic back. ``written`` are the ids of the records of the send that were
-    stored before (in order, a prefix of it).
+    stored before (in order, a prefix of it). ``final``: they stay readable
+    whoever writes next, so the appends they complete are acknowledged even
+    if the writer turns out to be fenced.
     """
 
-    def __init__(self, written: Sequence[MessageID] = ()) -> None:
+    def __init__(self, written: Sequence[MessageID] = (), *, final: bool = False) -> None:
         super().__init__(list(written))
         self.written: list[MessageID] = list(written)
+        self.final = final
 
 
 class Link(Protocol[I]):

@@ -7,8 +7,8 @@ A backend's tests run them in one line against a real broker, e.g.::
 They hold the backend's :class:`~.contract.Link`, :class:`~.contract.Source`
 and :class:`~.contract.Boundary` to what :class:`~.writer.BrokerWriter` and
 :class:`~.reader.BrokerReader` rely on: the end a look reports, ids in order,
-fence records hidden from readers, a take fencing the previous producer, and
-library errors translated. The calls block; failures raise AssertionError
+fence records hidden from readers, a take (and its fence record) fencing the
+previous producer, and library errors translated. The calls block; failures raise AssertionError
 naming the part. No test library is imported here.
 """
 
@@ -41,6 +41,9 @@ class Parts(Generic[I]):
     library_error: Callable[[], BaseException]
     """An exception of the client library, as a failed call raises it."""
     close: Callable[[], None] = lambda: None
+    displaced_by_fenced: bool = False
+    """Whether a fenced link's late record can make the owner's next send raise Lost
+    (links that fence by where records land rather than by the broker refusing)."""
 
 
 def check_parts(parts: Parts[Any]) -> None:
@@ -82,13 +85,16 @@ def check_writing(parts: Parts[I], pchannel: str) -> None:
 
 
 def check_taking(parts: Parts[I], pchannel: str) -> None:
-    """A second link's take fences the first: its send raises Lost, storing nothing."""
+    """A second link's take and fence record fence the first: its send raises Lost,
+    storing nothing. (Each take is followed by a fence record, as the writer does.)"""
     first, second = parts.link(pchannel), parts.link(pchannel)
     try:
         data: Stamp[I] = Stamp(Kind.DATA, 1, 1)
         first.take()
+        first.send([b""], Stamp(Kind.FENCE, 1, 1))
         [kept] = first.send([b"kept"], data)
         second.take()
+        second.send([b""], Stamp(Kind.FENCE, 2, 2))
         try:
             first.send([b"lost"], data)
         except Lost as lost:
@@ -96,7 +102,18 @@ def check_taking(parts: Parts[I], pchannel: str) -> None:
         else:
             raise AssertionError("a send after another link's take() did not raise Lost")
         assert not first.held(), "a link that lost its producer still holds it"
-        [after] = second.send([b"after"], Stamp(Kind.DATA, 2, 2))
+        second_data: Stamp[I] = Stamp(Kind.DATA, 2, 2)
+        try:
+            [after] = second.send([b"after"], second_data)
+        except Lost as lost:
+            # A link whose fencing is where records land (Kafka's chained one):
+            # the fenced send's record landed after the fence record, so the
+            # owner's next record is out of place too; the owner takes again.
+            assert parts.displaced_by_fenced, "the new owner lost its producer to a fenced link"
+            assert lost.written == [], f"a displaced send acknowledged {lost.written}"
+            second.take()
+            second.send([b""], Stamp(Kind.FENCE, 2, 2))
+            [after] = second.send([b"after"], second_data)
         assert after > kept
     finally:
         first.release()

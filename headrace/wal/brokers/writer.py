@@ -28,7 +28,7 @@ from headrace.message.ids import MessageID
 from headrace.wal.brokers.contract import Boundary, Link, Lost
 from headrace.wal.brokers.stamps import I, Kind, Stamp, fence_check, new_nonce, overtaken
 from headrace.wal.contract import BackendWriter
-from headrace.wal.groupcommit import Future, GroupCommit, failed
+from headrace.wal.groupcommit import Future, GroupCommit, PartlyWritten, failed
 
 LOG = logging.getLogger("headrace.wal.brokers")
 MAX_REACQUIRE = 3
@@ -133,20 +133,30 @@ class BrokerWriter(BackendWriter, Generic[I]):
         return self._boundary.call(f"appending to {self._link.topic}", self._send, batch)
 
     def _send(self, batch: list[bytes]) -> list[MessageID]:
-        """Send ``batch``; on losing the topic to a lower term, take it back and send the rest."""
+        """Send ``batch``; on losing the topic to a lower term, take it back and send the rest.
+
+        Records a lost send stored for good (:attr:`Lost.final`) complete their
+        appends even if the writer then fails (:class:`PartlyWritten`)."""
         if self._group.fenced is not None:
             raise self._group.fenced
         written: list[MessageID] = []
-        for _ in range(MAX_REACQUIRE):
-            if not self._link.held():
-                self._acquire(True)
-                written += self._link.recovered(unsent(batch, written))
-            try:
-                written += self._link.send(unsent(batch, written), self._data)
-                return written
-            except Lost as lost:
-                written += lost.written
-        raise self._gave_up()
+        final = 0
+        try:
+            for _ in range(MAX_REACQUIRE):
+                if not self._link.held():
+                    self._acquire(True)
+                    written += self._link.recovered(unsent(batch, written))
+                try:
+                    written += self._link.send(unsent(batch, written), self._data)
+                    return written
+                except Lost as lost:
+                    written += lost.written
+                    final = len(written) if lost.final else final
+            raise self._gave_up()
+        except errors.HeadraceError as failure:
+            if not final:
+                raise
+            raise PartlyWritten(failure, written[:final]) from None
 
     # ---- closing ---------------------------------------------------------------------
 

@@ -1,9 +1,12 @@
 """Kafka WAL backend: pchannel ``p`` is partition 0 of topic ``<topic_prefix><p>``.
 
-Writers are transactional producers fenced by the broker (see
-:mod:`headrace.wal.kafka.writer`); readers are read_committed consumers (see
-:mod:`headrace.wal.kafka.reader`). Truncation is ``DeleteRecords`` before an
-offset. Blocking client calls run in executor threads, never on the loop.
+Writers of message format 1 logs are transactional producers fenced by the
+broker (see :mod:`headrace.wal.kafka.writer`); writers of message format 2
+logs are idempotent producers that check where each record landed (see
+:mod:`headrace.wal.kafka.chain`); readers are read_committed consumers that
+skip what fenced writers left (see :mod:`headrace.wal.kafka.reader`).
+Truncation is ``DeleteRecords`` before an offset. Blocking client calls run
+in executor threads, never on the loop.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from headrace.wal.contract import (
     StartPosition,
 )
 from headrace.wal.kafka import client
+from headrace.wal.kafka.chain import ChainLink
 from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.kafka.reader import KafkaSource
 from headrace.wal.kafka.settings import KafkaSettings, parse_settings
@@ -28,6 +32,15 @@ from headrace.wal.kafka.writer import KafkaLink
 
 OFFSET_BEGINNING = -2
 """librdkafka's logical offset for the log start offset."""
+
+
+def chained_for(message_format: int) -> bool:
+    """Whether a writer of ``message_format`` is chained rather than transactional (pure).
+
+    Readers of the releases before message format 2 deliver every committed
+    record; only once the cluster writes format 2 (every node's release skips
+    a fenced writer's records) may a writer leave such records behind."""
+    return message_format >= 2
 
 
 def start_offset(start: StartPosition) -> int | None:
@@ -63,6 +76,17 @@ class KafkaBackend(Backend):
             pchannel,
             term,
             lambda: KafkaLink(self.settings, pchannel, self.settings.topic(pchannel)),
+        )
+
+    async def open_writer_for(self, pchannel: str, term: int, message_format: int) -> BackendWriter:
+        """A chained writer once the cluster writes record batches (message format 2),
+        whose every reader skips a fenced writer's records; a transactional one before."""
+        if not chained_for(message_format):
+            return await self.open_writer(pchannel, term)
+        return await self._plumbing.open_writer(
+            pchannel,
+            term,
+            lambda: ChainLink(self.settings, pchannel, self.settings.topic(pchannel)),
         )
 
     async def open_reader(self, pchannel: str, start: StartPosition) -> BackendReader:

@@ -20,7 +20,7 @@ from confluent_kafka.cimpl import NewTopic
 from headrace import errors
 from headrace.wal.brokers.contract import Boundary
 from headrace.wal.brokers.stamps import Kind
-from headrace.wal.kafka.fencing import KafkaStamp, stamp_of
+from headrace.wal.kafka.fencing import Admission, KafkaStamp, Placed, placed_of
 from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.kafka.settings import KafkaSettings
 
@@ -229,8 +229,21 @@ def consume_ready(consumer: Consumer, max_records: int, wait_s: float) -> list[M
 @dataclasses.dataclass(frozen=True, slots=True)
 class Found:
     offset: int
-    stamp: KafkaStamp
+    placed: Placed
     value: bytes
+
+    @property
+    def stamp(self) -> KafkaStamp:
+        return self.placed.stamp
+
+
+def admitted(found: Iterator[Found]) -> Iterator[Found]:
+    """The records of ``found`` (in offset order) that count (:class:`Admission`)."""
+    admission = Admission()
+    for record in found:
+        admission, counts = admission.after(record.offset, record.placed)
+        if counts:
+            yield record
 
 
 class Scan:
@@ -271,7 +284,7 @@ class Scan:
 def _found(msg: Message) -> Found:
     offset = msg.offset()
     assert offset is not None
-    return Found(offset, stamp_of(msg.headers()), msg.value() or b"")
+    return Found(offset, placed_of(msg.headers()), msg.value() or b"")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -283,7 +296,10 @@ class Tail:
 
 
 def read_tail(settings: KafkaSettings, topic: str) -> Tail | None:
-    """Last committed record (data or fence), or None if there is none."""
+    """Last committed record (data or fence) that counts, or None if there is none.
+
+    Records that do not count (:class:`Admission`: a fenced writer's late
+    records) are passed over, reading further back until one counts."""
     scan = Scan(settings, topic)
     try:
         low, high = scan.watermarks()
@@ -291,7 +307,7 @@ def read_tail(settings: KafkaSettings, topic: str) -> Tail | None:
         while high > low:
             start = max(low, high - window)
             last: Found | None = None
-            for found in scan.records(start):
+            for found in admitted(scan.records(start)):
                 last = found
             if last is not None:
                 if last.stamp.kind is Kind.DATA:
@@ -319,6 +335,27 @@ def read_one(settings: KafkaSettings, topic: str, offset: int) -> Found | None:
         scan.close()
 
 
+def read_range(
+    settings: KafkaSettings, topic: str, start: int | None, until: int
+) -> list[tuple[KafkaMessageID, KafkaStamp]]:
+    """The stamps of the records that count from ``start`` (the log start when None)
+    up to before ``until``."""
+    scan = Scan(settings, topic)
+    try:
+        low, high = scan.watermarks()
+        first = low if start is None else max(start, low)
+        if first >= min(until, high):
+            return []
+        found: list[tuple[KafkaMessageID, KafkaStamp]] = []
+        for record in admitted(scan.records(first)):
+            if record.offset >= until:
+                break
+            found.append((KafkaMessageID(record.offset), record.stamp))
+        return found
+    finally:
+        scan.close()
+
+
 def first_data(settings: KafkaSettings, topic: str) -> Found | None:
     """The first committed data record still in the topic."""
     scan = Scan(settings, topic)
@@ -326,7 +363,7 @@ def first_data(settings: KafkaSettings, topic: str) -> Found | None:
         low, high = scan.watermarks()
         if high <= low:
             return None
-        for found in scan.records(low):
+        for found in admitted(scan.records(low)):
             if found.stamp.kind is Kind.DATA:
                 return found
         return None

@@ -2,7 +2,9 @@
 
 No consumer group semantics: the source assigns the partition at an offset and
 never commits. Fence records and transaction markers are skipped, so ids have
-gaps. Reading below the log start offset raises ``Truncated``
+gaps, and so are the records of fenced writers that do not count
+(:class:`~headrace.wal.kafka.fencing.Admission`, kept across fetches).
+Reading below the log start offset raises ``Truncated``
 (``auto.offset.reset=error``). The reader's lifecycle is the toolkit's
 (:class:`headrace.wal.brokers.reader.BrokerReader`).
 """
@@ -15,7 +17,7 @@ from headrace import errors
 from headrace.wal.brokers.stamps import Kind
 from headrace.wal.contract import Record
 from headrace.wal.kafka import client
-from headrace.wal.kafka.fencing import stamp_of
+from headrace.wal.kafka.fencing import Admission, placed_of
 from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.kafka.settings import KafkaSettings
 
@@ -30,6 +32,7 @@ class KafkaSource:
         self._start = offset
         self._consumer: Consumer | None = None
         self._next = 0
+        self._admission = Admission()
 
     def open(self) -> None:
         consumer = Consumer(
@@ -55,17 +58,22 @@ class KafkaSource:
         except KafkaException as exc:
             raise client.translate_exception(exc, f"reading {self.topic}", self._settings) from None
         records: list[Record] = []
+        admission = self._admission
         for msg in messages:
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
+                self._admission = admission
                 raise self._error(err)
             offset = msg.offset()
             assert offset is not None
             self._next = offset + 1
-            if stamp_of(msg.headers()).kind is Kind.DATA:
+            placed = placed_of(msg.headers())
+            admission, counts = admission.after(offset, placed)
+            if counts and placed.stamp.kind is Kind.DATA:
                 records.append(Record(KafkaMessageID(offset), msg.value() or b""))
+        self._admission = admission
         return records
 
     def _error(self, err: KafkaError) -> errors.HeadraceError:

@@ -98,6 +98,16 @@ class KafkaSettings:
             "message.max.bytes": self.max_message_bytes,
         }
 
+    def idempotent_producer_config(self) -> dict[str, Any]:
+        """The chained writer's producer: the transactional one's settings, no transactions."""
+        return {
+            "linger.ms": 1,
+            **self.base_config(),
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.max.bytes": self.max_message_bytes,
+        }
+
     def consumer_config(self, *, eof: bool) -> dict[str, Any]:
         """A read_committed consumer's configuration; ``eof`` for a scan to the end.
 

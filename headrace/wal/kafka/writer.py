@@ -36,6 +36,12 @@ def producer_config(settings: KafkaSettings, topic: str) -> dict[str, Any]:
     return client.client_config_with_logger(settings.producer_config(topic))
 
 
+def topic_end(settings: KafkaSettings, topic: str) -> End[KafkaMessageID]:
+    """The end of ``topic``: its last record that counts and its last data record."""
+    tail = client.read_tail(settings, topic)
+    return EMPTY if tail is None else End(tail.last.stamp, tail.last_data)
+
+
 class _Txn:
     """Delivery reports of one transaction, in produce order (one partition)."""
 
@@ -61,8 +67,7 @@ class KafkaLink:
         self._producer: Producer | None = None
 
     def look(self) -> End[KafkaMessageID]:
-        tail = client.read_tail(self._settings, self.topic)
-        return EMPTY if tail is None else End(tail.last.stamp, tail.last_data)
+        return topic_end(self._settings, self.topic)
 
     def take(self) -> None:
         producer = Producer(producer_config(self._settings, self.topic))

@@ -1,0 +1,429 @@
+"""Kafka's chained writer (message format 2 logs): fencing by where records land.
+
+The pure decisions (delivery reports, which records count) without a broker;
+then, on a real broker, a fenced writer whose pipelined records straddle the
+new owner's fence record, readers and the recovery reads (last record,
+earliest) skipping a fenced writer's records, and the transactional writer
+kept for message format 1 logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from headrace import errors
+from headrace.message.ids import MessageID
+from headrace.wal import registry
+from headrace.wal.brokers.stamps import FOREIGN, Kind, Stamp
+from headrace.wal.contract import BackendWriter, Record, StartPosition
+from headrace.wal.groupcommit import GroupCommit, PartlyWritten
+from headrace.wal.kafka.fencing import (
+    Admission,
+    KafkaStamp,
+    Placed,
+    chained_header,
+    decode_placed,
+    header,
+)
+from headrace.wal.kafka.message_id import KafkaMessageID
+
+pytestmark = pytest.mark.timeout(180)
+
+T1: KafkaStamp = Stamp(Kind.DATA, 1, 11)
+T2: KafkaStamp = Stamp(Kind.DATA, 2, 22)
+FENCE_1: KafkaStamp = Stamp(Kind.FENCE, 1, 11)
+FENCE_2: KafkaStamp = Stamp(Kind.FENCE, 2, 22, KafkaMessageID(1))
+
+
+# ---- pure ------------------------------------------------------------------------------
+
+
+def test_settle_acknowledges_only_records_in_place() -> None:
+    from headrace.wal.kafka.chain import Verdict, settle  # noqa: PLC0415
+
+    assert settle(5, 3, [(5, ""), (6, ""), (7, "")]).offsets == [5, 6, 7]
+    displaced = settle(5, 3, [(5, ""), (7, ""), (8, "")])
+    assert (displaced.offsets, displaced.verdict) == ([5], Verdict.DISPLACED)
+    first_out = settle(5, 2, [(6, ""), (7, "")])
+    assert (first_out.offsets, first_out.verdict) == ([], Verdict.DISPLACED)
+    failed = settle(5, 3, [(5, ""), (None, "Local: Message timed out")])
+    assert (failed.offsets, failed.verdict) == ([5], Verdict.UNKNOWN)
+    assert "timed out" in failed.detail
+    missing = settle(5, 3, [(5, ""), (6, "")])
+    assert (missing.offsets, missing.verdict) == ([5, 6], Verdict.UNKNOWN)
+    fence = settle(None, 1, [(40, "")])
+    assert (fence.offsets, fence.verdict) == ([40], Verdict.STORED)
+
+
+def _counted(records: list[tuple[int, Placed]], admission: Admission | None = None) -> list[int]:
+    admission = admission or Admission()
+    counted = []
+    for offset, placed in records:
+        admission, counts = admission.after(offset, placed)
+        if counts:
+            counted.append(offset)
+    return counted
+
+
+def test_admission_skips_a_fenced_writers_records() -> None:
+    log = [
+        (0, Placed(FENCE_1)),
+        (1, Placed(T1, 1)),  # acknowledged before the new fence record: counts
+        (2, Placed(FENCE_2)),
+        (3, Placed(T1, 2)),  # pipelined behind it, out of place
+        (4, Placed(T1, 4)),  # in place, but of a term the fence record fenced
+        (5, Placed(T1)),  # a transactional record of the fenced term
+        (6, Placed(Stamp(Kind.DATA, 2, 99), 6)),  # the fence record's term, another writer
+        (7, Placed(Stamp(Kind.FENCE, 1, 5))),  # a late lower-term fence record
+        (8, Placed(T2, 8)),
+        (9, Placed(FOREIGN)),  # another producer's record
+        (10, Placed(T2, 9)),  # the owner's record, out of place after it
+    ]
+    assert _counted(log) == [0, 1, 2, 8, 9]
+
+
+def test_admission_from_the_middle_keeps_out_of_place_records_out() -> None:
+    """A reader that starts after the fence record knows no owner yet."""
+    assert _counted([(3, Placed(T1, 2)), (4, Placed(T2, 4)), (5, Placed(T2, 6))]) == [4]
+
+
+def test_admission_keeps_a_reacquiring_writer() -> None:
+    """A writer that takes its topic back writes a new fence record of its own."""
+    log = [
+        (0, Placed(FENCE_1)),
+        (1, Placed(T1, 1)),
+        (2, Placed(Stamp(Kind.FENCE, 0, 5))),  # a stale lower-term opener
+        (3, Placed(T1, 2)),
+        (4, Placed(FENCE_1)),
+        (5, Placed(T1, 5)),
+    ]
+    assert _counted(log) == [0, 1, 4, 5]
+
+
+def test_chained_header_round_trips() -> None:
+    [(_, value)] = chained_header(T2, 1234)
+    assert isinstance(value, bytes)
+    assert decode_placed(value) == Placed(T2, 1234)
+    [(_, plain)] = header(T2)
+    assert isinstance(plain, bytes)
+    assert decode_placed(plain) == Placed(T2)
+    with pytest.raises(errors.CorruptData):
+        decode_placed(value[:-8] + (-5).to_bytes(8, "big", signed=True))
+
+
+def test_message_format_picks_the_writer() -> None:
+    from headrace.wal.kafka.backend import chained_for  # noqa: PLC0415
+
+    assert not chained_for(1)
+    assert chained_for(2)
+
+
+async def test_a_partly_written_group_acknowledges_the_calls_stored() -> None:
+    """Calls whose records were all stored before the writer was fenced succeed."""
+    import concurrent.futures  # noqa: PLC0415
+
+    fenced = errors.Fenced("term 1 is fenced", term=1, current_term=2)
+    release = concurrent.futures.Future[None]()
+
+    def write(batch: list[bytes]) -> list[MessageID]:
+        if batch == [b"x"]:
+            release.result(10)
+            return [KafkaMessageID(1)]
+        assert batch == [b"a", b"b1", b"b2"]
+        raise PartlyWritten(fenced, [KafkaMessageID(2), KafkaMessageID(3)])
+
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+        group = GroupCommit(write, executor)
+        first = group.start([b"x"])
+        a, b = group.start([b"a"]), group.start([b"b1", b"b2"])
+        release.set_result(None)
+        assert await first == [KafkaMessageID(1)]
+        assert await a == [KafkaMessageID(2)]
+        with pytest.raises(errors.Fenced):
+            await b
+        with pytest.raises(errors.Fenced):
+            await group.start([b"later"])
+
+
+# ---- a real broker -----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def kafka(kafka_bootstrap: str) -> AsyncIterator[Any]:
+    backend = registry.create(
+        "kafka",
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"chain.{uuid.uuid4().hex[:12]}.",
+        operation_timeout_s=30.0,
+    )
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+async def _read_all(backend: Any, pchannel: str, start: StartPosition) -> list[Record]:
+    """Everything readable from ``start`` (until a read finds nothing for a while)."""
+    reader = await backend.open_reader(pchannel, start)
+    records: list[Record] = []
+    try:
+        while batch := await reader.next_batch(100, timeout=2.0):
+            records += batch
+    finally:
+        await reader.close()
+    return records
+
+
+class _Interposer:
+    """The chained links' producers; before producing ``trigger``, the records produced
+    so far are flushed and ``hook`` runs (in the writer's thread)."""
+
+    def __init__(self, trigger: bytes) -> None:
+        self.trigger = trigger
+        self.hook: Callable[[], None] | None = None
+
+    def producer(self, config: dict[str, Any]) -> Any:
+        from confluent_kafka import Producer  # noqa: PLC0415
+
+        interposer = self
+        inner = Producer(config)
+
+        class Proxy:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def produce(self, topic: str, value: bytes, **kwargs: Any) -> None:
+                hook = interposer.hook
+                if value == interposer.trigger and hook is not None:
+                    interposer.hook = None
+                    assert inner.flush(30.0) == 0
+                    hook()
+                inner.produce(topic, value, **kwargs)
+
+        return Proxy()
+
+
+@pytest.mark.kafka
+async def test_new_fence_record_between_pipelined_records_of_the_old_writer(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two appends of term 1 go out in one send; term 2's fence record lands between
+    their records. The first is acknowledged and read; the second fails fenced and is
+    never read, although it is stored (after the fence record)."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    interposer = _Interposer(b"t1-straddled")
+    monkeypatch.setattr(chain, "Producer", interposer.producer)
+    loop = asyncio.get_running_loop()
+    old = await kafka.open_writer_for("p", 1, 2)
+    [first] = await old.append([b"t1-first"])
+    opened: list[BackendWriter] = []
+
+    def open_new() -> None:
+        future = asyncio.run_coroutine_threadsafe(kafka.open_writer_for("p", 2, 2), loop)
+        opened.append(future.result(60))
+
+    busy = old.start_append([b"t1-busy"])
+    acked = old.start_append([b"t1-acked"])
+    straddled = old.start_append([b"t1-straddled"])
+    interposer.hook = open_new
+    [busy_id] = await busy
+    [acked_id] = await acked
+    with pytest.raises(errors.Fenced) as fenced:
+        await straddled
+    assert fenced.value.current_term == 2
+    with pytest.raises(errors.Fenced):
+        await old.append([b"t1-after"])
+    [new] = opened
+
+    # Recovery reads: the straddled record is the topic's last, and does not count.
+    last = await kafka.last_record("p")
+    assert last == Record(acked_id, b"t1-acked")
+    [new_id] = await new.append([b"t2-first"])
+    records = await _read_all(kafka, "p", StartPosition.earliest())
+    assert [r.data for r in records] == [b"t1-first", b"t1-busy", b"t1-acked", b"t2-first"]
+    assert [r.id for r in records] == [first, busy_id, acked_id, new_id]
+    after = await _read_all(kafka, "p", StartPosition.after(acked_id))
+    assert [r.data for r in after] == [b"t2-first"]
+    await old.close()
+    await new.close()
+
+
+def _produce_log(backend: Any, pchannel: str, records: list[tuple[bytes, Any]]) -> list[int]:
+    """Produce ``(value, headers)`` records in order, one at a time; their offsets."""
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    producer = Producer(backend.settings.idempotent_producer_config())
+    offsets: list[int] = []
+    for value, headers in records:
+        producer.produce(
+            backend.settings.topic(pchannel),
+            value,
+            partition=0,
+            headers=headers,
+            on_delivery=lambda err, msg: offsets.append(msg.offset()),
+        )
+        assert producer.flush(30.0) == 0
+    return offsets
+
+
+@pytest.mark.kafka
+async def test_readers_and_recovery_skip_a_fenced_writers_records(kafka: Any) -> None:
+    """A log as two chained writers and a transactional zombie can leave it."""
+    assert await kafka.earliest("q") is None  # creates the topic
+    log = [
+        (b"", header(FENCE_1)),
+        (b"a", chained_header(T1, 1)),
+        (b"", header(Stamp(Kind.FENCE, 2, 22, KafkaMessageID(1)))),
+        (b"zombie-out-of-place", chained_header(T1, 2)),
+        (b"zombie-in-place", chained_header(T1, 4)),
+        (b"zombie-transactional", header(T1)),
+        (b"b", chained_header(T2, 6)),
+        (b"zombie-last", chained_header(T1, 7)),
+    ]
+    offsets = await asyncio.to_thread(_produce_log, kafka, "q", log)
+    assert offsets == list(range(8)), f"the topic was not fresh: {offsets}"
+
+    records = await _read_all(kafka, "q", StartPosition.earliest())
+    assert [(r.id, r.data) for r in records] == [
+        (KafkaMessageID(1), b"a"),
+        (KafkaMessageID(6), b"b"),
+    ]
+    assert [r.data for r in await _read_all(kafka, "q", StartPosition.after(records[0].id))] == [
+        b"b"
+    ]
+    assert await kafka.last_record("q") == Record(KafkaMessageID(6), b"b")
+    assert await kafka.earliest("q") == KafkaMessageID(1)
+    with pytest.raises(errors.Fenced):
+        await kafka.open_writer_for("q", 1, 2)
+    writer = await kafka.open_writer_for("q", 3, 2)
+    [c] = await writer.append([b"c"])
+    assert [r.data for r in await _read_all(kafka, "q", StartPosition.earliest())] == [
+        b"a",
+        b"b",
+        b"c",
+    ]
+    assert await kafka.last_record("q") == Record(c, b"c")
+    await writer.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(("message_format", "step"), [(1, 2), (2, 1)])
+async def test_format_1_logs_keep_transactions(kafka: Any, message_format: int, step: int) -> None:
+    """A transaction's commit marker takes an offset after each append; a chained
+    writer's records follow each other."""
+    writer = await kafka.open_writer_for(f"f{message_format}", 1, message_format)
+    [one] = await writer.append([b"one"])
+    [two] = await writer.append([b"two"])
+    assert two.offset - one.offset == step
+    await writer.close()
+
+
+@pytest.mark.kafka
+async def test_the_switch_to_format_2_fences_the_transactional_writer(kafka: Any) -> None:
+    """A format 1 (transactional) writer still open when a format 2 writer takes over
+    can commit nothing more: the take fences its producer epoch."""
+    old = await kafka.open_writer_for("s", 1, 1)
+    await old.append([b"format-1"])
+    new = await kafka.open_writer_for("s", 2, 2)
+    with pytest.raises(errors.Fenced):
+        await old.append([b"after-the-switch"])
+    await new.append([b"format-2"])
+    records = await _read_all(kafka, "s", StartPosition.earliest())
+    assert [r.data for r in records] == [b"format-1", b"format-2"]
+    await old.close()
+    await new.close()
+
+
+class _FailingReport:
+    """The chained links' producers; the delivery report of ``value`` says it failed
+    (the record itself is produced: its fate is what the writer cannot know)."""
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+
+    def producer(self, config: dict[str, Any]) -> Any:
+        from confluent_kafka import KafkaError, Producer  # noqa: PLC0415
+
+        failing = self.value
+        inner = Producer(config)
+
+        class Proxy:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def produce(self, topic: str, value: bytes, **kwargs: Any) -> None:
+                report = kwargs.pop("on_delivery")
+                if value == failing:
+
+                    def failed(err: Any, msg: Any) -> None:
+                        report(KafkaError(KafkaError._MSG_TIMED_OUT), msg)
+
+                    kwargs["on_delivery"] = failed
+                else:
+                    kwargs["on_delivery"] = report
+                inner.produce(topic, value, **kwargs)
+
+        return Proxy()
+
+
+@pytest.mark.kafka
+async def test_an_append_whose_delivery_is_unknown_fails_and_the_writer_goes_on(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed delivery report is never taken for an acknowledgement: the append fails
+    Unavailable, and the next append takes the topic again behind a new fence record."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    monkeypatch.setattr(chain, "Producer", _FailingReport(b"unknown").producer)
+    writer = await kafka.open_writer_for("u", 1, 2)
+    [before] = await writer.append([b"before"])
+    with pytest.raises(errors.Unavailable, match="unknown"):
+        await writer.append([b"unknown", b"unknown-too"])
+    [after] = await writer.append([b"after"])
+    assert after.offset > before.offset + 3  # the new fence record lies between
+    records = await _read_all(kafka, "u", StartPosition.earliest())
+    # Stored in place before the new fence record, so read: the append's outcome was
+    # unknown, and it is never reported acknowledged.
+    assert [r.data for r in records] == [b"before", b"unknown", b"unknown-too", b"after"]
+    await writer.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.05])
+async def test_a_racing_takeover_loses_no_acknowledged_append(kafka: Any, delay: float) -> None:
+    """Eight appenders of term 1 keep appending (their appends share sends) while
+    term 2 opens: exactly the term 1 appends that were acknowledged are read, then
+    term 2's."""
+    old = await kafka.open_writer_for("r", 1, 2)
+    acked: list[bytes] = []
+    refused: list[bytes] = []
+
+    async def appender(k: int) -> None:
+        for i in range(10_000):
+            data = f"t1-{k}-{i}".encode()
+            try:
+                await old.append([data])
+            except errors.Fenced:
+                refused.append(data)
+                return
+            acked.append(data)
+
+    appenders = [asyncio.create_task(appender(k)) for k in range(8)]
+    await asyncio.sleep(delay)
+    new = await kafka.open_writer_for("r", 2, 2)
+    await asyncio.wait_for(asyncio.gather(*appenders), 60)
+    await new.append([b"t2"])
+    assert len(refused) == 8
+    records = await _read_all(kafka, "r", StartPosition.earliest())
+    read = [r.data for r in records]
+    assert read[-1] == b"t2"
+    assert sorted(read[:-1]) == sorted(acked)
+    assert not set(refused) & set(read)
+    await old.close()
+    await new.close()
