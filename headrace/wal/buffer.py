@@ -245,12 +245,16 @@ class WriteAheadBuffer:
     def seq_after(self, pos: Position) -> int | None:
         """Cursor of the successor of ``pos``, or None if it is not retained.
 
-        The successor is retained when ``pos`` is at or after the base. A
+        The successor is retained when ``pos`` is at or after the base, or
+        when the base has ``pos``'s id at a later timetick: only ticks that
+        went only to the buffer (they carry the last persisted id) were
+        evicted after ``pos``, and a reader loses nothing by skipping them. A
         position beyond the last entry (a reader of the backend that saw a
         record before it reached the buffer) maps to ``next_seq``; the reader
         skips entries at or below its timetick.
         """
-        if pos.timetick < self._base.timetick:
+        base = self._base
+        if pos.timetick < base.timetick and (pos.id is None or pos.id != base.id):
             return None
         i = bisect.bisect_right(self._tts, pos.timetick, lo=self._head)
         return self._first_seq + (i - self._head)

@@ -58,11 +58,50 @@ class Needs:
     """Seconds until an interceptor's chore is due (an open transaction's
     keepalive, a growing segment's check, a seal record to retry); None:
     nothing pending."""
+    flowing: bool = False
+    """Data was planned since the WAL's previous tick run."""
 
 
 TICK_AFTER_DATA = "a tick must follow the data persisted since the last one"
 TICK_FOR_READER = "a tail reader waits for the timetick to advance"
 CHORE = "an interceptor's chore is due"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TickKind:
+    """How a due TIME_TICK is written, and why."""
+
+    rides: bool
+    """True: to the buffer now, and to the log behind the next data write
+    (``Appender.advance``); False: a sync tick (``Appender.tick``), persisted
+    in a write of its own only if data was persisted since the last tick."""
+    reason: str
+
+
+RIDE_WITH_DATA = TickKind(
+    True,
+    "data flows: the tick goes to the buffer now and to the log in the next data write, "
+    "so it takes no write (and no fsync) that data would wait behind",
+)
+PERSIST_AT_REST = TickKind(
+    False, "the data rests since the previous tick: the tick is persisted on its own"
+)
+BUFFER_ONLY = TickKind(
+    False, "nothing was persisted since the last tick: the tick goes only to the buffer"
+)
+
+
+def tick_kind(needs: Needs) -> TickKind | None:
+    """How the tick of a WAL with ``needs`` is written (pure); None: no tick is due.
+
+    Readers see time advance at every run either way; the log gets a tick
+    after its last data within about two intervals once the data rests.
+    """
+    if needs.unticked:
+        return RIDE_WITH_DATA if needs.flowing else PERSIST_AT_REST
+    if needs.reader_waiting:
+        return BUFFER_ONLY
+    return None
 
 
 def next_due(needs: Needs, interval_s: float) -> Due | None:

@@ -72,6 +72,24 @@ def test_seq_after_finds_the_successor_only_when_retained() -> None:
     assert empty_log.seq_after(START) == 0
 
 
+def test_a_reader_at_the_last_persisted_record_skips_evicted_buffer_only_ticks() -> None:
+    """Ticks that went only to the buffer carry the last persisted id; once they
+    are evicted, a reader of the backend that reached that record still finds
+    its successor in the buffer (it waits for no further persisted record)."""
+    buf = WriteAheadBuffer(2 * cost(10), Position(MID(4), 40))
+    tick = MessageType.TIME_TICK
+    fill(buf, [(entry(5, 50), 10, True), (entry(5, 55, tick), 10, False)])
+    fill(buf, [(entry(5, 60, tick), 10, False), (entry(6, 70), 10, True)])
+    assert buf.base == Position(MID(5), 55) and buf.first_seq == 2
+    assert buf.seq_after(Position(MID(5), 50)) == 2
+    assert buf.seq_after(Position(MID(4), 40)) is None, "record 5 was evicted"
+    fill(buf, [(entry(7, 80), 10, True)])
+    assert buf.base == Position(MID(5), 60)
+    assert buf.seq_after(Position(MID(5), 50)) == 3
+    fill(buf, [(entry(8, 90), 10, True)])
+    assert buf.seq_after(Position(MID(5), 50)) is None, "record 6 was evicted"
+
+
 def test_locate_persisted_entries_for_start_positions() -> None:
     buf = WriteAheadBuffer(1 << 20, Position(MID(4), 40))
     fill(

@@ -16,6 +16,7 @@ from headrace.message.types import LogEntry, Message, MessageType
 from headrace.tso import LocalTSO
 from headrace.wal import registry
 from headrace.wal.api import AppendResult, DeliverPolicy, ReadOptions
+from headrace.wal.buffer import ENTRY_OVERHEAD
 from headrace.wal.contract import Backend, StartPosition
 from headrace.wal.framework import WAL, WALOptions
 from headrace.wal.scanner import Scanner, open_backend_scanner
@@ -229,7 +230,11 @@ async def test_catchup_switches_to_tail_without_gap_or_duplicate(backend: Backen
 
 
 async def test_eviction_falls_back_to_catchup_and_returns_to_tail(backend: Backend) -> None:
-    wal = await WAL.open(backend, "p", 1, tso=LocalTSO(), options=WALOptions(buffer_bytes=300))
+    # Room for a few entries (each costs at least ENTRY_OVERHEAD), far fewer
+    # than a round's 40: a tick persisted behind the last append still leaves
+    # that append in the buffer.
+    options = WALOptions(buffer_bytes=4 * ENTRY_OVERHEAD)
+    wal = await WAL.open(backend, "p", 1, tso=LocalTSO(), options=options)
     scanner = wal.read(ReadOptions(policy=DeliverPolicy.LATEST, types=DATA))
     assert scanner.mode == "tail"
     modes = set()

@@ -36,8 +36,10 @@ from headrace.wal.contract import BackendWriter, Record
 from headrace.wal.interceptors.chain import AppendContext
 from headrace.wal.interceptors.planning import (
     Batch,
+    Persist,
     Request,
     Stamp,
+    persists,
     plan,
     resolve,
     settle,
@@ -121,6 +123,11 @@ class Appender:
         self.on_unticked: Callable[[], None] | None = None
         """Called when data is planned after the last persisted tick (a tick
         is due an interval later)."""
+        self.writes_planned = 0
+        """Batches planned that write something anyway (data, a fence): the
+        timetick sync compares it between its runs to tell whether data flows."""
+        self._ride = False
+        """A TIME_TICK is to be persisted in the next data write (see :meth:`advance`)."""
 
     @property
     def last_timetick(self) -> int:
@@ -195,25 +202,35 @@ class Appender:
 
     async def write(self, batch: list[AppendContext]) -> None:
         """Queue ``batch`` and wait until every context is settled."""
-        await self._submit(batch, sync_tick=False)
+        await self._submit(batch, Persist.ALWAYS)
 
     async def tick(self, *, sync: bool) -> None:
         """Write a TIME_TICK (only to the buffer if ``sync`` and nothing new was persisted)."""
+        await self._tick(Persist.AFTER_DATA if sync else Persist.ALWAYS)
+
+    async def advance(self) -> None:
+        """Data flows: a TIME_TICK to the buffer now (tail readers see time
+        advance), and one persisted behind the data of the next write, in the
+        same backend append: no write of its own that data would wait for."""
+        self._ride = True
+        await self._tick(Persist.NEVER)
+
+    async def _tick(self, persist: Persist) -> None:
         ctx = system_context(MessageType.TIME_TICK, self._cfg.tick_properties())
-        await self._submit([ctx], sync_tick=sync)
+        await self._submit([ctx], persist)
         if ctx.error is not None:
             raise ctx.error
 
     async def fence(self) -> AppendResult:
         """Write the FENCE that opens this term."""
         ctx = system_context(MessageType.FENCE, self._cfg.tick_properties())
-        await self._submit([ctx], sync_tick=False)
+        await self._submit([ctx], Persist.ALWAYS)
         if ctx.error is not None:
             raise ctx.error
         assert ctx.result is not None
         return ctx.result
 
-    async def _submit(self, batch: list[AppendContext], *, sync_tick: bool) -> None:
+    async def _submit(self, batch: list[AppendContext], persist: Persist) -> None:
         if self.failure is not None or self._stopping:
             error = self.failure or errors.NotOwner(
                 f"pchannel {self._cfg.pchannel} stopped taking appends", term=self._cfg.term
@@ -227,7 +244,7 @@ class Appender:
         for i in range(0, len(batch), step):
             fut: asyncio.Future[None] = loop.create_future()
             part = batch if len(batch) <= step else batch[i : i + step]
-            self._queue.append(Request(part, fut, sync_tick))
+            self._queue.append(Request(part, fut, persist))
             futures.append(fut)
         if self._planning or self._ready is not None or self._busy() or self._shared:
             self._wake()
@@ -324,23 +341,39 @@ class Appender:
                 break
         if not taken:
             return
+        writes = persists(taken)
+        planned = taken
+        if writes and self._ride and count < room:
+            planned = [*taken, self._riding_tick()]
+            count += 1
         try:
             # A whole record batch takes a timetick per message.
-            first = await self._tso.allocate(ticks_needed(taken) if self._stamp.batches else count)
+            first = await self._tso.allocate(
+                ticks_needed(planned) if self._stamp.batches else count
+            )
         except asyncio.CancelledError:
             self._queue.extendleft(reversed(taken))  # planned later, or failed by abort()
             raise
         except errors.HeadraceError as exc:
-            settle_failed(taken, exc)
-            resolve(taken)
+            settle_failed(planned, exc)
+            resolve(planned)
             return
         stamp = self._stamp
         ticked = not stamp.dirty
-        plan(batch, taken, first, stamp)
+        plan(batch, planned, first, stamp)
         if ticked and stamp.dirty and self.on_unticked is not None:
             self.on_unticked()
-        batch.requests += taken
+        if not stamp.dirty:
+            self._ride = False  # the log's last tick or fence follows every data record
+        if writes:
+            self.writes_planned += 1
+        batch.requests += planned
         batch.count += count
+
+    def _riding_tick(self) -> Request:
+        """The TIME_TICK :meth:`advance` asked for, planned behind this batch's data."""
+        ctx = system_context(MessageType.TIME_TICK, self._cfg.tick_properties())
+        return Request([ctx], asyncio.get_running_loop().create_future(), Persist.AFTER_DATA)
 
     def _fail_pending(self, error: errors.HeadraceError) -> None:
         """Fail the waiting batch and everything queued."""

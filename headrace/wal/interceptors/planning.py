@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 from typing import NamedTuple
 
 from headrace import errors, slots
@@ -31,17 +32,35 @@ from headrace.wal.interceptors.chain import AppendContext, BatchPart
 SYSTEM = frozenset((MessageType.TIME_TICK, MessageType.FENCE))
 
 
+class Persist(enum.Enum):
+    """Whether a request's TIME_TICK or FENCE goes to the log or only to the buffer."""
+
+    ALWAYS = "always"
+    """Data, a fence, the final tick of a drain: persisted."""
+    AFTER_DATA = "after data"
+    """A sync tick: persisted only if data was persisted since the last
+    persisted tick or fence (else it goes only to the buffer)."""
+    NEVER = "never"
+    """A tick while data flows: only to the buffer; the log's tick rides in
+    the next data write (see ``Appender.advance``)."""
+
+
 class Request:
     """One queued ``write``: contexts answered together through ``future``."""
 
-    __slots__ = ("contexts", "future", "sync_tick")
+    __slots__ = ("contexts", "future", "persist")
 
     def __init__(
-        self, contexts: list[AppendContext], future: asyncio.Future[None], sync_tick: bool
+        self, contexts: list[AppendContext], future: asyncio.Future[None], persist: Persist
     ) -> None:
         self.contexts = contexts
         self.future = future
-        self.sync_tick = sync_tick
+        self.persist = persist
+
+
+def persists(requests: list[Request]) -> bool:
+    """Whether ``requests`` hold a record that is persisted whatever came before (pure)."""
+    return any(request.persist is Persist.ALWAYS for request in requests)
 
 
 class Batch:
@@ -159,8 +178,8 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
     """Timeticks from ``first`` (never below the last one plus one), the term
     and the encoding of ``requests``' messages, added to ``batch`` in order.
 
-    A sync tick goes only to the buffer unless data was persisted since the
-    last persisted tick or fence. A message that does not encode fails alone.
+    A TIME_TICK or FENCE goes only to the buffer as its request's
+    :class:`Persist` says. A message that does not encode fails alone.
     """
     term = stamp.term
     tt = stamp.last_timetick
@@ -174,7 +193,7 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
     contexts, messages, sizes = batch.contexts, batch.messages, batch.sizes
     persisted, records = batch.persisted, batch.records
     for request in requests:
-        sync_tick = request.sync_tick
+        persist = request.persist
         for ctx in request.contexts:
             tt = i if i > tt else tt + 1
             i += 1
@@ -196,7 +215,11 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
                 continue
             kind = m.type
             stamped = Message(kind, m.vchannel, m.payload, m.properties, tt, term, m.txn_id)
-            if sync_tick and not dirty and kind in SYSTEM:
+            if (
+                persist is not Persist.ALWAYS
+                and kind in SYSTEM
+                and (persist is Persist.NEVER or not dirty)
+            ):
                 contexts.append(ctx)
                 messages.append(stamped)
                 sizes.append(ctx.size)

@@ -4,12 +4,17 @@ The appender (:mod:`.appender`) gives every message its timetick and writes
 it. :class:`TimetickSync` is the WAL's client of the node's
 :class:`~headrace.wal.ticks.TickScheduler`: it is woken only while something
 is pending (:func:`~headrace.wal.ticks.next_due`), then runs the interceptors'
-chores and asks the appender for a TIME_TICK. The appender persists the tick
+chores and asks the appender for a TIME_TICK, written as
+:func:`~headrace.wal.ticks.tick_kind` says. The appender persists a sync tick
 only if data was persisted since the last persisted tick or fence; otherwise
 the tick goes only to the buffer, carrying the last persisted message's id,
-so tail readers see progress without the log filling with empty ticks. An
-idle WAL (nothing persisted since its last tick, no reader waiting, no chore
-pending) is not woken.
+so tail readers see progress without the log filling with empty ticks. While
+data flows (data was planned since the previous run), the tick goes to the
+buffer and the log's tick is written behind the next data, in the same
+backend append: a tick never takes a write (and an fsync) of its own that
+data would wait behind; once the data rests for a run, the tick is persisted
+on its own. An idle WAL (nothing persisted since its last tick, no reader
+waiting, no chore pending) is not woken.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from headrace.guarded import TaskFailure
 from headrace.wal.buffer import WriteAheadBuffer
 from headrace.wal.interceptors.appender import Appender, AppenderConfig, system_context
 from headrace.wal.interceptors.chain import Handler, Interceptors
-from headrace.wal.ticks import TICK_AFTER_DATA, Due, Needs, TickScheduler, next_due
+from headrace.wal.ticks import TICK_AFTER_DATA, Due, Needs, TickScheduler, next_due, tick_kind
 
 __all__ = ["Appender", "AppenderConfig", "TimetickSync", "system_context"]
 
@@ -50,6 +55,8 @@ class TimetickSync:
         self.scheduler = scheduler
         self._serving = serving
         self._after_data = Due(interval_s, TICK_AFTER_DATA)
+        self._writes_seen = appender.writes_planned
+        """The appender's planned writes at the previous run (see :meth:`needs`)."""
 
     def start(self) -> None:
         self.scheduler.add(self)
@@ -67,6 +74,7 @@ class TimetickSync:
             unticked=self._appender.unticked,
             reader_waiting=self._buffer.waiting,
             chore_s=self._interceptors.chore_due_s(),
+            flowing=self._appender.writes_planned != self._writes_seen,
         )
 
     @property
@@ -89,10 +97,15 @@ class TimetickSync:
             return None
         await self._interceptors.chores(self._write)
         needs = self.needs()
-        if needs.unticked or needs.reader_waiting:
+        self._writes_seen = self._appender.writes_planned
+        kind = tick_kind(needs)
+        if kind is not None:
             # A tick that fails means the appender failed or stopped: seen below.
             with contextlib.suppress(errors.HeadraceError):
-                await self._appender.tick(sync=True)
+                if kind.rides:
+                    await self._appender.advance()
+                else:
+                    await self._appender.tick(sync=True)
             needs = self.needs()
         if self._appender.failure is not None:
             return None
