@@ -1,8 +1,9 @@
 """Group commit for backends whose write is one blocking client call.
 
 Append calls queue up. When no write is in flight, the queued calls (up to a
-record and byte bound) go to the writer's executor thread at once, as one
-call of ``write``; the moment it returns, every caller is settled with its own
+record and byte bound) go to the writer's thread at once, as one call of
+``write`` (a :class:`~headrace.wal.iothread.IOThread`: cheaper per write than a
+thread pool); the moment it returns, every caller is settled with its own
 slice of the ids, the next queued group is started, and only then do the
 callers' ``on_done`` callbacks run. No event-loop task sits in between: a call
 that finds the writer idle starts its write before :meth:`GroupCommit.start`
@@ -17,18 +18,17 @@ appends, and the calls still queued behind the fenced write, fail at once.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
+import functools
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from headrace import errors
 from headrace.message.ids import MessageID
+from headrace.wal.iothread import IOThread, answer
 
 Future = asyncio.Future[list[MessageID]]
 OnDone = Callable[[Future], None] | None
 _Pending = tuple[list[bytes], Future, OnDone]
-_Written = concurrent.futures.Future[Sequence[MessageID]]
 _Answered = tuple[Future, Callable[[Future], None]]
 
 
@@ -81,14 +81,14 @@ class GroupCommit:
     def __init__(
         self,
         write: Callable[[list[bytes]], Sequence[MessageID]],
-        executor: concurrent.futures.Executor,
+        thread: IOThread[Callable[[], None]],
         *,
         what: str = "backend append",
         max_records: int = 10_000,
         max_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self._write = write
-        self._executor = executor
+        self._thread = thread
         self._what = what
         self._max_records = max_records
         self._max_bytes = max_bytes
@@ -151,17 +151,21 @@ class GroupCommit:
             return []
         self._busy = True
         flat = group[0][0] if len(group) == 1 else [r for batch, _, _ in group for r in batch]
-
-        def written(done: _Written) -> None:  # runs in the executor thread
-            with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
-                loop.call_soon_threadsafe(self._completed, group, done)
-
-        try:
-            self._executor.submit(self._write, flat).add_done_callback(written)
-        except RuntimeError as exc:  # the executor was shut down
-            closed = errors.Closed(f"{self._what}: the writer is closed ({exc})")
+        if not self._thread.submit(functools.partial(self._run_write, loop, group, flat)):
+            closed = errors.Closed(f"{self._what}: the writer is closed (its thread is stopped)")
             return self._settle(group, None, closed) + self._fail_queued(closed)
         return []
+
+    def _run_write(
+        self, loop: asyncio.AbstractEventLoop, group: list[_Pending], flat: list[bytes]
+    ) -> None:
+        """Write ``flat``, then hand the outcome to the event loop (in the writer's thread)."""
+        try:
+            ids = self._write(flat)
+        except BaseException as exc:  # every caller gets an answer
+            answer(loop, self._completed, group, None, exc)
+        else:
+            answer(loop, self._completed, group, ids, None)
 
     def _fail_queued(self, failure: errors.HeadraceError) -> list[_Answered]:
         queued = list(self._queue)
@@ -173,11 +177,16 @@ class GroupCommit:
             idle.set_result(None)
         return answered
 
-    def _completed(self, group: list[_Pending], done: _Written) -> None:
+    def _completed(
+        self,
+        group: list[_Pending],
+        ids: Sequence[MessageID] | None,
+        exc: BaseException | None,
+    ) -> None:
         """Settle a finished write's callers, start the next write, then run callbacks."""
-        exc = done.exception()
         if exc is None:
-            answered = self._settle(group, done.result(), None)
+            assert ids is not None
+            answered = self._settle(group, ids, None)
             answered += self._dispatch()
         else:
             written: Sequence[MessageID] = ()

@@ -123,6 +123,31 @@ async def test_the_next_append_starts_once_the_previous_one_ends() -> None:
     await wal.close()
 
 
+async def test_one_producers_appends_leave_the_planning_loop_asleep() -> None:
+    """An append that leaves nothing queued does not wake the planning loop (a
+    loop turn per append that only one producer pays); what queues behind an
+    append in flight is still planned and appended."""
+    wal, writer = await open_wal(max_batch=8)
+    appender = wal._appender
+    results(await wal.append_many(data("a", 2)))
+    asleep = appender._wakeup
+    assert asleep is not None and not asleep.done()
+    for tag in "bcd":
+        results(await wal.append_many(data(tag, 2)))
+    assert appender._wakeup is asleep and not asleep.done(), "no wake-up per append"
+    writer.gate.clear()
+    first = asyncio.create_task(wal.append_many(data("e", 2)))
+    await asyncio.sleep(0.01)
+    queued = [asyncio.create_task(wal.append_many(data(tag, 2))) for tag in "fg"]
+    await asyncio.sleep(0.01)
+    writer.gate.set()
+    async with asyncio.timeout(WAIT):
+        for task in (first, *queued):
+            assert len(results(await task)) == 2
+    assert [len(batch) for batch in writer.batches] == [2, 2, 2, 2, 2, 4]
+    await wal.close()
+
+
 async def test_a_failed_append_fails_its_callers_and_the_next_one_goes_on() -> None:
     wal, writer = await open_wal(max_batch=4)
     writer.gate.clear()

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.wal.groupcommit import GroupCommit, take_group
+from headrace.wal.iothread import IOThread, call_in, call_job
 from headrace.wal.kafka.message_id import KafkaMessageID
 
 pytestmark = pytest.mark.timeout(30)
@@ -39,11 +39,14 @@ class FakeLog:
         return [KafkaMessageID(first + i) for i in range(len(records))]
 
 
+Thread = IOThread[Callable[[], None]]
+
+
 @pytest.fixture
-async def executor() -> AsyncIterator[concurrent.futures.ThreadPoolExecutor]:
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    yield pool
-    pool.shutdown(wait=True)
+async def thread() -> AsyncIterator[Thread]:
+    running: Thread = IOThread("test-writer", call_job)
+    yield running
+    running.stop()
 
 
 def _offsets(ids: Sequence[MessageID]) -> list[int]:
@@ -55,10 +58,10 @@ async def _entered(log: FakeLog) -> None:
 
 
 async def test_calls_during_a_write_share_the_next_one(
-    executor: concurrent.futures.ThreadPoolExecutor,
+    thread: Thread,
 ) -> None:
     log = FakeLog()
-    group = GroupCommit(log.write, executor)
+    group = GroupCommit(log.write, thread)
     log.gate.clear()
     first = group.start([b"a"])
     await _entered(log)  # the first call's write started without waiting for a task
@@ -83,10 +86,10 @@ async def test_bounds_split_the_queue_but_never_a_call() -> None:
 
 
 async def test_a_fenced_write_fails_what_is_queued_and_everything_after(
-    executor: concurrent.futures.ThreadPoolExecutor,
+    thread: Thread,
 ) -> None:
     log = FakeLog()
-    group = GroupCommit(log.write, executor)
+    group = GroupCommit(log.write, thread)
     log.gate.clear()
     log.fail_with = errors.Fenced("a newer term took over", term=1, current_term=2)
     in_flight = group.start([b"x"])
@@ -104,23 +107,72 @@ async def test_a_fenced_write_fails_what_is_queued_and_everything_after(
 
 
 async def test_an_unexpected_exception_still_answers_every_caller(
-    executor: concurrent.futures.ThreadPoolExecutor,
+    thread: Thread,
 ) -> None:
     log = FakeLog()
     log.fail_with = ValueError("a bug in the client")
-    group = GroupCommit(log.write, executor, what="test append")
+    group = GroupCommit(log.write, thread, what="test append")
     with pytest.raises(errors.HeadraceError, match="test append failed unexpectedly"):
         await group.submit([b"x"])
     log.fail_with = None
     assert _offsets(await group.submit([b"y"])) == [0], "the writer goes on after a failure"
 
 
-async def test_an_empty_call_and_a_closed_executor() -> None:
-    pool = concurrent.futures.ThreadPoolExecutor(1)
+async def test_an_empty_call_and_a_stopped_thread() -> None:
+    thread: Thread = IOThread("test-writer", call_job)
     log = FakeLog()
-    group = GroupCommit(log.write, pool)
+    group = GroupCommit(log.write, thread)
     assert await group.submit([]) == []
-    pool.shutdown(wait=True)
+    thread.stop()
     with pytest.raises(errors.Closed):
         await group.submit([b"x"])
     await group.drain()
+
+
+# ---- the writer's thread -------------------------------------------------------------------
+
+
+async def test_calls_in_the_thread_run_in_order_and_answer_with_their_outcome(
+    thread: Thread,
+) -> None:
+    ran: list[str] = []
+    gate = threading.Event()
+
+    def first() -> str:
+        assert gate.wait(10)
+        ran.append(threading.current_thread().name)
+        return "first"
+
+    def second() -> None:
+        ran.append("second")
+        raise ValueError("the client broke")
+
+    one = asyncio.ensure_future(call_in(thread, "test call", first))
+    two = asyncio.ensure_future(call_in(thread, "test call", second))
+    await asyncio.sleep(0)
+    gate.set()
+    assert await one == "first"
+    with pytest.raises(ValueError, match="the client broke"):
+        await two
+    assert ran == ["test-writer", "second"], "one thread, in submission order"
+
+
+async def test_a_stopped_thread_refuses_calls_but_finishes_those_submitted_before() -> None:
+    thread: Thread = IOThread("test-writer", call_job)
+    gate = threading.Event()
+    done: list[int] = []
+
+    def slow() -> int:
+        assert gate.wait(10)
+        done.append(1)
+        return 1
+
+    pending = asyncio.ensure_future(call_in(thread, "test call", slow))
+    await asyncio.sleep(0)
+    thread.stop()
+    assert thread.stopped
+    with pytest.raises(errors.Closed, match="test call"):
+        await call_in(thread, "test call", lambda: 2)
+    gate.set()
+    assert await pending == 1
+    assert done == [1]

@@ -22,6 +22,7 @@ from headrace.wal import registry
 from headrace.wal.brokers.stamps import FOREIGN, Kind, Stamp
 from headrace.wal.contract import BackendWriter, Record, StartPosition
 from headrace.wal.groupcommit import GroupCommit, PartlyWritten
+from headrace.wal.iothread import IOThread, call_job
 from headrace.wal.kafka.fencing import (
     Admission,
     KafkaStamp,
@@ -137,8 +138,9 @@ async def test_a_partly_written_group_acknowledges_the_calls_stored() -> None:
         assert batch == [b"a", b"b1", b"b2"]
         raise PartlyWritten(fenced, [KafkaMessageID(2), KafkaMessageID(3)])
 
-    with concurrent.futures.ThreadPoolExecutor(1) as executor:
-        group = GroupCommit(write, executor)
+    thread: IOThread[Callable[[], None]] = IOThread("test-writer", call_job)
+    try:
+        group = GroupCommit(write, thread)
         first = group.start([b"x"])
         a, b = group.start([b"a"]), group.start([b"b1", b"b2"])
         release.set_result(None)
@@ -148,6 +150,8 @@ async def test_a_partly_written_group_acknowledges_the_calls_stored() -> None:
             await b
         with pytest.raises(errors.Fenced):
             await group.start([b"later"])
+    finally:
+        thread.stop()
 
 
 # ---- a real broker -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ Appends arriving while a send is in flight go out together in the next one
 
 from __future__ import annotations
 
-import concurrent.futures
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Generic
@@ -29,6 +29,7 @@ from headrace.wal.brokers.contract import Boundary, Link, Lost
 from headrace.wal.brokers.stamps import I, Kind, Stamp, fence_check, new_nonce, overtaken
 from headrace.wal.contract import BackendWriter
 from headrace.wal.groupcommit import Future, GroupCommit, PartlyWritten, failed
+from headrace.wal.iothread import IOThread, call_in, call_job
 
 LOG = logging.getLogger("headrace.wal.brokers")
 MAX_REACQUIRE = 3
@@ -52,20 +53,25 @@ class BrokerWriter(BackendWriter, Generic[I]):
         self._data: Stamp[I] = Stamp(Kind.DATA, term, self._nonce)
         name = boundary.backend
         self._where = f"{name}: pchannel {link.pchannel} (topic {link.topic})"
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, f"{name}-writer-{link.pchannel}")
-        self._group = GroupCommit(
-            self._write, self._executor, what=f"{name} append to {link.topic}"
+        self._thread: IOThread[Callable[[], None]] = IOThread(
+            f"{name}-writer-{link.pchannel}", call_job
         )
+        """Runs every blocking call of this writer (take, sends, release), in order."""
+        self._group = GroupCommit(self._write, self._thread, what=f"{name} append to {link.topic}")
         self._closed = False
 
     # ---- opening ---------------------------------------------------------------------
 
     async def open(self) -> None:
         try:
-            await self._boundary.run(self._executor, f"taking {self._link.topic}", self._acquire)
+            await self._run(f"taking {self._link.topic}", self._acquire)
         except BaseException:
             await self.close()
             raise
+
+    async def _run(self, what: str, fn: Callable[[], None]) -> None:
+        """``fn()`` in the writer's thread, its library errors translated."""
+        await call_in(self._thread, what, functools.partial(self._boundary.call, what, fn))
 
     def _check(self, *, reacquire: bool) -> I | None:
         """Raise Fenced if a term that fences this writer holds the topic; the last data id."""
@@ -165,5 +171,7 @@ class BrokerWriter(BackendWriter, Generic[I]):
             return
         self._closed = True
         await self._group.drain()
-        await self._boundary.run(self._executor, f"closing {self._link.topic}", self._link.release)
-        self._executor.shutdown(wait=False)
+        try:
+            await self._run(f"closing {self._link.topic}", self._link.release)
+        finally:
+            self._thread.stop()

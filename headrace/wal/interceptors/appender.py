@@ -283,6 +283,19 @@ class Appender:
             self._wakeup = loop.create_future()
             await self._wakeup
 
+    def _loop_due(self) -> bool:
+        """The planning loop (:meth:`_run`) may act after an append: requests
+        are queued, a batch waits (the released producers' next calls are
+        to extend it before it starts), a failure or a stop. Otherwise waking
+        it only costs it a turn (one producer's every append: its next call
+        is not queued yet)."""
+        return (
+            bool(self._queue)
+            or self._ready is not None
+            or self.failure is not None
+            or self._stopping
+        )
+
     def _idle(self) -> bool:
         return not self._queue and self._ready is None and not self._busy() and not self._planning
 
@@ -466,7 +479,8 @@ class Appender:
             self.failure = errors.HeadraceError(f"backend append failed unexpectedly: {error!r}")
             settle_failed(requests, self.failure)
         resolve(requests)
-        self._wake()
+        if self._loop_due():
+            self._wake()
         if deferred is not None:
             # Scheduled after the callers' wake-ups and the planning loop's.
             asyncio.get_running_loop().call_soon(self._launch_ready, deferred)
