@@ -19,14 +19,13 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import queue
-import threading
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from headrace import errors
 from headrace.message.ids import MessageID
 from headrace.wal.contract import BackendWriter
+from headrace.wal.iothread import IOThread, answer
 from headrace.wal.local import fence, files, segment, space
 from headrace.wal.local.channel import Channel
 from headrace.wal.local.fence import Fence
@@ -86,33 +85,6 @@ class _Write(NamedTuple):
     batch: list[_Pending]
 
 
-class _IOThread:
-    """The thread that runs one writer's blocking writes, one at a time, in order.
-
-    A dedicated thread with a queue costs less per write than a thread pool
-    (``asyncio.to_thread``), and the writes of one pchannel never overlap.
-    """
-
-    def __init__(self, name: str, run: Callable[[_Write], None]) -> None:
-        self._jobs: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
-        self._run_write = run
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, write: _Write) -> None:
-        """Run the writer's ``run(write)`` in the thread."""
-        self._jobs.put(write)
-
-    def stop(self) -> None:
-        """End the thread once the writes submitted before are done."""
-        self._jobs.put(None)
-
-    def _run(self) -> None:
-        get, run = self._jobs.get, self._run_write
-        while (write := get()) is not None:
-            run(write)
-
-
 class LocalWriter(BackendWriter):
     def __init__(
         self,
@@ -141,7 +113,7 @@ class LocalWriter(BackendWriter):
         """A write is in flight (or, with interval fsync, scheduled)."""
         self._idle: asyncio.Future[None] | None = None
         """Resolved when the writer next has nothing queued or in flight."""
-        self._io: _IOThread | None = None
+        self._io: IOThread[_Write] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failure: errors.HeadraceError | None = None
         self._closing = False
@@ -243,7 +215,7 @@ class LocalWriter(BackendWriter):
         # calls. Only one write is in flight: the next LSN is settled.
         parts = segment.frame_parts(self._segment.next_lsn, bodies, self._segment.version)
         if self._io is None:
-            self._io = _IOThread(f"wal-writer-{self.pchannel}", self._run_write)
+            self._io = IOThread(f"wal-writer-{self.pchannel}", self._run_write)
         self._io.submit(_Write(parts, size + segment.FRAME_SIZE * len(bodies), len(bodies), batch))
 
     def _run_write(self, write: _Write) -> None:
@@ -254,8 +226,7 @@ class LocalWriter(BackendWriter):
             first, error = self._write(write), None
         except BaseException as exc:
             first, error = 0, exc
-        with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
-            loop.call_soon_threadsafe(self._completed, write.batch, first, error)
+        answer(loop, self._completed, write.batch, first, error)
 
     def _completed(self, batch: list[_Pending], first: int, error: BaseException | None) -> None:
         """Answer the callers of a finished write and start the next (on the event loop)."""
