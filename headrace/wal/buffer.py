@@ -37,12 +37,13 @@ from headrace.message.types import LogEntry
 Item = LogEntry | BatchEntry
 """What the buffer holds: a message, or a record batch whole."""
 
-ENTRY_OVERHEAD = 512
+ENTRY_OVERHEAD = 576
 """Bytes an entry costs beyond its encoded size, at most: its Python objects
 (the entry, its id, its message or batch header, the bytes object's header)
 and its cells in the buffer's columns. Measured with tracemalloc on CPython
-3.11: 385 to 490 for a message or a time tick without properties, about 410 for
-a record batch (``tests/wal/test_buffer_memory.py`` checks the bound)."""
+3.11: 385 to 490 for a message or a time tick without properties, 480 to 510
+for a record batch (its header a named tuple; ``tests/wal/test_buffer_memory.py``
+checks the bound, with room for what other threads allocate meanwhile)."""
 PROPERTY_OVERHEAD = 200
 """Bytes each property of a message entry costs beyond its encoded bytes, at
 most: two ``str`` objects and a slot of the properties dict (the first one
