@@ -427,3 +427,81 @@ async def test_a_racing_takeover_loses_no_acknowledged_append(kafka: Any, delay:
     assert not set(refused) & set(read)
     await old.close()
     await new.close()
+
+
+class _LateLanding:
+    """The chained links' producers; records whose value is in ``late`` are not produced
+    when sent (their delivery reports fail: the append's outcome is unknown) but land,
+    in the order sent, just before the next fence record any chained link produces:
+    after that writer's last look at the topic's end, as records of the dropped
+    producer still in flight can."""
+
+    def __init__(self, late: set[bytes]) -> None:
+        self.late = late
+        self.held: list[tuple[str, bytes, Any]] = []
+
+    def land(self, config: dict[str, Any]) -> None:
+        from confluent_kafka import Producer  # noqa: PLC0415
+
+        held, self.held = self.held, []
+        if not held:
+            return
+        producer = Producer(config)
+        for topic, value, headers in held:
+            producer.produce(topic, value, partition=0, headers=headers)
+        assert producer.flush(30.0) == 0
+
+    def producer(self, config: dict[str, Any]) -> Any:
+        from confluent_kafka import KafkaError, Producer  # noqa: PLC0415
+
+        late = self
+        inner = Producer(config)
+
+        class NoOffset:
+            def offset(self) -> None:
+                return None
+
+        class Proxy:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def produce(self, topic: str, value: bytes, **kwargs: Any) -> None:
+                headers = kwargs["headers"]
+                if value in late.late:
+                    late.held.append((topic, value, headers))
+                    kwargs["on_delivery"](KafkaError(KafkaError._MSG_TIMED_OUT), NoOffset())
+                    return
+                if decode_placed(headers[0][1]).stamp.kind is Kind.FENCE:
+                    late.land(config)
+                inner.produce(topic, value, **kwargs)
+
+        return Proxy()
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("openers", [1, 10])
+async def test_records_landing_between_the_look_and_the_fence_record_stay_last(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch, openers: int
+) -> None:
+    """An append fails with its delivery unknown; its records land in place after the
+    next opener's look at the end, just before that opener's fence record, so the
+    fence record's pointer names an older data record. They are read, so the last
+    record (what a new writer recovers from: its last position and timetick, the
+    dedup window up to it) is theirs, also behind further openers' fence records."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    late = _LateLanding({b"late-1", b"late-2"})
+    monkeypatch.setattr(chain, "Producer", late.producer)
+    pchannel = f"late{openers}"
+    old = await kafka.open_writer_for(pchannel, 1, 2)
+    await old.append([b"before"])
+    with pytest.raises(errors.Unavailable, match="unknown"):
+        await old.append([b"late-1", b"late-2"])
+    writers = [await kafka.open_writer_for(pchannel, 2 + k, 2) for k in range(openers)]
+    records = await _read_all(kafka, pchannel, StartPosition.earliest())
+    assert [r.data for r in records] == [b"before", b"late-1", b"late-2"]
+    assert await kafka.last_record(pchannel) == records[-1]
+    [after] = await writers[-1].append([b"after"])
+    assert await kafka.last_record(pchannel) == Record(after, b"after")
+    for writer in [old, *writers]:
+        await writer.close()
