@@ -116,6 +116,20 @@ def test_chained_header_round_trips() -> None:
         decode_placed(value[:-8] + (-5).to_bytes(8, "big", signed=True))
 
 
+def test_the_chained_producer_never_leaves_a_gap() -> None:
+    """Its records land without gaps or not at all (a record after a refused one
+    would land where a newer fence record may lie), and a client setting cannot
+    turn that off."""
+    from headrace.wal.kafka.settings import parse_settings  # noqa: PLC0415
+
+    settings = parse_settings({"bootstrap_servers": "127.0.0.1:9", "kafka.message.timeout.ms": 5})
+    config = settings.idempotent_producer_config()
+    assert config["enable.gapless.guarantee"] is True
+    assert config["message.timeout.ms"] == 0
+    with pytest.raises(errors.InvalidArgument, match=r"enable\.gapless\.guarantee"):
+        parse_settings({"bootstrap_servers": "127.0.0.1:9", "kafka.enable.gapless.guarantee": 0})
+
+
 def test_message_format_picks_the_writer() -> None:
     from headrace.wal.kafka.backend import chained_for  # noqa: PLC0415
 
@@ -181,7 +195,8 @@ async def _read_all(backend: Any, pchannel: str, start: StartPosition) -> list[R
 
 class _Interposer:
     """The chained links' producers; before producing ``trigger``, the records produced
-    so far are flushed and ``hook`` runs (in the writer's thread)."""
+    so far are flushed and ``hook`` runs (in the writer's thread, also if the flush
+    raises)."""
 
     def __init__(self, trigger: bytes) -> None:
         self.trigger = trigger
@@ -201,8 +216,11 @@ class _Interposer:
                 hook = interposer.hook
                 if value == interposer.trigger and hook is not None:
                     interposer.hook = None
-                    assert inner.flush(30.0) == 0
-                    hook()
+                    try:
+                        left = inner.flush(30.0)
+                    finally:  # also when the flush raises (the producer stopped)
+                        hook()
+                    assert left == 0
                 inner.produce(topic, value, **kwargs)
 
         return Proxy()
@@ -505,3 +523,61 @@ async def test_records_landing_between_the_look_and_the_fence_record_stay_last(
     assert await kafka.last_record(pchannel) == Record(after, b"after")
     for writer in [old, *writers]:
         await writer.close()
+
+
+@pytest.mark.kafka
+async def test_records_after_one_the_broker_refused_never_follow_a_newer_fence_record(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker refuses a record of term 1 (the topic's limit is lower than the
+    writer's) and term 2's fence record takes its place. Term 1's producer must not
+    go on with the records after the refused one (a gap in its series): they would
+    land where they name, after the fence record, and with eight of them the end of
+    the topic (what a look reads) would be term 1's, so the fenced writer would take
+    the topic back and acknowledge appends that readers skip."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    prefix = f"chain.{uuid.uuid4().hex[:12]}."
+
+    def backend(limit: int) -> Any:
+        return registry.create(
+            "kafka",
+            bootstrap_servers=kafka_bootstrap,
+            topic_prefix=prefix,
+            operation_timeout_s=30.0,
+            max_message_bytes=limit,
+        )
+
+    smaller = backend(2000)
+    assert await smaller.earliest("g") is None  # creates the topic with the lower limit
+    await smaller.close()
+    kafka = backend(8000)
+    interposer = _Interposer(b"z0")
+    monkeypatch.setattr(chain, "Producer", interposer.producer)
+    loop = asyncio.get_running_loop()
+    old = await kafka.open_writer_for("g", 1, 2)
+    await old.append([b"t1-first"])
+    opened: list[BackendWriter] = []
+
+    def open_new() -> None:
+        future = asyncio.run_coroutine_threadsafe(kafka.open_writer_for("g", 2, 2), loop)
+        opened.append(future.result(60))
+
+    interposer.hook = open_new
+    zombies = [f"z{i}".encode() for i in range(9)]
+    with pytest.raises(errors.Unavailable):
+        await old.append([b"x" * 3000, *zombies])
+    [new] = opened
+    acked = [b"t1-first"]
+    try:
+        await old.append([b"t1-after"])
+        acked.append(b"t1-after")
+    except errors.Fenced:
+        pass
+    await new.append([b"t2"])
+    read = [r.data for r in await _read_all(kafka, "g", StartPosition.earliest())]
+    assert read == [*acked, b"t2"]
+    assert acked == [b"t1-first"]
+    await old.close()
+    await new.close()
+    await kafka.close()

@@ -99,14 +99,22 @@ class _Reports:
     """Delivery reports of one send, in produce order (one partition)."""
 
     def __init__(self) -> None:
-        self.reports: list[tuple[int | None, str]] = []
+        self._reports: list[tuple[int | None, KafkaError | None]] = []
 
     def delivered(self, err: KafkaError | None, msg: Message) -> None:
-        offset = msg.offset()
-        if err is not None or offset is None or offset < 0:
-            self.reports.append((None, err.str() if err is not None else "no offset"))
-        else:
-            self.reports.append((offset, ""))
+        # A failed report is taken as it is: after a fatal error (a gap the
+        # producer refused to make) the message's accessors raise.
+        self._reports.append((None, err) if err is not None else (msg.offset(), None))
+
+    @property
+    def reports(self) -> list[tuple[int | None, str]]:
+        """``(offset, "")`` or ``(None, why it failed)`` per report (:func:`settle`)."""
+        return [
+            (offset, "")
+            if err is None and offset is not None and offset >= 0
+            else (None, "no offset" if err is None else err.str())
+            for offset, err in self._reports
+        ]
 
 
 HEADER_ROOM = 64
@@ -132,6 +140,19 @@ def fence_transactions(settings: KafkaSettings, topic: str) -> None:
         ) from None
     finally:
         producer.flush(0)
+
+
+def _library_error(exc: BaseException) -> KafkaException | None:
+    """The library error ``exc`` is, or was caused by; None for anything else.
+
+    confluent-kafka raises a fatal error (the producer refusing to leave a gap
+    in its records) from inside ``flush`` and leaves it pending while the
+    callbacks still due in that call run; their first call into C then fails
+    with a :class:`SystemError` caused by it."""
+    if isinstance(exc, KafkaException):
+        return exc
+    cause = exc.__cause__
+    return cause if isinstance(exc, SystemError) and isinstance(cause, KafkaException) else None
 
 
 class ChainLink:
@@ -186,10 +207,13 @@ class ChainLink:
                     except BufferError:
                         producer.poll(0.05)
             producer.flush(self._settings.operation_timeout_s)
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
+            library = _library_error(exc)
+            if library is None:
+                raise
             self.drop()
             raise client.translate_exception(
-                exc,
+                library,
                 f"appending to {self.topic} (nothing was acknowledged; records produced "
                 "before the failure may be stored)",
                 self._settings,
