@@ -581,3 +581,31 @@ async def test_records_after_one_the_broker_refused_never_follow_a_newer_fence_r
     await old.close()
     await new.close()
     await kafka.close()
+
+
+@pytest.mark.kafka
+async def test_a_record_too_large_once_framed_is_refused_before_it_is_sent(
+    kafka_bootstrap: str,
+) -> None:
+    """A record that fits the limit alone but not with its batch framing and stamp
+    header is MessageTooLarge (not retryable), not an Unavailable from the broker's
+    refusal; the largest record the check lets through is stored."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    limit = 2000
+    kafka = registry.create(
+        "kafka",
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"chain.{uuid.uuid4().hex[:12]}.",
+        operation_timeout_s=30.0,
+        max_message_bytes=limit,
+    )
+    writer = await kafka.open_writer_for("m", 1, 2)
+    for size in (limit - 100, limit - 70):
+        with pytest.raises(errors.MessageTooLarge):
+            await writer.append([b"x" * size])
+    largest = b"x" * (limit - chain.HEADER_ROOM)
+    [stored] = await writer.append([largest])
+    assert await _read_all(kafka, "m", StartPosition.earliest()) == [Record(stored, largest)]
+    await writer.close()
+    await kafka.close()
