@@ -413,11 +413,30 @@ async def test_an_append_whose_delivery_is_unknown_fails_and_the_writer_goes_on(
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize("delay", [0.0, 0.02, 0.05])
-async def test_a_racing_takeover_loses_no_acknowledged_append(kafka: Any, delay: float) -> None:
+@pytest.mark.parametrize(
+    ("delay", "client"),
+    [
+        pytest.param(0.0, {}, id="0"),
+        pytest.param(0.02, {}, id="0.02"),
+        pytest.param(0.05, {}, id="0.05"),
+        pytest.param(0.0, {"batch.num.messages": 1}, id="0-one-record-batches"),
+        pytest.param(0.02, {"batch.num.messages": 1}, id="0.02-one-record-batches"),
+    ],
+)
+async def test_a_racing_takeover_loses_no_acknowledged_append(
+    kafka_bootstrap: str, delay: float, client: dict[str, Any]
+) -> None:
     """Eight appenders of term 1 keep appending (their appends share sends) while
     term 2 opens: exactly the term 1 appends that were acknowledged are read, then
-    term 2's."""
+    term 2's. With one record per produce request, term 2's fence record can land
+    inside a send, between two appends of it (a record batch lands whole)."""
+    kafka = registry.create(
+        "kafka",
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"chain.{uuid.uuid4().hex[:12]}.",
+        operation_timeout_s=30.0,
+        kafka=client,
+    )
     old = await kafka.open_writer_for("r", 1, 2)
     acked: list[bytes] = []
     refused: list[bytes] = []
@@ -445,6 +464,7 @@ async def test_a_racing_takeover_loses_no_acknowledged_append(kafka: Any, delay:
     assert not set(refused) & set(read)
     await old.close()
     await new.close()
+    await kafka.close()
 
 
 class _LateLanding:
