@@ -629,3 +629,36 @@ async def test_a_record_too_large_once_framed_is_refused_before_it_is_sent(
     assert await _read_all(kafka, "m", StartPosition.earliest()) == [Record(stored, largest)]
     await writer.close()
     await kafka.close()
+
+
+@pytest.mark.kafka
+async def test_readers_from_the_middle_skip_the_fenced_writers_records(kafka: Any) -> None:
+    """Readers that start after term 2's fence record (at a zombie record itself,
+    after a term 2 record, at a truncation point) never read it, so only the
+    chained rule (a record not where it names) keeps term 1's late records out."""
+    assert await kafka.earliest("mid") is None  # creates the topic
+    log = [
+        (b"", header(FENCE_1)),
+        (b"a", chained_header(T1, 1)),
+        (b"", header(Stamp(Kind.FENCE, 2, 22, KafkaMessageID(1)))),
+        (b"b", chained_header(T2, 3)),
+        (b"zombie-1", chained_header(T1, 2)),  # term 1's pipelined records, late
+        (b"zombie-2", chained_header(T1, 3)),
+        (b"", header(Stamp(Kind.FENCE, 2, 22, KafkaMessageID(3)))),  # term 2 again
+        (b"c", chained_header(T2, 7)),
+    ]
+    offsets = await asyncio.to_thread(_produce_log, kafka, "mid", log)
+    assert offsets == list(range(8)), f"the topic was not fresh: {offsets}"
+    b, c = KafkaMessageID(3), KafkaMessageID(7)
+
+    async def read(start: StartPosition) -> list[bytes]:
+        return [r.data for r in await _read_all(kafka, "mid", start)]
+
+    assert await read(StartPosition.earliest()) == [b"a", b"b", b"c"]
+    assert await read(StartPosition.at(KafkaMessageID(4))) == [b"c"]
+    assert await read(StartPosition.at(KafkaMessageID(5))) == [b"c"]
+    assert await read(StartPosition.after(b)) == [b"c"]
+    await kafka.truncate("mid", KafkaMessageID(4))
+    assert await read(StartPosition.earliest()) == [b"c"]
+    assert await kafka.earliest("mid") == c
+    assert await kafka.last_record("mid") == Record(c, b"c")
