@@ -468,14 +468,14 @@ async def test_a_racing_takeover_loses_no_acknowledged_append(
 
 
 class _LateLanding:
-    """The chained links' producers; records whose value is in ``late`` are not produced
-    when sent (their delivery reports fail: the append's outcome is unknown) but land,
-    in the order sent, just before the next fence record any chained link produces:
-    after that writer's last look at the topic's end, as records of the dropped
-    producer still in flight can."""
+    """The chained links' producers; the first record whose value holds each of
+    ``late`` is not produced when sent (its delivery report fails: the append's
+    outcome is unknown) but lands, in the order sent, just before the next fence
+    record any chained link produces: after that writer's last look at the topic's
+    end, as records of the dropped producer still in flight can."""
 
     def __init__(self, late: set[bytes]) -> None:
-        self.late = late
+        self.late = set(late)
         self.held: list[tuple[str, bytes, Any]] = []
 
     def land(self, config: dict[str, Any]) -> None:
@@ -505,7 +505,9 @@ class _LateLanding:
 
             def produce(self, topic: str, value: bytes, **kwargs: Any) -> None:
                 headers = kwargs["headers"]
-                if value in late.late:
+                marker = next((m for m in late.late if m in value), None)
+                if marker is not None:
+                    late.late.discard(marker)
                     late.held.append((topic, value, headers))
                     kwargs["on_delivery"](KafkaError(KafkaError._MSG_TIMED_OUT), NoOffset())
                     return
@@ -662,3 +664,35 @@ async def test_readers_from_the_middle_skip_the_fenced_writers_records(kafka: An
     assert await read(StartPosition.earliest()) == [b"c"]
     assert await kafka.earliest("mid") == c
     assert await kafka.last_record("mid") == Record(c, b"c")
+
+
+@pytest.mark.kafka
+async def test_a_retry_of_an_append_that_landed_late_is_not_written_twice(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A WAL's append fails with its delivery unknown; its record lands in place just
+    before the next owner's fence record. The next owner rebuilds its dedup window
+    up to the last record, so the client's retry (same producer id and sequence)
+    gets the stored copy and writes nothing."""
+    from headrace.message.types import Message, MessageType  # noqa: PLC0415
+    from headrace.tso import LocalTSO  # noqa: PLC0415
+    from headrace.wal.framework import WAL, WALOptions  # noqa: PLC0415
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    def produced(payload: bytes, seq: int) -> Message:
+        return Message(
+            MessageType.INSERT, "v", payload, {"producer_id": "prod", "producer_seq": str(seq)}
+        )
+
+    monkeypatch.setattr(chain, "Producer", _LateLanding({b"landed-late"}).producer)
+    options = WALOptions(timetick_interval_ms=3_600_000, message_format=2)
+    wal1 = await WAL.open(kafka, "w", 1, tso=LocalTSO(), options=options)
+    await wal1.append(produced(b"first", 1))
+    with pytest.raises(errors.Unavailable):
+        await wal1.append(produced(b"landed-late", 2))
+    wal2 = await WAL.open(kafka, "w", 2, tso=LocalTSO(), options=options)
+    await wal2.append(produced(b"landed-late", 2))
+    records = await _read_all(kafka, "w", StartPosition.earliest())
+    assert sum(b"landed-late" in r.data for r in records) == 1
+    await wal2.close()
+    await wal1.close()
