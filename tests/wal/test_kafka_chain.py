@@ -696,3 +696,60 @@ async def test_a_retry_of_an_append_that_landed_late_is_not_written_twice(
     assert sum(b"landed-late" in r.data for r in records) == 1
     await wal2.close()
     await wal1.close()
+
+
+class _FencedOnce:
+    """The chained links' producers; the first flush of a send of ``value`` raises the
+    library's fenced-epoch error (the records stay unsent)."""
+
+    def __init__(self, value: bytes) -> None:
+        self.value: bytes | None = value
+
+    def producer(self, config: dict[str, Any]) -> Any:
+        from confluent_kafka import KafkaError, KafkaException, Producer  # noqa: PLC0415
+
+        owner = self
+        inner = Producer(config)
+
+        class Proxy:
+            armed = False
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def produce(self, topic: str, value: bytes, **kwargs: Any) -> None:
+                if value == owner.value:
+                    owner.value = None
+                    Proxy.armed = True
+                    return
+                inner.produce(topic, value, **kwargs)
+
+            def flush(self, timeout: float) -> int:
+                if Proxy.armed:
+                    Proxy.armed = False
+                    raise KafkaException(KafkaError(KafkaError.INVALID_PRODUCER_EPOCH))
+                return int(inner.flush(timeout))
+
+        return Proxy()
+
+
+@pytest.mark.kafka
+async def test_a_fenced_epoch_of_the_chained_producer_is_not_taken_for_a_higher_term(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chained producer has no transactional id, so no other writer fences its
+    epoch: a fenced-epoch error from the client fails the append Unavailable, and
+    the next append looks at the topic's terms (its own: it goes on) rather than
+    the writer calling itself fenced for good."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    monkeypatch.setattr(chain, "Producer", _FencedOnce(b"epoch").producer)
+    writer = await kafka.open_writer_for("e", 1, 2)
+    [before] = await writer.append([b"before"])
+    with pytest.raises(errors.Unavailable) as failed:
+        await writer.append([b"epoch"])
+    assert not isinstance(failed.value, errors.Fenced)
+    [after] = await writer.append([b"after"])
+    records = await _read_all(kafka, "e", StartPosition.earliest())
+    assert records == [Record(before, b"before"), Record(after, b"after")]
+    await writer.close()

@@ -161,6 +161,21 @@ def _library_error(exc: BaseException) -> KafkaException | None:
     return cause if isinstance(exc, SystemError) and isinstance(cause, KafkaException) else None
 
 
+def unfenced(failure: errors.HeadraceError) -> errors.HeadraceError:
+    """``failure`` of the chained producer, a fenced epoch made retryable (pure).
+
+    The producer has no transactional id, so no other writer can fence its
+    epoch: the client's own epoch trouble says nothing about terms. Only the
+    look at the topic when the writer takes it again decides whether a higher
+    term holds it (raising Fenced, which the writer keeps for good)."""
+    if not isinstance(failure, errors.Fenced):
+        return failure
+    return errors.Unavailable(
+        f"{failure.message}; the chained producer is dropped, and the next append takes "
+        "the topic again if no higher term holds it"
+    )
+
+
 class ChainLink:
     """A writer's hold on partition 0 of a pchannel's topic (a toolkit ``Link``)."""
 
@@ -218,11 +233,13 @@ class ChainLink:
             if library is None:
                 raise
             self.drop()
-            raise client.translate_exception(
-                library,
-                f"appending to {self.topic} (nothing was acknowledged; records produced "
-                "before the failure may be stored)",
-                self._settings,
+            raise unfenced(
+                client.translate_exception(
+                    library,
+                    f"appending to {self.topic} (nothing was acknowledged; records produced "
+                    "before the failure may be stored)",
+                    self._settings,
+                )
             ) from None
         settled = settle(expected, len(records), reports.reports)
         ids = [KafkaMessageID(offset) for offset in settled.offsets]
