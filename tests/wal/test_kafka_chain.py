@@ -753,3 +753,52 @@ async def test_a_fenced_epoch_of_the_chained_producer_is_not_taken_for_a_higher_
     records = await _read_all(kafka, "e", StartPosition.earliest())
     assert records == [Record(before, b"before"), Record(after, b"after")]
     await writer.close()
+
+
+@pytest.mark.kafka
+async def test_the_switch_to_format_2_settles_an_open_transaction(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A format 1 writer's transaction is open (its records produced, not committed)
+    when a format 2 writer of a higher term takes the topic: the take aborts it, so
+    the append fails Fenced and none of its records is ever read."""
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    from headrace.wal.kafka import writer as transactional  # noqa: PLC0415
+
+    loop = asyncio.get_running_loop()
+    opened: list[BackendWriter] = []
+
+    def open_new() -> None:
+        future = asyncio.run_coroutine_threadsafe(kafka.open_writer_for("o", 2, 2), loop)
+        opened.append(future.result(60))
+
+    hooks: list[Callable[[], None]] = []
+
+    def producer(config: dict[str, Any]) -> Any:
+        inner = Producer(config)
+
+        class Proxy:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def commit_transaction(self, timeout: float) -> None:
+                inner.flush(timeout)  # the records are stored, uncommitted
+                if hooks:
+                    hooks.pop()()
+                inner.commit_transaction(timeout)
+
+        return Proxy()
+
+    monkeypatch.setattr(transactional, "Producer", producer)
+    old = await kafka.open_writer_for("o", 1, 1)
+    await old.append([b"format-1"])
+    hooks.append(open_new)
+    with pytest.raises(errors.Fenced):
+        await old.append([b"in-the-open-transaction"])
+    [new] = opened
+    await new.append([b"format-2"])
+    records = await _read_all(kafka, "o", StartPosition.earliest())
+    assert [r.data for r in records] == [b"format-1", b"format-2"]
+    await old.close()
+    await new.close()
