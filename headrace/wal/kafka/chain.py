@@ -6,8 +6,10 @@ at; from then on every data record names, in its header, the offset it must
 land at: right after the writer's previous record
 (:func:`~headrace.wal.kafka.fencing.chained_header`). Records of one producer
 to one partition land in produce order, also when they are pipelined and
-retried (idempotence), so the writer's records are contiguous unless another
-producer's record came between them. The delivery reports are checked in
+retried (idempotence), and the producer stops rather than leave a gap
+(:meth:`~headrace.wal.kafka.settings.KafkaSettings.idempotent_producer_config`),
+so the writer's records are contiguous unless another producer's record came
+between them. The delivery reports are checked in
 order (:func:`settle`):
 
 * every record where it must be: the send's ids are acknowledged;
