@@ -10,6 +10,7 @@ kept for message format 1 logs.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -442,7 +443,7 @@ async def test_a_racing_takeover_loses_no_acknowledged_append(
     refused: list[bytes] = []
 
     async def appender(k: int) -> None:
-        for i in range(10_000):
+        for i in itertools.count():  # until fenced: a cap could be reached before the take
             data = f"t1-{k}-{i}".encode()
             try:
                 await old.append([data])
