@@ -10,6 +10,7 @@ kept for message format 1 logs.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -117,6 +118,20 @@ def test_chained_header_round_trips() -> None:
         decode_placed(value[:-8] + (-5).to_bytes(8, "big", signed=True))
 
 
+def test_the_chained_producer_never_leaves_a_gap() -> None:
+    """Its records land without gaps or not at all (a record after a refused one
+    would land where a newer fence record may lie), and a client setting cannot
+    turn that off."""
+    from headrace.wal.kafka.settings import parse_settings  # noqa: PLC0415
+
+    settings = parse_settings({"bootstrap_servers": "127.0.0.1:9", "kafka.message.timeout.ms": 5})
+    config = settings.idempotent_producer_config()
+    assert config["enable.gapless.guarantee"] is True
+    assert config["message.timeout.ms"] == 0
+    with pytest.raises(errors.InvalidArgument, match=r"enable\.gapless\.guarantee"):
+        parse_settings({"bootstrap_servers": "127.0.0.1:9", "kafka.enable.gapless.guarantee": 0})
+
+
 def test_message_format_picks_the_writer() -> None:
     from headrace.wal.kafka.backend import chained_for  # noqa: PLC0415
 
@@ -185,7 +200,8 @@ async def _read_all(backend: Any, pchannel: str, start: StartPosition) -> list[R
 
 class _Interposer:
     """The chained links' producers; before producing ``trigger``, the records produced
-    so far are flushed and ``hook`` runs (in the writer's thread)."""
+    so far are flushed and ``hook`` runs (in the writer's thread, also if the flush
+    raises)."""
 
     def __init__(self, trigger: bytes) -> None:
         self.trigger = trigger
@@ -205,8 +221,11 @@ class _Interposer:
                 hook = interposer.hook
                 if value == interposer.trigger and hook is not None:
                     interposer.hook = None
-                    assert inner.flush(30.0) == 0
-                    hook()
+                    try:
+                        left = inner.flush(30.0)
+                    finally:  # also when the flush raises (the producer stopped)
+                        hook()
+                    assert left == 0
                 inner.produce(topic, value, **kwargs)
 
         return Proxy()
@@ -399,17 +418,36 @@ async def test_an_append_whose_delivery_is_unknown_fails_and_the_writer_goes_on(
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize("delay", [0.0, 0.02, 0.05])
-async def test_a_racing_takeover_loses_no_acknowledged_append(kafka: Any, delay: float) -> None:
+@pytest.mark.parametrize(
+    ("delay", "client"),
+    [
+        pytest.param(0.0, {}, id="0"),
+        pytest.param(0.02, {}, id="0.02"),
+        pytest.param(0.05, {}, id="0.05"),
+        pytest.param(0.0, {"batch.num.messages": 1}, id="0-one-record-batches"),
+        pytest.param(0.02, {"batch.num.messages": 1}, id="0.02-one-record-batches"),
+    ],
+)
+async def test_a_racing_takeover_loses_no_acknowledged_append(
+    kafka_bootstrap: str, delay: float, client: dict[str, Any]
+) -> None:
     """Eight appenders of term 1 keep appending (their appends share sends) while
     term 2 opens: exactly the term 1 appends that were acknowledged are read, then
-    term 2's."""
+    term 2's. With one record per produce request, term 2's fence record can land
+    inside a send, between two appends of it (a record batch lands whole)."""
+    kafka = registry.create(
+        "kafka",
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"chain.{uuid.uuid4().hex[:12]}.",
+        operation_timeout_s=30.0,
+        kafka=client,
+    )
     old = await kafka.open_writer_for("r", 1, 2)
     acked: list[bytes] = []
     refused: list[bytes] = []
 
     async def appender(k: int) -> None:
-        for i in range(10_000):
+        for i in itertools.count():  # until fenced: a cap could be reached before the take
             data = f"t1-{k}-{i}".encode()
             try:
                 await old.append([data])
@@ -429,5 +467,343 @@ async def test_a_racing_takeover_loses_no_acknowledged_append(kafka: Any, delay:
     assert read[-1] == b"t2"
     assert sorted(read[:-1]) == sorted(acked)
     assert not set(refused) & set(read)
+    await old.close()
+    await new.close()
+    await kafka.close()
+
+
+class _LateLanding:
+    """The chained links' producers; the first record whose value holds each of
+    ``late`` is not produced when sent (its delivery report fails: the append's
+    outcome is unknown) but lands, in the order sent, just before the next fence
+    record any chained link produces: after that writer's last look at the topic's
+    end, as records of the dropped producer still in flight can."""
+
+    def __init__(self, late: set[bytes]) -> None:
+        self.late = set(late)
+        self.held: list[tuple[str, bytes, Any]] = []
+
+    def land(self, config: dict[str, Any]) -> None:
+        from confluent_kafka import Producer  # noqa: PLC0415
+
+        held, self.held = self.held, []
+        if not held:
+            return
+        producer = Producer(config)
+        for topic, value, headers in held:
+            producer.produce(topic, value, partition=0, headers=headers)
+        assert producer.flush(30.0) == 0
+
+    def producer(self, config: dict[str, Any]) -> Any:
+        from confluent_kafka import KafkaError, Producer  # noqa: PLC0415
+
+        late = self
+        inner = Producer(config)
+
+        class NoOffset:
+            def offset(self) -> None:
+                return None
+
+        class Proxy:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def produce(self, topic: str, value: bytes, **kwargs: Any) -> None:
+                headers = kwargs["headers"]
+                marker = next((m for m in late.late if m in value), None)
+                if marker is not None:
+                    late.late.discard(marker)
+                    late.held.append((topic, value, headers))
+                    kwargs["on_delivery"](KafkaError(KafkaError._MSG_TIMED_OUT), NoOffset())
+                    return
+                if decode_placed(headers[0][1]).stamp.kind is Kind.FENCE:
+                    late.land(config)
+                inner.produce(topic, value, **kwargs)
+
+        return Proxy()
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("openers", [1, 10])
+async def test_records_landing_between_the_look_and_the_fence_record_stay_last(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch, openers: int
+) -> None:
+    """An append fails with its delivery unknown; its records land in place after the
+    next opener's look at the end, just before that opener's fence record, so the
+    fence record's pointer names an older data record. They are read, so the last
+    record (what a new writer recovers from: its last position and timetick, the
+    dedup window up to it) is theirs, also behind further openers' fence records."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    late = _LateLanding({b"late-1", b"late-2"})
+    monkeypatch.setattr(chain, "Producer", late.producer)
+    pchannel = f"late{openers}"
+    old = await kafka.open_writer_for(pchannel, 1, 2)
+    await old.append([b"before"])
+    with pytest.raises(errors.Unavailable, match="unknown"):
+        await old.append([b"late-1", b"late-2"])
+    writers = [await kafka.open_writer_for(pchannel, 2 + k, 2) for k in range(openers)]
+    records = await _read_all(kafka, pchannel, StartPosition.earliest())
+    assert [r.data for r in records] == [b"before", b"late-1", b"late-2"]
+    assert await kafka.last_record(pchannel) == records[-1]
+    [after] = await writers[-1].append([b"after"])
+    assert await kafka.last_record(pchannel) == Record(after, b"after")
+    for writer in [old, *writers]:
+        await writer.close()
+
+
+@pytest.mark.kafka
+async def test_records_after_one_the_broker_refused_never_follow_a_newer_fence_record(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker refuses a record of term 1 (the topic's limit is lower than the
+    writer's) and term 2's fence record takes its place. Term 1's producer must not
+    go on with the records after the refused one (a gap in its series): they would
+    land where they name, after the fence record, and with eight of them the end of
+    the topic (what a look reads) would be term 1's, so the fenced writer would take
+    the topic back and acknowledge appends that readers skip."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    prefix = f"chain.{uuid.uuid4().hex[:12]}."
+
+    def backend(limit: int) -> Any:
+        return registry.create(
+            "kafka",
+            bootstrap_servers=kafka_bootstrap,
+            topic_prefix=prefix,
+            operation_timeout_s=30.0,
+            max_message_bytes=limit,
+        )
+
+    smaller = backend(2000)
+    assert await smaller.earliest("g") is None  # creates the topic with the lower limit
+    await smaller.close()
+    kafka = backend(8000)
+    interposer = _Interposer(b"z0")
+    monkeypatch.setattr(chain, "Producer", interposer.producer)
+    loop = asyncio.get_running_loop()
+    old = await kafka.open_writer_for("g", 1, 2)
+    await old.append([b"t1-first"])
+    opened: list[BackendWriter] = []
+
+    def open_new() -> None:
+        future = asyncio.run_coroutine_threadsafe(kafka.open_writer_for("g", 2, 2), loop)
+        opened.append(future.result(60))
+
+    interposer.hook = open_new
+    zombies = [f"z{i}".encode() for i in range(9)]
+    with pytest.raises(errors.Unavailable):
+        await old.append([b"x" * 3000, *zombies])
+    [new] = opened
+    acked = [b"t1-first"]
+    try:
+        await old.append([b"t1-after"])
+        acked.append(b"t1-after")
+    except errors.Fenced:
+        pass
+    await new.append([b"t2"])
+    read = [r.data for r in await _read_all(kafka, "g", StartPosition.earliest())]
+    assert read == [*acked, b"t2"]
+    assert acked == [b"t1-first"]
+    await old.close()
+    await new.close()
+    await kafka.close()
+
+
+@pytest.mark.kafka
+async def test_a_record_too_large_once_framed_is_refused_before_it_is_sent(
+    kafka_bootstrap: str,
+) -> None:
+    """A record that fits the limit alone but not with its batch framing and stamp
+    header is MessageTooLarge (not retryable), not an Unavailable from the broker's
+    refusal; the largest record the check lets through is stored."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    limit = 2000
+    kafka = registry.create(
+        "kafka",
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"chain.{uuid.uuid4().hex[:12]}.",
+        operation_timeout_s=30.0,
+        max_message_bytes=limit,
+    )
+    writer = await kafka.open_writer_for("m", 1, 2)
+    for size in (limit - 100, limit - 70):
+        with pytest.raises(errors.MessageTooLarge):
+            await writer.append([b"x" * size])
+    largest = b"x" * (limit - chain.HEADER_ROOM)
+    [stored] = await writer.append([largest])
+    assert await _read_all(kafka, "m", StartPosition.earliest()) == [Record(stored, largest)]
+    await writer.close()
+    await kafka.close()
+
+
+@pytest.mark.kafka
+async def test_readers_from_the_middle_skip_the_fenced_writers_records(kafka: Any) -> None:
+    """Readers that start after term 2's fence record (at a zombie record itself,
+    after a term 2 record, at a truncation point) never read it, so only the
+    chained rule (a record not where it names) keeps term 1's late records out."""
+    assert await kafka.earliest("mid") is None  # creates the topic
+    log = [
+        (b"", header(FENCE_1)),
+        (b"a", chained_header(T1, 1)),
+        (b"", header(Stamp(Kind.FENCE, 2, 22, KafkaMessageID(1)))),
+        (b"b", chained_header(T2, 3)),
+        (b"zombie-1", chained_header(T1, 2)),  # term 1's pipelined records, late
+        (b"zombie-2", chained_header(T1, 3)),
+        (b"", header(Stamp(Kind.FENCE, 2, 22, KafkaMessageID(3)))),  # term 2 again
+        (b"c", chained_header(T2, 7)),
+    ]
+    offsets = await asyncio.to_thread(_produce_log, kafka, "mid", log)
+    assert offsets == list(range(8)), f"the topic was not fresh: {offsets}"
+    b, c = KafkaMessageID(3), KafkaMessageID(7)
+
+    async def read(start: StartPosition) -> list[bytes]:
+        return [r.data for r in await _read_all(kafka, "mid", start)]
+
+    assert await read(StartPosition.earliest()) == [b"a", b"b", b"c"]
+    assert await read(StartPosition.at(KafkaMessageID(4))) == [b"c"]
+    assert await read(StartPosition.at(KafkaMessageID(5))) == [b"c"]
+    assert await read(StartPosition.after(b)) == [b"c"]
+    await kafka.truncate("mid", KafkaMessageID(4))
+    assert await read(StartPosition.earliest()) == [b"c"]
+    assert await kafka.earliest("mid") == c
+    assert await kafka.last_record("mid") == Record(c, b"c")
+
+
+@pytest.mark.kafka
+async def test_a_retry_of_an_append_that_landed_late_is_not_written_twice(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A WAL's append fails with its delivery unknown; its record lands in place just
+    before the next owner's fence record. The next owner rebuilds its dedup window
+    up to the last record, so the client's retry (same producer id and sequence)
+    gets the stored copy and writes nothing."""
+    from headrace.message.types import Message, MessageType  # noqa: PLC0415
+    from headrace.tso import LocalTSO  # noqa: PLC0415
+    from headrace.wal.framework import WAL, WALOptions  # noqa: PLC0415
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    def produced(payload: bytes, seq: int) -> Message:
+        return Message(
+            MessageType.INSERT, "v", payload, {"producer_id": "prod", "producer_seq": str(seq)}
+        )
+
+    monkeypatch.setattr(chain, "Producer", _LateLanding({b"landed-late"}).producer)
+    options = WALOptions(timetick_interval_ms=3_600_000, message_format=2)
+    wal1 = await WAL.open(kafka, "w", 1, tso=LocalTSO(), options=options)
+    await wal1.append(produced(b"first", 1))
+    with pytest.raises(errors.Unavailable):
+        await wal1.append(produced(b"landed-late", 2))
+    wal2 = await WAL.open(kafka, "w", 2, tso=LocalTSO(), options=options)
+    await wal2.append(produced(b"landed-late", 2))
+    records = await _read_all(kafka, "w", StartPosition.earliest())
+    assert sum(b"landed-late" in r.data for r in records) == 1
+    await wal2.close()
+    await wal1.close()
+
+
+class _FencedOnce:
+    """The chained links' producers; the first flush of a send of ``value`` raises the
+    library's fenced-epoch error (the records stay unsent)."""
+
+    def __init__(self, value: bytes) -> None:
+        self.value: bytes | None = value
+
+    def producer(self, config: dict[str, Any]) -> Any:
+        from confluent_kafka import KafkaError, KafkaException, Producer  # noqa: PLC0415
+
+        owner = self
+        inner = Producer(config)
+
+        class Proxy:
+            armed = False
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def produce(self, topic: str, value: bytes, **kwargs: Any) -> None:
+                if value == owner.value:
+                    owner.value = None
+                    Proxy.armed = True
+                    return
+                inner.produce(topic, value, **kwargs)
+
+            def flush(self, timeout: float) -> int:
+                if Proxy.armed:
+                    Proxy.armed = False
+                    raise KafkaException(KafkaError(KafkaError.INVALID_PRODUCER_EPOCH))
+                return int(inner.flush(timeout))
+
+        return Proxy()
+
+
+@pytest.mark.kafka
+async def test_a_fenced_epoch_of_the_chained_producer_is_not_taken_for_a_higher_term(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chained producer has no transactional id, so no other writer fences its
+    epoch: a fenced-epoch error from the client fails the append Unavailable, and
+    the next append looks at the topic's terms (its own: it goes on) rather than
+    the writer calling itself fenced for good."""
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+
+    monkeypatch.setattr(chain, "Producer", _FencedOnce(b"epoch").producer)
+    writer = await kafka.open_writer_for("e", 1, 2)
+    [before] = await writer.append([b"before"])
+    with pytest.raises(errors.Unavailable) as failed:
+        await writer.append([b"epoch"])
+    assert not isinstance(failed.value, errors.Fenced)
+    [after] = await writer.append([b"after"])
+    records = await _read_all(kafka, "e", StartPosition.earliest())
+    assert records == [Record(before, b"before"), Record(after, b"after")]
+    await writer.close()
+
+
+@pytest.mark.kafka
+async def test_the_switch_to_format_2_settles_an_open_transaction(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A format 1 writer's transaction is open (its records produced, not committed)
+    when a format 2 writer of a higher term takes the topic: the take aborts it, so
+    the append fails Fenced and none of its records is ever read."""
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    from headrace.wal.kafka import writer as transactional  # noqa: PLC0415
+
+    loop = asyncio.get_running_loop()
+    opened: list[BackendWriter] = []
+
+    def open_new() -> None:
+        future = asyncio.run_coroutine_threadsafe(kafka.open_writer_for("o", 2, 2), loop)
+        opened.append(future.result(60))
+
+    hooks: list[Callable[[], None]] = []
+
+    def producer(config: dict[str, Any]) -> Any:
+        inner = Producer(config)
+
+        class Proxy:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def commit_transaction(self, timeout: float) -> None:
+                inner.flush(timeout)  # the records are stored, uncommitted
+                if hooks:
+                    hooks.pop()()
+                inner.commit_transaction(timeout)
+
+        return Proxy()
+
+    monkeypatch.setattr(transactional, "Producer", producer)
+    old = await kafka.open_writer_for("o", 1, 1)
+    await old.append([b"format-1"])
+    hooks.append(open_new)
+    with pytest.raises(errors.Fenced):
+        await old.append([b"in-the-open-transaction"])
+    [new] = opened
+    await new.append([b"format-2"])
+    records = await _read_all(kafka, "o", StartPosition.earliest())
+    assert [r.data for r in records] == [b"format-1", b"format-2"]
     await old.close()
     await new.close()

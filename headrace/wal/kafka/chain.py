@@ -6,8 +6,10 @@ at; from then on every data record names, in its header, the offset it must
 land at: right after the writer's previous record
 (:func:`~headrace.wal.kafka.fencing.chained_header`). Records of one producer
 to one partition land in produce order, also when they are pipelined and
-retried (idempotence), so the writer's records are contiguous unless another
-producer's record came between them. The delivery reports are checked in
+retried (idempotence), and the producer stops rather than leave a gap
+(:meth:`~headrace.wal.kafka.settings.KafkaSettings.idempotent_producer_config`),
+so the writer's records are contiguous unless another producer's record came
+between them. The delivery reports are checked in
 order (:func:`settle`):
 
 * every record where it must be: the send's ids are acknowledged;
@@ -99,18 +101,32 @@ class _Reports:
     """Delivery reports of one send, in produce order (one partition)."""
 
     def __init__(self) -> None:
-        self.reports: list[tuple[int | None, str]] = []
+        self._reports: list[tuple[int | None, KafkaError | None]] = []
 
     def delivered(self, err: KafkaError | None, msg: Message) -> None:
-        offset = msg.offset()
-        if err is not None or offset is None or offset < 0:
-            self.reports.append((None, err.str() if err is not None else "no offset"))
-        else:
-            self.reports.append((offset, ""))
+        # A failed report is taken as it is: after a fatal error (a gap the
+        # producer refused to make) the message's accessors raise.
+        self._reports.append((None, err) if err is not None else (msg.offset(), None))
+
+    @property
+    def reports(self) -> list[tuple[int | None, str]]:
+        """``(offset, "")`` or ``(None, why it failed)`` per report (:func:`settle`)."""
+        return [
+            (offset, "")
+            if err is None and offset is not None and offset >= 0
+            else (None, "no offset" if err is None else err.str())
+            for offset, err in self._reports
+        ]
 
 
-HEADER_ROOM = 64
-"""Bytes a record's header and framing may add to its data, for the size check."""
+HEADER_ROOM = 128
+"""Bytes a record's framing may add to its data, for the size check: the broker
+checks a record batch against the topic's ``max.message.bytes``, so its header
+(61 bytes), the record's own fields (up to 5 varints of up to 5 bytes, one of up
+to 10) and the stamp header (8 + 26 bytes and their lengths) count: 106 bytes
+measured for one record of 2 KB. A record let through and then refused by the
+broker would fail its append ``Unavailable`` (retried in vain) rather than
+``MessageTooLarge``."""
 
 
 def too_large(records: Sequence[bytes], limit: int) -> int | None:
@@ -132,6 +148,34 @@ def fence_transactions(settings: KafkaSettings, topic: str) -> None:
         ) from None
     finally:
         producer.flush(0)
+
+
+def _library_error(exc: BaseException) -> KafkaException | None:
+    """The library error ``exc`` is, or was caused by; None for anything else.
+
+    confluent-kafka raises a fatal error (the producer refusing to leave a gap
+    in its records) from inside ``flush`` and leaves it pending while the
+    callbacks still due in that call run; their first call into C then fails
+    with a :class:`SystemError` caused by it."""
+    if isinstance(exc, KafkaException):
+        return exc
+    cause = exc.__cause__
+    return cause if isinstance(exc, SystemError) and isinstance(cause, KafkaException) else None
+
+
+def unfenced(failure: errors.HeadraceError) -> errors.HeadraceError:
+    """``failure`` of the chained producer, a fenced epoch made retryable (pure).
+
+    The producer has no transactional id, so no other writer can fence its
+    epoch: the client's own epoch trouble says nothing about terms. Only the
+    look at the topic when the writer takes it again decides whether a higher
+    term holds it (raising Fenced, which the writer keeps for good)."""
+    if not isinstance(failure, errors.Fenced):
+        return failure
+    return errors.Unavailable(
+        f"{failure.message}; the chained producer is dropped, and the next append takes "
+        "the topic again if no higher term holds it"
+    )
 
 
 class ChainLink:
@@ -186,13 +230,18 @@ class ChainLink:
                     except BufferError:
                         producer.poll(0.05)
             producer.flush(self._settings.operation_timeout_s)
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
+            library = _library_error(exc)
+            if library is None:
+                raise
             self.drop()
-            raise client.translate_exception(
-                exc,
-                f"appending to {self.topic} (nothing was acknowledged; records produced "
-                "before the failure may be stored)",
-                self._settings,
+            raise unfenced(
+                client.translate_exception(
+                    library,
+                    f"appending to {self.topic} (nothing was acknowledged; records produced "
+                    "before the failure may be stored)",
+                    self._settings,
+                )
             ) from None
         settled = settle(expected, len(records), reports.reports)
         ids = [KafkaMessageID(offset) for offset in settled.offsets]

@@ -299,7 +299,9 @@ def read_tail(settings: KafkaSettings, topic: str) -> Tail | None:
     """Last committed record (data or fence) that counts, or None if there is none.
 
     Records that do not count (:class:`Admission`: a fenced writer's late
-    records) are passed over, reading further back until one counts."""
+    records) are passed over, reading further back until one counts. When the
+    last one is a fence record, its last data record is the last data record
+    that counts before it (:func:`_last_data_before`), not its pointer alone."""
     scan = Scan(settings, topic)
     try:
         low, high = scan.watermarks()
@@ -307,18 +309,56 @@ def read_tail(settings: KafkaSettings, topic: str) -> Tail | None:
         while high > low:
             start = max(low, high - window)
             last: Found | None = None
+            last_data: int | None = None
             for found in admitted(scan.records(start)):
                 last = found
+                last_data = found.offset if found.stamp.kind is Kind.DATA else last_data
             if last is not None:
-                if last.stamp.kind is Kind.DATA:
+                if last_data == last.offset:
                     return Tail(last, KafkaMessageID(last.offset))
-                return Tail(last, last.stamp.prev)
+                seen = _Seen(start, None if last_data is None else KafkaMessageID(last_data))
+                return Tail(last, _last_data_before(scan, last.stamp.prev, seen, low))
             if start == low:
                 return None
             window *= 8
         return None
     finally:
         scan.close()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Seen:
+    """What a read of the records from ``start`` up to a fence record found."""
+
+    start: int
+    last_data: KafkaMessageID | None
+    """The last data record that counts among them."""
+
+
+def _last_data_before(
+    scan: Scan, pointer: KafkaMessageID | None, seen: _Seen, low: int
+) -> KafkaMessageID | None:
+    """The last data record that counts before a fence record whose pointer is ``pointer``.
+
+    The pointer is the last data record its writer saw when it looked, just
+    before writing it; a chained record in flight then (an append that failed
+    with its delivery unknown) can land in its place after that look and
+    before the fence record, and counts. So the records between the pointer
+    and the fence record are read too (those from ``seen.start`` on were).
+    """
+    if seen.last_data is not None:
+        if pointer is None or seen.last_data.offset > pointer.offset:
+            return seen.last_data
+        return pointer
+    first = low if pointer is None else max(pointer.offset + 1, low)
+    last = pointer
+    if first < seen.start:
+        for found in admitted(scan.records(first)):
+            if found.offset >= seen.start:
+                break
+            if found.stamp.kind is Kind.DATA:
+                last = KafkaMessageID(found.offset)
+    return last
 
 
 def read_one(settings: KafkaSettings, topic: str, offset: int) -> Found | None:

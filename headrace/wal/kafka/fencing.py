@@ -124,7 +124,10 @@ class Admission:
 
     Records without a header (another producer's) always count. A source
     that starts after the last fence record holds no ``owner`` yet; the
-    chained rule alone keeps a fenced writer's late records out there.
+    chained rule alone keeps a fenced writer's late records out there. That
+    holds because a chained producer leaves no gap: a record after a missing
+    one would land one offset early, exactly where it names if a newer fence
+    record filled the hole.
     """
 
     owner: KafkaStamp | None = None

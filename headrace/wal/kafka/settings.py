@@ -47,6 +47,7 @@ _OWNED_KEYS = frozenset(
         "auto.offset.reset",
         "enable.partition.eof",
         "transaction.timeout.ms",
+        "enable.gapless.guarantee",
     }
 )
 _SECRET_MARKERS = ("password", "secret", "key", "token", "jaas")
@@ -99,11 +100,22 @@ class KafkaSettings:
         }
 
     def idempotent_producer_config(self) -> dict[str, Any]:
-        """The chained writer's producer: the transactional one's settings, no transactions."""
+        """The chained writer's producer: the transactional one's settings, no transactions.
+
+        Its records must be stored without gaps: a record after one that was not
+        stored would land one offset early, where the record it names may be a
+        newer writer's fence record (:mod:`headrace.wal.kafka.chain`). So a
+        record the broker refuses stops the producer (``enable.gapless.guarantee``;
+        by default librdkafka resets the sequence and sends the next ones), and
+        librdkafka never gives up on a record by itself (``message.timeout.ms``
+        0, which the gap-less guarantee does not cover): the writer bounds its
+        wait and drops the producer with what it holds."""
         return {
             "linger.ms": 1,
             **self.base_config(),
             "enable.idempotence": True,
+            "enable.gapless.guarantee": True,
+            "message.timeout.ms": 0,
             "acks": "all",
             "message.max.bytes": self.max_message_bytes,
         }
