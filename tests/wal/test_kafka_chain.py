@@ -396,24 +396,64 @@ class _FailingReport:
 
 
 @pytest.mark.kafka
-async def test_an_append_whose_delivery_is_unknown_fails_and_the_writer_goes_on(
+async def test_an_append_whose_delivery_is_unknown_is_settled_by_taking_the_topic_again(
     kafka: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A failed delivery report is never taken for an acknowledgement: the append fails
-    Unavailable, and the next append takes the topic again behind a new fence record."""
+    """A failed delivery report is never taken for an acknowledgement: the writer
+    takes the topic again behind a new fence record, which settles the send; the
+    records found in place before it are acknowledged with their real ids (and
+    not sent again), so readers read each once."""
     from headrace.wal.kafka import chain  # noqa: PLC0415
 
     monkeypatch.setattr(chain, "Producer", _FailingReport(b"unknown").producer)
     writer = await kafka.open_writer_for("u", 1, 2)
     [before] = await writer.append([b"before"])
-    with pytest.raises(errors.Unavailable, match="unknown"):
-        await writer.append([b"unknown", b"unknown-too"])
+    unknown = await writer.append([b"unknown", b"unknown-too"])
     [after] = await writer.append([b"after"])
-    assert after.offset > before.offset + 3  # the new fence record lies between
+    assert after.offset > unknown[-1].offset + 1  # the new fence record lies between
     records = await _read_all(kafka, "u", StartPosition.earliest())
-    # Stored in place before the new fence record, so read: the append's outcome was
-    # unknown, and it is never reported acknowledged.
     assert [r.data for r in records] == [b"before", b"unknown", b"unknown-too", b"after"]
+    assert [r.id for r in records] == [before, *unknown, after]
+    await writer.close()
+
+
+@pytest.mark.kafka
+async def test_an_unknown_delivery_that_cannot_be_settled_is_never_reported_fenced(
+    kafka: Any, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The send's delivery is unknown and, before the writer takes the topic again, a
+    newer term's fence record lands: the records may be stored (here they are, in
+    place before it, so readers read them), so the append fails Unavailable, not
+    Fenced (which would say they were not stored); the next append is Fenced."""
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    from headrace.wal.brokers.stamps import Kind, Stamp  # noqa: PLC0415
+    from headrace.wal.kafka import chain  # noqa: PLC0415
+    from headrace.wal.kafka.fencing import header  # noqa: PLC0415
+
+    monkeypatch.setattr(chain, "Producer", _FailingReport(b"unknown").producer)
+    takes = 0
+    take = chain.ChainLink.take
+
+    def take_after_a_newer_term(link: Any) -> None:
+        nonlocal takes
+        takes += 1
+        if takes == 2:  # the take that would settle the unknown send
+            raw = Producer({"bootstrap.servers": kafka_bootstrap})
+            raw.produce(link.topic, b"", partition=0, headers=header(Stamp(Kind.FENCE, 2, 7)))
+            assert raw.flush(30.0) == 0
+        take(link)
+
+    monkeypatch.setattr(chain.ChainLink, "take", take_after_a_newer_term)
+    writer = await kafka.open_writer_for("n", 1, 2)
+    await writer.append([b"before"])
+    with pytest.raises(errors.Unavailable, match="delivery is unknown") as failed:
+        await writer.append([b"unknown"])
+    assert not isinstance(failed.value, errors.Fenced)
+    with pytest.raises(errors.Fenced):
+        await writer.append([b"after"])
+    records = await _read_all(kafka, "n", StartPosition.earliest())
+    assert [r.data for r in records] == [b"before", b"unknown"]
     await writer.close()
 
 
@@ -540,11 +580,13 @@ async def test_records_landing_between_the_look_and_the_fence_record_stay_last(
     pchannel = f"late{openers}"
     old = await kafka.open_writer_for(pchannel, 1, 2)
     await old.append([b"before"])
-    with pytest.raises(errors.Unavailable, match="unknown"):
-        await old.append([b"late-1", b"late-2"])
+    # The writer's own take settles the send: the records land before its fence
+    # record, after its look, and are acknowledged.
+    landed = await old.append([b"late-1", b"late-2"])
     writers = [await kafka.open_writer_for(pchannel, 2 + k, 2) for k in range(openers)]
     records = await _read_all(kafka, pchannel, StartPosition.earliest())
     assert [r.data for r in records] == [b"before", b"late-1", b"late-2"]
+    assert [r.id for r in records[1:]] == landed
     assert await kafka.last_record(pchannel) == records[-1]
     [after] = await writers[-1].append([b"after"])
     assert await kafka.last_record(pchannel) == Record(after, b"after")
@@ -675,10 +717,11 @@ async def test_readers_from_the_middle_skip_the_fenced_writers_records(kafka: An
 async def test_a_retry_of_an_append_that_landed_late_is_not_written_twice(
     kafka: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A WAL's append fails with its delivery unknown; its record lands in place just
-    before the next owner's fence record. The next owner rebuilds its dedup window
-    up to the last record, so the client's retry (same producer id and sequence)
-    gets the stored copy and writes nothing."""
+    """A WAL's append has its delivery unknown; its record lands in place just before
+    the fence record of the writer's take that settles it, so the append succeeds. A
+    client's retry (same producer id and sequence) gets the stored copy and writes
+    nothing, on the same WAL and on the next owner's (which rebuilds its dedup window
+    up to the last record)."""
     from headrace.message.types import Message, MessageType  # noqa: PLC0415
     from headrace.tso import LocalTSO  # noqa: PLC0415
     from headrace.wal.framework import WAL, WALOptions  # noqa: PLC0415
@@ -693,8 +736,10 @@ async def test_a_retry_of_an_append_that_landed_late_is_not_written_twice(
     options = WALOptions(timetick_interval_ms=3_600_000, message_format=2)
     wal1 = await WAL.open(kafka, "w", 1, tso=LocalTSO(), options=options)
     await wal1.append(produced(b"first", 1))
-    with pytest.raises(errors.Unavailable):
-        await wal1.append(produced(b"landed-late", 2))
+    # Settled by the writer's own take: acknowledged, so the retry on the same WAL
+    # is a duplicate its dedup window knows, and the next owner's window too.
+    landed = await wal1.append(produced(b"landed-late", 2))
+    assert (await wal1.append(produced(b"landed-late", 2))).id == landed.id
     wal2 = await WAL.open(kafka, "w", 2, tso=LocalTSO(), options=options)
     await wal2.append(produced(b"landed-late", 2))
     records = await _read_all(kafka, "w", StartPosition.earliest())

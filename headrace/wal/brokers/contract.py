@@ -55,13 +55,19 @@ class Lost(Exception):
     topic back. ``written`` are the ids of the records of the send that were
     stored before (in order, a prefix of it). ``final``: they stay readable
     whoever writes next, so the appends they complete are acknowledged even
-    if the writer turns out to be fenced.
+    if the writer turns out to be fenced. ``unsettled``: whether the rest of
+    the send was stored is unknown until the link takes its topic again (the
+    take's fence record settles it, and :meth:`Link.recovered` then names what
+    was stored); if the writer cannot take it, their outcome stays unknown.
     """
 
-    def __init__(self, written: Sequence[MessageID] = (), *, final: bool = False) -> None:
+    def __init__(
+        self, written: Sequence[MessageID] = (), *, final: bool = False, unsettled: bool = False
+    ) -> None:
         super().__init__(list(written))
         self.written: list[MessageID] = list(written)
         self.final = final
+        self.unsettled = unsettled
 
 
 class Link(Protocol[I]):

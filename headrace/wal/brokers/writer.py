@@ -41,6 +41,19 @@ def unsent(records: Sequence[bytes], written: Sequence[MessageID]) -> Sequence[b
     return records[len(written) :]
 
 
+def unknown_outcome(failure: errors.HeadraceError, records: int) -> errors.HeadraceError:
+    """What callers get when the writer could not take its topic again to settle
+    ``records`` records of unknown outcome (pure): never Fenced, which would
+    say they were not stored, when they may be (read, before the newer fence
+    record); the writer learns it is fenced again at its next take."""
+    if not isinstance(failure, errors.Fenced):
+        return failure
+    return errors.Unavailable(
+        f"{records} records were sent but their delivery is unknown, and the writer could "
+        f"not take the topic again to settle it ({failure.message}): they may be stored"
+    )
+
+
 class BrokerWriter(BackendWriter, Generic[I]):
     """The one writer of a pchannel under a term, over a backend's :class:`Link`."""
 
@@ -87,12 +100,17 @@ class BrokerWriter(BackendWriter, Generic[I]):
         for _ in range(MAX_REACQUIRE):
             self._check(reacquire=reacquire)
             link.take()
-            prev = self._check(reacquire=reacquire)
             try:
+                prev = self._check(reacquire=reacquire)
                 [fence_id] = link.send([b""], Stamp(Kind.FENCE, self.term, self._nonce, prev))
             except Lost:
                 reacquire = True
                 continue
+            except BaseException:
+                # No fence record of this take is stored: the link must not count
+                # as held, or the next append would send data without one.
+                link.drop()
+                raise
             self._verify(prev, fence_id, reacquire=reacquire)
             return
         raise self._gave_up()
@@ -147,21 +165,25 @@ class BrokerWriter(BackendWriter, Generic[I]):
             raise self._group.fenced
         written: list[MessageID] = []
         final = 0
+        unsettled = False
         try:
             for _ in range(MAX_REACQUIRE):
                 if not self._link.held():
                     self._acquire(True)
                     written += self._link.recovered(unsent(batch, written))
+                    unsettled = False
                 try:
                     written += self._link.send(unsent(batch, written), self._data)
                     return written
                 except Lost as lost:
                     written += lost.written
                     final = len(written) if lost.final else final
+                    unsettled = lost.unsettled
             raise self._gave_up()
-        except errors.HeadraceError as failure:
+        except errors.HeadraceError as exc:
+            failure = unknown_outcome(exc, len(batch) - len(written)) if unsettled else exc
             if not final:
-                raise
+                raise failure from None
             raise PartlyWritten(failure, written[:final]) from None
 
     # ---- closing ---------------------------------------------------------------------

@@ -178,6 +178,27 @@ def unfenced(failure: errors.HeadraceError) -> errors.HeadraceError:
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Unsettled:
+    """The records of a data send whose delivery is unknown, kept until the next take."""
+
+    first: int
+    """The offset the first of ``records`` had to land at."""
+    records: Sequence[bytes]
+    term: int
+    nonce: int
+
+    def holds(self, in_place: bool, found: KafkaStamp) -> bool:
+        """Whether a record read back is the next of ``records`` (pure): in
+        place, and data of this writer (term and nonce)."""
+        return (
+            in_place
+            and found.kind is Kind.DATA
+            and found.term == self.term
+            and found.nonce == self.nonce
+        )
+
+
 class ChainLink:
     """A writer's hold on partition 0 of a pchannel's topic (a toolkit ``Link``)."""
 
@@ -188,6 +209,8 @@ class ChainLink:
         self._producer: Producer | None = None
         self._next: int | None = None
         """The offset the next data record must land at; None before the fence record."""
+        self._unsettled: _Unsettled | None = None
+        """A data send whose delivery was unknown, until the next take settles it."""
 
     def look(self) -> End[KafkaMessageID]:
         return topic_end(self._settings, self.topic)
@@ -251,15 +274,37 @@ class ChainLink:
         self.drop()
         if settled.verdict is Verdict.DISPLACED:
             raise Lost(ids, final=True)
-        raise errors.Unavailable(
-            f"kafka: appending to {self.topic}: {len(ids)} of {len(records)} records "
-            f"acknowledged, the delivery of the rest is unknown ({settled.detail}); the "
-            "writer takes the topic again behind a new fence record"
-        )
+        if expected is None:
+            raise errors.Unavailable(
+                f"kafka: the delivery of a fence record to {self.topic} is unknown "
+                f"({settled.detail}); the writer takes the topic again"
+            )
+        rest = len(ids)
+        self._unsettled = _Unsettled(expected + rest, records[rest:], stamp.term, stamp.nonce)
+        raise Lost(ids, final=True, unsettled=True)
 
     def recovered(self, records: Sequence[bytes]) -> list[KafkaMessageID]:
-        """Nothing: records of a displaced send after the displacement are never read."""
-        return []
+        """After a take: the ids of the leading ``records`` of a send whose delivery
+        was unknown (:class:`_Unsettled`) that landed in place before the take's
+        fence record (so readers read them). Records of a displaced send after
+        the displacement are never read: nothing for those."""
+        lost, self._unsettled = self._unsettled, None
+        if lost is None or self._next is None:
+            return []
+        count = 0
+        for data, sent in zip(records, lost.records, strict=False):
+            if data != sent:
+                break
+            count += 1
+        if not count:
+            return []
+        fence_at = self._next - 1
+        ids: list[KafkaMessageID] = []
+        for mid, found in client.read_range(self._settings, self.topic, lost.first, fence_at):
+            if len(ids) == count or not lost.holds(mid.offset - lost.first == len(ids), found):
+                break
+            ids.append(mid)
+        return ids
 
     def stored(
         self, after: KafkaMessageID | None, until: KafkaMessageID
