@@ -188,11 +188,11 @@ class _Unsettled:
     term: int
     nonce: int
 
-    def holds(self, in_place: bool, found: KafkaStamp) -> bool:
-        """Whether a record read back is the next of ``records`` (pure): in
-        place, and data of this writer (term and nonce)."""
+    def holds(self, i: int, offset: int, found: KafkaStamp) -> bool:
+        """Whether the record read back at ``offset`` is ``records[i]`` (pure): in
+        its place, and data of this writer (term and nonce)."""
         return (
-            in_place
+            offset == self.first + i
             and found.kind is Kind.DATA
             and found.term == self.term
             and found.nonce == self.nonce
@@ -244,14 +244,7 @@ class ChainLink:
         try:
             for i, data in enumerate(records):
                 headers = header(stamp) if expected is None else chained_header(stamp, expected + i)
-                while True:
-                    try:
-                        producer.produce(
-                            topic, data, partition=0, headers=headers, on_delivery=delivered
-                        )
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
+                client.produce(producer, topic, data, headers, delivered)
             producer.flush(self._settings.operation_timeout_s)
         except (KafkaException, SystemError) as exc:
             library = _library_error(exc)
@@ -301,7 +294,7 @@ class ChainLink:
         fence_at = self._next - 1
         ids: list[KafkaMessageID] = []
         for mid, found in client.read_range(self._settings, self.topic, lost.first, fence_at):
-            if len(ids) == count or not lost.holds(mid.offset - lost.first == len(ids), found):
+            if len(ids) == count or not lost.holds(len(ids), mid.offset, found):
                 break
             ids.append(mid)
         return ids

@@ -10,17 +10,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from headrace import errors
 from headrace.wal.brokers.contract import Boundary
 from headrace.wal.brokers.stamps import Kind
-from headrace.wal.kafka.fencing import Admission, KafkaStamp, Placed, placed_of
+from headrace.wal.kafka.fencing import Admission, Headers, KafkaStamp, Placed, placed_of
 from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.kafka.settings import KafkaSettings
 
@@ -96,6 +103,23 @@ def translate_exception(
     return errors.Unavailable(
         f"kafka {what} (bootstrap {settings.bootstrap_servers}) failed: {exc!r}"
     )
+
+
+def produce(
+    producer: Producer,
+    topic: str,
+    data: bytes,
+    headers: Headers,
+    on_delivery: Callable[[KafkaError | None, Message], None],
+) -> None:
+    """Produce one record to partition 0, serving delivery reports while the
+    producer's queue is full."""
+    while True:
+        try:
+            producer.produce(topic, data, partition=0, headers=headers, on_delivery=on_delivery)
+            return
+        except BufferError:
+            producer.poll(0.05)
 
 
 def boundary(settings: KafkaSettings) -> Boundary:

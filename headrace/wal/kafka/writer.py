@@ -91,14 +91,7 @@ class KafkaLink:
         try:
             producer.begin_transaction()
             for data in records:
-                while True:
-                    try:
-                        producer.produce(
-                            topic, data, partition=0, headers=headers, on_delivery=delivered
-                        )
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
+                client.produce(producer, topic, data, headers, delivered)
             producer.commit_transaction(self._settings.operation_timeout_s)
         except KafkaException as exc:
             raise self._failed(exc) from None
