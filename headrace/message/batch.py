@@ -450,6 +450,15 @@ def raw_vchannel(data: bytes) -> bytes:
     return data[HEADER_SIZE : HEADER_SIZE + size]
 
 
+def raw_vchannels(datas: Sequence[bytes]) -> list[bytes]:
+    """:func:`raw_vchannel` of each of ``datas``, in one pass."""
+    unpack, at = _VCHANNEL_LENGTH.unpack_from, _VCHANNEL_LENGTH_AT
+    return [
+        data[HEADER_SIZE : HEADER_SIZE + unpack(data, at)[0]] if len(data) >= HEADER_SIZE else b""
+        for data in datas
+    ]
+
+
 def read_header(data: bytes | bytearray | memoryview) -> BatchHeader:
     """The batch's header, checked (magic, version, flags, length, stamp CRC); no body CRC."""
     size = len(data)
