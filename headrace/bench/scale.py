@@ -15,6 +15,11 @@ process (:class:`headrace.bench.procs.ProcCluster`).
   interleaved rounds of the same run (rates: medians of the rounds).
   Every vchannel of both sides routes to the same pchannel, so the ratio is
   the cost of the vchannel count alone, not of spreading over pchannels.
+* ``node_cpu_us_per_msg`` and ``client_cpu_us_per_msg`` (``single`` and
+  ``many``): CPU time per message of each side's rounds (medians), the node
+  process's from ``/proc`` and this process's (the client; the coordinator in
+  it is idle meanwhile): which side a rate is bound by, on a machine others
+  share.
 """
 
 from __future__ import annotations
@@ -88,6 +93,31 @@ def same_pchannel_names(config: ClusterConfig, pchannel: str, count: int) -> lis
     return names
 
 
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One side's round: its rate and the CPU each process spent per message."""
+
+    msgs_per_s: float
+    node_cpu_us: float
+    client_cpu_us: float
+
+
+async def _round(
+    client: HeadraceClient, node_pid: int, names: list[str], opts: ScaleOptions
+) -> Round:
+    """:func:`_send_rate`, with the CPU time the node and this process spent on it."""
+    node_before, client_before = cpu_seconds(node_pid), time.process_time()
+    rate = await _send_rate(client, names, opts)
+    node_cpu = cpu_seconds(node_pid) - node_before
+    client_cpu = time.process_time() - client_before
+    per_msg = 1e6 / opts.messages
+    return Round(rate, node_cpu * per_msg, client_cpu * per_msg)
+
+
+def _median_us(rounds: list[Round], field: str) -> float:
+    return round(float(statistics.median(getattr(r, field) for r in rounds)), 2)
+
+
 async def _send_rate(client: HeadraceClient, names: list[str], opts: ScaleOptions) -> float:
     """Messages/s of ``opts.messages`` sent round-robin over ``names``."""
     payload = bytes(opts.size)
@@ -139,13 +169,18 @@ async def bench_scale(root: Path, opts: ScaleOptions) -> dict[str, Any]:
         assert config is not None
         target = config.pchannels[0]
         many = same_pchannel_names(config, target, opts.vchannels)
-        single, spread = [], []
+        assert node.proc is not None
+        pid = node.proc.pid
+        single_rounds: list[Round] = []
+        many_rounds: list[Round] = []
         async with HeadraceClient(spec.metastore_url) as client:
             await client.wait_ready(target, timeout=60)
             await _send_rate(client, many[:1], dataclasses.replace(opts, messages=opts.chunk))
             for _ in range(opts.rounds):
-                single.append(await _send_rate(client, many[:1], opts))
-                spread.append(await _send_rate(client, many, opts))
+                single_rounds.append(await _round(client, pid, many[:1], opts))
+                many_rounds.append(await _round(client, pid, many, opts))
+    single = [r.msgs_per_s for r in single_rounds]
+    spread = [r.msgs_per_s for r in many_rounds]
     single_rate, many_rate = statistics.median(single), statistics.median(spread)
     ratios = [m / s for s, m in zip(single, spread, strict=True)]
     return {
@@ -160,4 +195,12 @@ async def bench_scale(root: Path, opts: ScaleOptions) -> dict[str, Any]:
         "many_vchannels_msgs_per_s": round(many_rate, 1),
         "vchannels_ratio": round(statistics.median(ratios), 3),
         "round_ratios": [round(r, 3) for r in ratios],
+        "node_cpu_us_per_msg": {
+            "single": _median_us(single_rounds, "node_cpu_us"),
+            "many": _median_us(many_rounds, "node_cpu_us"),
+        },
+        "client_cpu_us_per_msg": {
+            "single": _median_us(single_rounds, "client_cpu_us"),
+            "many": _median_us(many_rounds, "client_cpu_us"),
+        },
     }

@@ -48,6 +48,8 @@ class LaneContext:
     producer_id: str
     settle: Callable[[Item, Sequence[Outcome] | errors.HeadraceError], None]
     """Reports an item's outcomes (one each, or one error for all) to its sender."""
+    settle_each: Callable[[Sequence[Item], Sequence[Outcome]], None]
+    """Reports the one outcome of each of items of one message each."""
     batch_producer_id: int
     """The producer id of its record batches (message format 2)."""
     next_sequence: Callable[[], int]
@@ -524,6 +526,10 @@ class Lane:
             return
         settle = self.context.settle
         acked = 0
+        # Items of batches of one message (a call spread over many vchannels),
+        # settled together at the end, each with its outcome.
+        singles: list[Item] = []
+        outcomes: list[Outcome] = []
         for unit, result in zip(sealed, results, strict=True):
             if result.HasField("error"):
                 error = from_proto(result.error)
@@ -542,20 +548,21 @@ class Lane:
             count = unit.count
             acked += count
             if count == 1:
-                # The batch of one message (a call spread over many vchannels).
-                outcome = append_result(first, result.timetick, result.term, result.txn_id)
-                settle(unit.items[0], [outcome])
+                singles += unit.items
+                outcomes.append(append_result(first, result.timetick, result.term, result.txn_id))
                 continue
-            outcomes = BatchAppendResult(
+            each = BatchAppendResult(
                 first, count, result.timetick, result.term, result.txn_id
             ).results()
             if len(unit.items) == 1:
-                settle(unit.items[0], outcomes)
+                settle(unit.items[0], each)
             else:
                 at = 0
                 for item in unit.items:
-                    settle(item, outcomes[at : at + len(item.messages)])
+                    settle(item, each[at : at + len(item.messages)])
                     at += len(item.messages)
+        if singles:
+            self.context.settle_each(singles, outcomes)
         stream.acked += acked
 
 

@@ -85,6 +85,7 @@ class Producer:
             self.options,
             self.producer_id,
             self.settle,
+            self.settle_each,
             self.batch_producer_id,
             functools.partial(next, self._batch_seq),
         )
@@ -287,6 +288,13 @@ class Producer:
         back its bytes."""
         self.budget.release(item.size)
         item.group.settle_run(item.indexes, outcomes)
+
+    def settle_each(self, items: Sequence[Item], outcomes: Sequence[Outcome]) -> None:
+        """Report the one outcome of each of ``items`` (of one message each),
+        and give back their bytes at once."""
+        self.budget.release(sum(item.size for item in items))
+        for item, outcome in zip(items, outcomes, strict=True):
+            item.group.settle(item.indexes[0], outcome)
 
     async def flush(self) -> None:
         """Wait until every message sent so far has its outcome."""

@@ -344,6 +344,8 @@ def group(items: Sequence[Item], max_batch_bytes: int) -> list[list[Item]]:
     transaction's item or one that goes alone comes); each message of an item
     that goes alone (or was sent one by one) gets its own; a batch stays under
     ``max_batch_bytes`` (as estimated), an item cut where it would not."""
+    if _apart(items, max_batch_bytes):
+        return [[item] for item in items]
     batches: list[list[Item]] = []
     sizes: list[int] = []
     open_at: dict[str, int] = {}
@@ -375,6 +377,21 @@ def group(items: Sequence[Item], max_batch_bytes: int) -> list[list[Item]]:
     return batches
 
 
+def _apart(items: Sequence[Item], max_batch_bytes: int) -> bool:
+    """Whether :func:`group` puts each of ``items`` in a batch of its own as it
+    is (pure): each of another vchannel, none going alone nor sent one by one,
+    each within the bound (items of a call spread over many vchannels)."""
+    vchannels = [item.messages[0].vchannel for item in items]
+    return (
+        len(set(vchannels)) == len(items)
+        and not any(item.alone or item.sent_one_by_one for item in items)
+        and all(
+            batch.HEADER_SIZE + len(vchannel) + item.records <= max_batch_bytes
+            for vchannel, item in zip(vchannels, items, strict=True)
+        )
+    )
+
+
 def _cut(item: Item, most: int) -> list[Item]:
     """``item`` cut into parts of at most ``most`` record bytes (a message
     larger than that is a part of its own: encoding fails it alone)."""
@@ -396,43 +413,76 @@ def seal(
     """``items`` grouped (:func:`group`) and encoded, each batch with the next
     sequence; the items that cannot be encoded (a message too large, not
     UTF-8), with their errors. A batch that does not encode as a whole is
-    encoded message by message, so one bad message fails alone."""
+    encoded message by message, so one bad message fails alone. Runs of
+    batches of one message (a call spread over many vchannels) are encoded
+    in one pass (:func:`_seal_singles`)."""
     sealed: list[Sealed] = []
     failed: list[tuple[Item, errors.HeadraceError]] = []
+    run: list[Item] = []
     for members in group(items, sealing.limits.max_batch_bytes):
-        if members[0].sent_one_by_one:
+        first = members[0]
+        if len(members) == 1 and len(first.messages) == 1 and not first.sent_one_by_one:
+            run.append(first)
+            continue
+        if run:
+            _seal_singles(run, sealing, sealed, failed)
+            run = []
+        if first.sent_one_by_one:
             # Maybe written by a format 1 owner: deduplicated by its message's
             # properties, as then (a batch without a producer id).
-            item = members[0]
-            msg = item.stamped(0)
+            msg = first.stamped(0)
             try:
                 data = batch.encode(
                     [msg], BatchInfo(msg.vchannel, 0, 0, msg.txn_id), sealing.limits
                 )
             except errors.HeadraceError as exc:
-                failed.append((item, exc))
+                failed.append((first, exc))
                 continue
-            sealed.append(Sealed(data, (item,), 1))
+            sealed.append(Sealed(data, (first,), 1))
             continue
-        whole = _encoded(members, sealing)
+        whole = _encoded(members, sealing, sealing.next_sequence())
         if isinstance(whole, Sealed):
             sealed.append(whole)
             continue
-        if len(members) == 1 and len(members[0].messages) == 1:
-            failed.append((members[0], whole))
-            continue
-        for single in (single for member in members for single in member.singles()):
-            alone = _encoded([single], sealing)
+        for part in (part for member in members for part in member.singles()):
+            alone = _encoded([part], sealing, sealing.next_sequence())
             if isinstance(alone, Sealed):
                 sealed.append(alone)
             else:
-                failed.append((single, alone))
+                failed.append((part, alone))
+    if run:
+        _seal_singles(run, sealing, sealed, failed)
     return sealed, failed
 
 
-def _encoded(items: list[Item], sealing: Sealing) -> Sealed | errors.HeadraceError:
-    """``items`` (of one vchannel and transaction) as one record batch with the
-    next sequence, or why they do not encode. A sequence taken by a batch that
+def _seal_singles(
+    run: list[Item],
+    sealing: Sealing,
+    sealed: list[Sealed],
+    failed: list[tuple[Item, errors.HeadraceError]],
+) -> None:
+    """Seal items of one message each, each its own batch with the next
+    sequence, in order: encoded in one pass
+    (:func:`~headrace.message.batch.encode_singles`), those it leaves one by
+    one (which builds them or names the fault)."""
+    sequences = [sealing.next_sequence() for _ in run]
+    built = batch.encode_singles(
+        [item.messages[0] for item in run], sealing.producer_id, sequences, sealing.limits
+    )
+    for item, data, sequence in zip(run, built, sequences, strict=True):
+        if data is not None:
+            sealed.append(Sealed(data, (item,), 1))
+            continue
+        alone = _encoded([item], sealing, sequence)
+        if isinstance(alone, Sealed):
+            sealed.append(alone)
+        else:
+            failed.append((item, alone))
+
+
+def _encoded(items: list[Item], sealing: Sealing, sequence: int) -> Sealed | errors.HeadraceError:
+    """``items`` (of one vchannel and transaction) as one record batch with
+    ``sequence``, or why they do not encode. A sequence taken by a batch that
     fails to encode is skipped: only uniqueness and order matter."""
     first = items[0]
     members: tuple[Item, ...]
@@ -441,7 +491,7 @@ def _encoded(items: list[Item], sealing: Sealing) -> Sealed | errors.HeadraceErr
     else:
         messages, members = [msg for item in items for msg in item.messages], tuple(items)
     head = messages[0]
-    info = BatchInfo(head.vchannel, sealing.producer_id, sealing.next_sequence(), head.txn_id)
+    info = BatchInfo(head.vchannel, sealing.producer_id, sequence, head.txn_id)
     try:
         data = batch.encode(messages, info, sealing.limits)
     except errors.HeadraceError as exc:

@@ -293,6 +293,87 @@ def _plain_single(
     return b"".join((head, body_head, vch, record, payload))
 
 
+_SINGLE_HEAD = struct.Struct("<2sBBI20sI")
+"""Bytes 0..32 of a batch: magic, version, flags, length, the stamp and its CRC, the body CRC."""
+_SINGLE_BODIES: dict[int, struct.Struct] = {}
+"""Per vchannel length V: a one-record batch's bytes 32..78+V (the fields after
+the body CRC, the vchannel, the record's header), packed by one call."""
+
+
+def _single_body(vlen: int) -> struct.Struct:
+    shape = _SINGLE_BODIES.get(vlen)
+    if shape is None:
+        shape = _SINGLE_BODIES[vlen] = struct.Struct(f"<IIQQQH{vlen}sIBBHI")
+    return shape
+
+
+def encode_singles(
+    messages: Sequence[Message],
+    producer_id: int,
+    sequences: Sequence[int],
+    limits: Limits = Limits(),
+) -> list[bytes | None]:
+    """Each of ``messages`` as an unstamped batch of its own, in one pass: entry
+    ``i`` is the bytes :func:`encode` builds for ``[messages[i]]`` with
+    ``BatchInfo(its vchannel, producer_id, sequences[i], its txn id)``, or None
+    where :func:`encode` would build it otherwise or refuse it (properties, over
+    ``limits``, a field out of range, a vchannel not encodable): the caller then
+    asks :func:`encode`, which builds it or names the fault.
+
+    The batches of a call spread over many vchannels (most hold one message),
+    a few C calls each: ``tests/message/test_batch.py`` checks them byte for
+    byte against :func:`encode`."""
+    if len(sequences) != len(messages):
+        raise errors.InvalidArgument(
+            f"{len(messages)} messages and {len(sequences)} sequences: one sequence per batch"
+        )
+    out: list[bytes | None] = []
+    append = out.append
+    names: dict[str, bytes] = {}
+    max_message, max_batch = limits.max_message_bytes, limits.max_batch_bytes
+    head_pack, join = _SINGLE_HEAD.pack, b"".join
+    # What format 1 adds to a message besides its vchannel (its size limit counts it).
+    overhead = codec.HEADER_SIZE + 4
+    for msg, sequence in zip(messages, sequences, strict=True):
+        vchannel = msg.vchannel
+        vch = names.get(vchannel)
+        if vch is None:
+            vch = names[vchannel] = _encodable(vchannel)
+        payload, txn_id = msg.payload, msg.txn_id
+        if not vch or msg.properties:
+            append(None)
+            continue
+        vlen, plen = len(vch), len(payload)
+        size = HEADER_SIZE + vlen + RECORD_HEADER_SIZE + plen
+        if overhead + vlen + (8 if txn_id else 0) + plen > max_message or size > max_batch:
+            append(None)
+            continue
+        try:
+            body = _single_body(vlen).pack(
+                1, 0, producer_id, sequence, txn_id, vlen, vch, 8 + plen, msg.type, 0, 0, 0
+            )
+        except struct.error:
+            append(None)
+            continue
+        body_crc = _crc(payload, _crc(body))
+        flags = FLAG_TXN if txn_id else 0
+        append(
+            join(
+                (head_pack(MAGIC, FORMAT_VERSION, flags, size, _UNSTAMPED, body_crc), body, payload)
+            )
+        )
+    return out
+
+
+def _encodable(vchannel: str) -> bytes:
+    """``vchannel`` in UTF-8, if a producer's batch header can hold it (else b"")."""
+    try:
+        vch = vchannel.encode()
+    except UnicodeError:
+        return b""
+    return vch if len(vch) <= 0xFFFF else b""
+
+
 def _plain_records(
     messages: Sequence[Message], info: BatchInfo, limits: Limits, overhead: int
 ) -> list[bytes] | None:
@@ -367,6 +448,15 @@ def raw_vchannel(data: bytes) -> bytes:
         return b""
     (size,) = _VCHANNEL_LENGTH.unpack_from(data, _VCHANNEL_LENGTH_AT)
     return data[HEADER_SIZE : HEADER_SIZE + size]
+
+
+def raw_vchannels(datas: Sequence[bytes]) -> list[bytes]:
+    """:func:`raw_vchannel` of each of ``datas``, in one pass."""
+    unpack, at = _VCHANNEL_LENGTH.unpack_from, _VCHANNEL_LENGTH_AT
+    return [
+        data[HEADER_SIZE : HEADER_SIZE + unpack(data, at)[0]] if len(data) >= HEADER_SIZE else b""
+        for data in datas
+    ]
 
 
 def read_header(data: bytes | bytearray | memoryview) -> BatchHeader:
@@ -463,6 +553,81 @@ def outline(data: bytes | bytearray | memoryview) -> tuple[BatchHeader, Outline]
     if found is None:
         found = _outline_checked(data, header)
     return header, found
+
+
+def outline_singles(
+    datas: Sequence[bytes],
+) -> list[tuple[BatchHeader, Outline] | None]:
+    """:func:`outline` of each of ``datas`` that is an unstamped batch of one
+    record (a producer's batch of a call spread over many vchannels), read in
+    one pass; None for any other batch, well formed or not (:func:`outline`
+    then reads it, or names its fault). Never refuses: an entry it gives is
+    what :func:`outline` gives for the same bytes (``tests/message/test_batch.py``
+    checks it property-based)."""
+    out: list[tuple[BatchHeader, Outline] | None] = []
+    append = out.append
+    unpack_head, unpack_frame = _HEAD.unpack_from, _FRAME.unpack_from
+    names: dict[bytes, str] = {}
+    one_code = _ONE_CODE
+    new_tuple = _new_tuple
+    for data in datas:
+        size = len(data)
+        if size < HEADER_SIZE + RECORD_HEADER_SIZE or data[_STAMP_AT:_BODY_CRC_AT] != _UNSTAMPED:
+            append(None)
+            continue
+        (
+            magic,
+            version,
+            flags,
+            length,
+            _timetick,
+            _term,
+            _stamp_crc,
+            body_crc,
+            count,
+            _res,
+            producer,
+            sequence,
+            txn_id,
+            vlen,
+        ) = unpack_head(data)
+        start = HEADER_SIZE + vlen
+        if (
+            magic != MAGIC
+            or version != FORMAT_VERSION
+            or flags & ~_KNOWN_FLAGS
+            or length != size
+            or count != 1
+            or bool(flags & FLAG_TXN) != bool(txn_id)
+            or start + RECORD_HEADER_SIZE > size
+        ):
+            append(None)
+            continue
+        record_length, tcode, plen = unpack_frame(data, start)
+        codes = one_code.get(tcode)
+        if (
+            codes is None
+            or record_length < 8 + plen
+            or start + 4 + record_length != size
+            or _crc(data[_BODY_AT:]) != body_crc
+        ):
+            append(None)
+            continue
+        raw = data[HEADER_SIZE:start]
+        vchannel = names.get(raw)
+        if vchannel is None:
+            try:
+                vchannel = names[raw] = str(raw, "utf-8")
+            except UnicodeDecodeError:
+                append(None)
+                continue
+        header = new_tuple(
+            BatchHeader,
+            (flags, length, 0, 0, 1, producer, sequence, txn_id, vchannel, start),
+        )
+        shape = new_tuple(Outline, (codes, tcode, 0 if plen else record_length - 8, bool(plen)))
+        append((header, shape))
+    return out
 
 
 def _outline_checked(data: bytes | bytearray | memoryview, header: BatchHeader) -> Outline:

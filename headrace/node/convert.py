@@ -54,6 +54,8 @@ class Admission:
         self._good: set[str] = set()
         """Names found good (well formed, hence ASCII: a record batch's header
         field holding one is its ASCII bytes)."""
+        self._good_raw: set[bytes] = set()
+        """The same names as a record batch's header field holds them."""
 
     def _check_vchannel(self, vchannel: str) -> None:
         if not VCHANNEL_PATTERN.match(vchannel):
@@ -67,7 +69,10 @@ class Admission:
         good = self._good
         if len(good) >= GOOD_VCHANNELS_MAX:
             good.clear()
+            self._good_raw.clear()
         good.add(vchannel)
+        if vchannel.isascii():
+            self._good_raw.add(vchannel.encode("ascii"))
 
     def record_batch(self, data: bytes) -> errors.HeadraceError | None:
         """Why a producer's record batch is not acceptable here (its vchannel is
@@ -87,6 +92,24 @@ class Admission:
             except errors.InvalidArgument as exc:
                 return exc
         return None
+
+    def record_batches(self, datas: Sequence[bytes]) -> dict[int, errors.HeadraceError]:
+        """:meth:`record_batch` of each of ``datas`` that it refuses, by position
+        (empty: all may go on). A request whose batches' vchannel fields all
+        hold names found good (the common request) is answered by one set
+        comparison, without a call per batch."""
+        raws = batch.raw_vchannels(datas)
+        if self._good_raw.issuperset(raws):
+            return {}
+        refused: dict[int, errors.HeadraceError] = {}
+        good = self._good_raw
+        for at, (data, raw) in enumerate(zip(datas, raws, strict=True)):
+            if raw in good:
+                continue
+            refusal = self.record_batch(data)
+            if refusal is not None:
+                refused[at] = refusal
+        return refused
 
     def message(self, proto: pb.ProduceMessage) -> Message:
         """The message ``proto`` carries; InvalidArgument if it is not acceptable."""

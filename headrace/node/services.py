@@ -185,28 +185,24 @@ class ProducerService(rpc.ProducerServicer):
         rejected: dict[int, errors.HeadraceError] = {}
         position = 0
         for request in requests:
-            mixed = (
-                errors.InvalidArgument(
-                    "a ProduceBatch carries messages or record batches, not both; nothing "
-                    "of it was written"
-                )
-                if request.messages
-                else None
-            )
-            for data in request.record_batches:
-                refusal = mixed or admission.record_batch(data) or gate.refusal_for_batch(data)
-                if refusal is None:
-                    accepted.append(data)
-                else:
-                    rejected[position] = refusal
-                position += 1
+            datas = request.record_batches
+            refused = _batch_refusals(request, admission, gate)
+            if refused:
+                for at, data in enumerate(datas):
+                    refusal = refused.get(at)
+                    if refusal is None:
+                        accepted.append(data)
+                    else:
+                        rejected[position + at] = refusal
+            else:
+                accepted += datas  # the common request: every batch goes on
+            position += len(datas)
         started = time.perf_counter()
         with gate.appending(len(accepted)):
             outcomes = await self._append_batches(pchannel, accepted)
         outcomes = _with_refusals(outcomes, rejected, position)
         if self.metrics is not None:
-            failed = failed_codes(outcomes)
-            acked = sum(o.count for o in outcomes if isinstance(o, BatchAppendResult))
+            acked, failed = _tally(outcomes)
             self.metrics.appended(
                 pchannel,
                 # A refused batch counts as one failed message (it was not decoded).
@@ -319,6 +315,40 @@ class ProducerService(rpc.ProducerServicer):
         if isinstance(exc, errors.NotOwner) and not exc.owner:
             return self.manager.not_owner(pchannel)
         return exc
+
+
+def _batch_refusals(
+    request: pb.ProduceBatch, admission: convert.Admission, gate: WriteGate
+) -> dict[int, errors.HeadraceError]:
+    """Why the node itself refuses record batches of ``request``, by position
+    (empty: all go on to the WAL): all of a request that also carries
+    messages; else a batch whose vchannel is not admitted here, or that the
+    write stop holds back."""
+    datas = request.record_batches
+    if request.messages:
+        mixed = errors.InvalidArgument(
+            "a ProduceBatch carries messages or record batches, not both; nothing of it was written"
+        )
+        return dict.fromkeys(range(len(datas)), mixed)
+    refused: dict[int, errors.HeadraceError] = dict(admission.record_batches(datas))
+    for at, refusal in gate.refusals_for_batches(datas).items():
+        refused.setdefault(at, refusal)
+    return refused
+
+
+def _tally(
+    outcomes: Sequence[BatchAppendResult | errors.HeadraceError],
+) -> tuple[int, dict[str, int]]:
+    """Messages acknowledged, and failed outcomes by error code (pure)."""
+    acked = 0
+    failed: dict[str, int] = {}
+    for outcome in outcomes:
+        if outcome.__class__ is BatchAppendResult:
+            acked += outcome.count
+        elif isinstance(outcome, errors.HeadraceError):
+            code = outcome.code.value
+            failed[code] = failed.get(code, 0) + 1
+    return acked, failed
 
 
 async def _read_batches(

@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from headrace import errors
 from headrace.cluster import Keys
@@ -103,6 +103,18 @@ class WriteGate:
         if any(stops(stop, MessageType(code)) for code in outline.type_codes):
             return refusal(stop)
         return None
+
+    def refusals_for_batches(self, datas: Sequence[bytes]) -> dict[int, errors.WritesStopped]:
+        """:meth:`refusal_for_batch` of each of ``datas`` that it refuses, by
+        position: nothing to look at while no stop holds."""
+        if self.observed.stop is None:
+            return {}
+        refused: dict[int, errors.WritesStopped] = {}
+        for at, data in enumerate(datas):
+            refusal = self.refusal_for_batch(data)
+            if refusal is not None:
+                refused[at] = refusal
+        return refused
 
     @contextlib.contextmanager
     def appending(self, count: int) -> Iterator[None]:

@@ -458,12 +458,11 @@ class WAL:
         refusal = self._refusal() or self._batch_refusal()
         if refusal is not None:
             return [refusal] * len(batches)
-        check = self._validator.check_batch
         contexts: list[AppendContext] = []
         valid: list[AppendContext] = []
         plain = quiet = True
-        for data in batches:
-            checked = check(data)
+        checks = self._validator.check_batches(batches)
+        for data, checked in zip(batches, checks, strict=True):
             if checked.__class__ is CheckedBatch and checked.whole:
                 # The common batch, inline (per batch: most are one message
                 # when a call spreads over many vchannels).

@@ -28,7 +28,7 @@ their own, which one batch result could not state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -139,6 +139,8 @@ class CheckedBatch(NamedTuple):
 _TYPES = {int(t): t for t in MessageType}
 _PER_MESSAGE_TYPES = frozenset(int(t) for t in TXN_RELEVANT)
 _SYSTEM_CODES = frozenset(int(t) for t in SYSTEM)
+_PLAIN_CODES = frozenset(_TYPES) - _PER_MESSAGE_TYPES - _SYSTEM_CODES
+"""Type codes of messages a whole batch may hold."""
 
 
 def _batch_refusal(header: BatchHeader, limits: Limits) -> errors.HeadraceError | None:
@@ -243,11 +245,48 @@ class Validator:
     def check_batch(self, data: bytes) -> CheckedBatch | errors.HeadraceError:
         """What :func:`validate_batch` says of ``data``, from its framing and
         properties blocks (payloads are only measured)."""
-        limits = self.limits
         try:
             header, outline = batch.outline(data)
         except errors.CorruptData as exc:
             return _malformed(exc)
+        return self._outlined(data, header, outline)
+
+    def check_batches(self, datas: Sequence[bytes]) -> list[CheckedBatch | errors.HeadraceError]:
+        """:meth:`check_batch` of each of ``datas``, in order: the batches of one
+        message (a request of a call spread over many vchannels) read in one
+        pass (:func:`~headrace.message.batch.outline_singles`), the others one
+        by one."""
+        out: list[CheckedBatch | errors.HeadraceError] = []
+        append = out.append
+        good = self._good
+        max_batch, max_message = self.limits.max_batch_bytes, self.limits.max_message_bytes
+        types, new_tuple = _TYPES, tuple.__new__
+        for data, seen in zip(datas, batch.outline_singles(datas), strict=True):
+            if seen is None:
+                append(self.check_batch(data))
+                continue
+            header, outline = seen
+            code = outline.first_type_code
+            if (
+                # What _outlined finds of an unstamped batch of one record
+                # outside transactions, on a vchannel found good before.
+                header.length <= max_batch
+                and not header.flags
+                and header.vchannel in good
+                and not outline.with_properties
+                and code in _PLAIN_CODES
+                and _PLAIN_SIZE + len(header.vchannel) + outline.max_payload <= max_message
+            ):
+                append(new_tuple(CheckedBatch, (header, True, types[code])))
+            else:
+                append(self._outlined(data, header, outline))
+        return out
+
+    def _outlined(
+        self, data: bytes, header: BatchHeader, outline: batch.Outline
+    ) -> CheckedBatch | errors.HeadraceError:
+        """:meth:`check_batch` of a batch whose framing and CRCs passed."""
+        limits = self.limits
         refusal = _batch_refusal(header, limits)
         if refusal is not None:
             return refusal

@@ -92,3 +92,26 @@ def test_the_batch_producer_id_is_stable_and_never_zero() -> None:
     assert batch_producer_id("orders") == batch_producer_id("orders")
     assert batch_producer_id("orders") != batch_producer_id("orders-2")
     assert batch_producer_id(None) != 0 and batch_producer_id(None) != batch_producer_id(None)
+
+
+async def test_a_call_spread_over_vchannels_is_sealed_in_order_and_a_bad_message_fails_alone() -> (
+    None
+):
+    await asyncio.sleep(0)
+    sequence = itertools.count(50)
+    limits = Limits(200, 400)
+    sealing = Sealing(batch_producer_id("p"), lambda: next(sequence), limits)
+    msgs = [ins(f"v{i}", b"%d" % i) for i in range(6)]
+    msgs[3] = ins("v3", b"x" * 300)
+    msgs[4] = Message(MessageType.INSERT, "v4", b"4", {"k": "v"})  # encoded the general way
+    sealed, failed = seal(items(*msgs), sealing)
+    assert [(item.vchannel, type(e)) for item, e in failed] == [("v3", errors.MessageTooLarge)]
+    headers = [batch.verify(s.data) for s in sealed]
+    assert [h.vchannel for h in headers] == ["v0", "v1", "v2", "v4", "v5"]
+    assert [h.sequence for h in headers] == [50, 51, 52, 54, 55], "in order, v3's skipped"
+    assert [s.count for s in sealed] == [1] * 5
+    for unit, header in zip(sealed, headers, strict=True):
+        (item,) = unit.items
+        msg = item.messages[0]
+        info = batch.BatchInfo(msg.vchannel, sealing.producer_id, header.sequence)
+        assert unit.data == batch.encode([msg], info, limits)

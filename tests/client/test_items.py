@@ -204,3 +204,38 @@ async def test_each_message_gets_its_own_result_in_its_place(cluster: Cluster) -
     assert any(len(msgs) > 6 for _d, _h, msgs in logged(cluster)), (
         "a batch holds the items of several calls"
     )
+
+
+async def test_calls_spread_over_many_vchannels_get_each_result_in_its_place(
+    cluster: Cluster,
+) -> None:
+    """Calls whose messages each go to another vchannel (a record batch of one
+    message each), one message too large in the middle: every outcome is the
+    result of the message at its index, the large one fails alone, and the
+    producer's budget is all given back."""
+    await format_2_pair(cluster)
+    calls = [
+        [Message(MessageType.INSERT, f"s{c}-{i}", f"{c}/{i}".encode()) for i in range(40)]
+        for c in range(3)
+    ]
+    calls[1][17] = Message(MessageType.INSERT, "s1-17", bytes(9 << 20))
+    async with (
+        HeadraceClient(cluster.url, "test") as client,
+        client.producer(ProducerOptions(producer_id="spread")) as producer,
+    ):
+        found = await asyncio.gather(*(producer.send_many(msgs) for msgs in calls))
+        assert producer.budget.used == 0
+    stored = {}
+    for data, header, msgs in logged(cluster):
+        assert header.count == 1
+        record = cluster.store.channels[P].records.index(data)
+        stored[record] = (header.vchannel, msgs[0].payload)
+    for c, (msgs, outcomes) in enumerate(zip(calls, found, strict=True)):
+        for i, (msg, outcome) in enumerate(zip(msgs, outcomes, strict=True)):
+            if (c, i) == (1, 17):
+                assert isinstance(outcome, errors.MessageTooLarge), outcome
+                continue
+            assert isinstance(outcome, AppendResult), outcome
+            assert outcome.id.index == 0
+            assert stored[outcome.id.sort_key()[0]] == (msg.vchannel, msg.payload)
+    assert len(stored) == 3 * 40 - 1

@@ -54,3 +54,7 @@ async def test_the_scale_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert result["idle_cpu_pct"] >= 0
     assert result["vchannels_ratio"] > 0 and len(result["round_ratios"]) == 1
     assert result["single_vchannel_msgs_per_s"] > 0 < result["many_vchannels_msgs_per_s"]
+    for side in ("node_cpu_us_per_msg", "client_cpu_us_per_msg"):
+        assert set(result[side]) == {"single", "many"}
+        assert result[side]["single"] >= 0 <= result[side]["many"], side  # /proc counts in ticks
+    assert result["client_cpu_us_per_msg"]["many"] > 0

@@ -207,3 +207,46 @@ def test_a_malformed_batch_of_a_good_vchannel_goes_on_and_a_bad_name_is_refused_
     for _ in range(2):
         refusal = admission.record_batch(record_batch("bad name", b"a"))
         assert isinstance(refusal, errors.InvalidArgument)
+
+
+async def test_a_spread_request_fails_only_its_bad_batches_and_stores_the_rest_in_order(
+    cluster: Cluster, format_2: grpc.aio.Channel
+) -> None:
+    """Requests of one-message batches over many vchannels (a call spread
+    over them), once before and once after the node knows every vchannel:
+    a misrouted, a malformed, a stamped and a TIME_TICK batch in the middle
+    get their own errors, in their places; the others are stored, in order,
+    and a retry of the whole request is answered with the first results."""
+    pchannels = [P, "pchannel-001"]
+    await cluster.configure(pchannels)
+    node = cluster.nodes["node-a"]
+    assert node.manager is not None
+    directory = node.manager.directory
+    await until(lambda: directory.config is not None and len(directory.config.pchannels) == 2)
+    mine = [f"v{i}" for i in range(200) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) == P]
+    other = next(f"v{i}" for i in range(200) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) != P)
+    stamped = bytearray(record_batch(mine[0], b"stamped", sequence=900))
+    batch.stamp(stamped, 5, 1)
+    system = batch.encode(
+        [Message(MessageType.TIME_TICK, mine[1])], BatchInfo(mine[1], 9, sequence=901)
+    )
+
+    def request(batch_id: int, first: int) -> pb.ProduceBatch:
+        good = [record_batch(v, v.encode(), sequence=first + i) for i, v in enumerate(mine[:40])]
+        bad = [record_batch(other, b"no", sequence=first + 99), b"junk", bytes(stamped), system]
+        return pb.ProduceBatch(batch_id=batch_id, record_batches=[*good[:10], *bad, *good[10:]])
+
+    sent = [request(1, 1000), request(2, 2000)]
+    _opened, results = await produce(format_2, [*sent, sent[1]])
+    for result in results:
+        codes = [r.error.code if r.HasField("error") else "" for r in result.batch_results]
+        assert codes == [""] * 10 + ["INVALID_ARGUMENT"] * 4 + [""] * 30
+        errors_at = [r.error.message for r in result.batch_results[10:14]]
+        assert "pchannel-001" in errors_at[0] and "malformed record batch" in errors_at[1]
+        assert "timetick and term 0" in errors_at[2] and "by the WAL itself" in errors_at[3]
+    assert results[2].batch_results == results[1].batch_results, "the retry: first results"
+    stored = [batch.read_header(r) for r in cluster.store.channels[P].records]
+    data = [h for h in stored if not h.system]
+    assert [(h.vchannel, h.sequence) for h in data] == [
+        (v, first + i) for first in (1000, 2000) for i, v in enumerate(mine[:40])
+    ]

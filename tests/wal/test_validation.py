@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 import crc32c
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -161,7 +162,7 @@ batch_vchannels = st.sampled_from(["v", "orders-0"]) | st.sampled_from(["", "-ba
 
 
 @st.composite
-def producer_batches(draw: st.DrawFn) -> bytes:
+def producer_batches(draw: st.DrawFn, max_messages: int = 6) -> bytes:
     """Batches as producers may send them, well formed or not: any types, sizes
     and properties, sometimes stamped, flagged system, damaged or cut."""
     vchannel = draw(batch_vchannels)
@@ -176,7 +177,7 @@ def producer_batches(draw: st.DrawFn) -> bytes:
                     st.just({}) | batch_properties,
                 ),
                 min_size=1,
-                max_size=6,
+                max_size=max_messages,
             )
         )
     ]
@@ -249,6 +250,51 @@ def test_the_batch_fast_path_agrees_with_validate_batch_on_every_input(
             got = validator.check_batch(data)
             want = validate_batch(data, limits, collections=collections)
             assert same_verdict(got, want), (data, got, want)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(producer_batches(max_messages=1) | producer_batches(), min_size=1, max_size=12),
+    max_sizes,
+    st.sampled_from([1, 2, 1000]),
+    st.booleans(),
+)
+def test_the_request_pass_agrees_with_validate_batch_on_every_input(
+    found: list[bytes], max_bytes: int, batch_factor: int, collections: bool
+) -> None:
+    """check_batches (a request's batches in one pass) says what validate_batch
+    says of each batch, in order, also once the vchannels are known good."""
+    limits = batch.Limits(max_bytes, batch_factor * max_bytes)
+    validator = Validator(max_bytes, limits, collections=collections)
+    for _ in range(2):
+        got = validator.check_batches(found)
+        want = [validate_batch(data, limits, collections=collections) for data in found]
+        assert len(got) == len(want)
+        for data, one, expected in zip(found, got, want, strict=True):
+            assert same_verdict(one, expected), (data, one, expected)
+
+
+@pytest.mark.parametrize(
+    ("payload", "limits"),
+    [
+        (40, batch.Limits(100, 100)),  # the batch is over its bound, the message is not
+        (90, batch.Limits(100, 1000)),  # the message is over its bound, the batch is not
+    ],
+)
+def test_the_request_pass_refuses_a_one_message_batch_over_a_bound_on_a_known_vchannel(
+    payload: int, limits: batch.Limits
+) -> None:
+    validator = Validator(limits.max_message_bytes, limits)
+    small = batch.encode([Message(MessageType.INSERT, "v", b"x")], batch.BatchInfo("v", 1, 1))
+    big = batch.encode(
+        [Message(MessageType.INSERT, "v", bytes(payload))],
+        batch.BatchInfo("v", 1, 2),
+        batch.Limits(1 << 20, 1 << 20),
+    )
+    got = validator.check_batches([small, big, small])
+    want = [validate_batch(data, limits, collections=False) for data in (small, big, small)]
+    assert isinstance(want[1], errors.MessageTooLarge)
+    assert all(same_verdict(g, w) for g, w in zip(got, want, strict=True)), (got, want)
 
 
 def test_the_batch_routes() -> None:
