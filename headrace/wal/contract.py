@@ -31,6 +31,7 @@ import enum
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from headrace.message.batch import Stamped
 from headrace.message.ids import MessageID
 
 
@@ -185,6 +186,20 @@ class BackendWriter(abc.ABC):
         if on_done is not None:
             future.add_done_callback(on_done)
         return future
+
+    def start_append_stamped(
+        self,
+        records: Sequence[bytes | Stamped],
+        on_done: Callable[[asyncio.Future[list[MessageID]]], None] | None = None,
+    ) -> asyncio.Future[list[MessageID]]:
+        """:meth:`start_append` of records some of which are record batches
+        stamped but not joined yet (:class:`~headrace.message.batch.Stamped`).
+
+        This default joins each of them (one copy, which the WAL's buffer then
+        shares); a backend that stores a record's parts as they are overrides it.
+        """
+        joined = [r if isinstance(r, bytes) else r.joined() for r in records]
+        return self.start_append(joined, on_done)
 
     @abc.abstractmethod
     async def close(self) -> None:

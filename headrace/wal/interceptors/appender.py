@@ -407,7 +407,7 @@ class Appender:
         on_done = functools.partial(self._written, batch)
         if batch.records:
             ids = self._writer.next_ids(len(batch.records))
-            self._write_future = self._writer.start_append(batch.records, on_done)
+            self._write_future = self._writer.start_append_stamped(batch.records, on_done)
             if ids is not None:
                 # The bookkeeping overlaps the append (the backend's I/O thread
                 # is starting up); it is published only once the append ends.
