@@ -75,14 +75,12 @@ _Pending = tuple[list[bytes | Stamped], _Future, _OnDone, _Announced | None]
 
 
 class _Write(NamedTuple):
-    """One write for the I/O thread: the frames of the calls in ``batch``."""
+    """One write for the I/O thread: the records of the calls in ``batch``."""
 
-    parts: list[bytes | memoryview]
-    """Frame headers and record bodies, in order (see :func:`segment.frame_parts`)."""
+    bodies: list[bytes | Stamped]
+    """Record bodies, in order (framed by the I/O thread)."""
     size: int
-    """Bytes of ``parts``."""
-    records: int
-    """Records written."""
+    """Bytes of the frames."""
     batch: list[_Pending]
 
 
@@ -219,12 +217,9 @@ class LocalWriter(BackendWriter):
             return
         self._busy = True
         bodies = batch[0][0] if len(batch) == 1 else [b for data, _, _, _ in batch for b in data]
-        # Framed here, so the I/O thread holds the GIL only around its system
-        # calls. Only one write is in flight: the next LSN is settled.
-        parts = segment.frame_parts(self._segment.next_lsn, bodies, self._segment.version)
         if self._io is None:
             self._io = IOThread(f"wal-writer-{self.pchannel}", self._run_write)
-        self._io.submit(_Write(parts, size + segment.FRAME_SIZE * len(bodies), len(bodies), batch))
+        self._io.submit(_Write(bodies, size + segment.FRAME_SIZE * len(bodies), batch))
 
     def _run_write(self, write: _Write) -> None:
         """Write, then hand the outcome to the event loop (in the I/O thread)."""
@@ -334,9 +329,12 @@ class LocalWriter(BackendWriter):
         current = self._segment
         if current.length >= self._settings.segment_bytes:
             current = self._roll()
+        # Framed here, off the event loop: the checksums of large records
+        # run without the GIL (the loop serves other pchannels meanwhile).
+        parts = segment.frame_parts(current.next_lsn, write.bodies, current.version)
         try:
             self._space.check(write.size, current.path)
-            files.write_parts(current.fd, write.parts, write.size, current.length)
+            files.write_parts(current.fd, parts, write.size, current.length)
             if self._sync_after_write:
                 files.sync_data(current.fd)
         except OSError as exc:
@@ -344,7 +342,7 @@ class LocalWriter(BackendWriter):
         self._check_fence()
         first = current.next_lsn
         current.length += write.size
-        current.next_lsn += write.records
+        current.next_lsn += len(write.bodies)
         return first
 
     def _cut_back(self, current: OpenSegment, exc: OSError) -> None:
