@@ -597,7 +597,7 @@ def stamp(data: bytearray, base_timetick: int, term: int) -> None:
 
 def stamped(data: bytes, base_timetick: int, term: int) -> bytes:
     """``data`` with its base timetick and term set (and the stamp's CRC), in one copy."""
-    return Stamped(data, stamp_mark(base_timetick, term)).joined()
+    return b"".join(_stamped_parts(data, stamp_mark(base_timetick, term)))
 
 
 def stamp_mark(base_timetick: int, term: int) -> bytes:
@@ -607,23 +607,30 @@ def stamp_mark(base_timetick: int, term: int) -> bytes:
     return mark + _CRC.pack(_crc(mark))
 
 
+def _stamped_parts(data: bytes, mark: bytes) -> tuple[memoryview, bytes, memoryview]:
+    view = memoryview(data)
+    return (view[:_STAMP_AT], mark, view[_BODY_CRC_AT:])
+
+
 class Stamped:
     """A producer's batch with the stamp the WAL gave it, not joined yet.
 
-    The stored batch is ``data[:8] + mark + data[28:]`` (``mark`` from
-    :func:`stamp_mark`): a writer that writes a record's :meth:`parts` as they
-    are (the local WAL's ``pwritev``) stores it without a copy of the batch,
-    and the write-ahead buffer keeps the producer's bytes. :meth:`joined`
-    makes the one copy when somebody needs the stamped bytes in one piece (a
-    reader sending it on, a backend whose client takes one buffer), keeps it
-    and lets the producer's bytes go. ``data`` must be immutable (``bytes``).
+    ``header`` is the batch's header with that stamp
+    (:meth:`BatchHeader.with_stamp`); the stored batch is ``data`` with
+    :func:`stamp_mark` of it over bytes 8..28. A writer that writes a record's
+    :meth:`parts` as they are (the local WAL's ``pwritev``) stores it without
+    a copy of the batch, and the write-ahead buffer keeps the producer's
+    bytes. :meth:`joined` makes the one copy when somebody needs the stamped
+    bytes in one piece (a reader sending it on, a backend whose client takes
+    one buffer), keeps it and lets the producer's bytes go. ``data`` must be
+    immutable (``bytes``).
     """
 
-    __slots__ = ("_data", "_mark")
+    __slots__ = ("_data", "_header")
 
-    def __init__(self, data: bytes, mark: bytes) -> None:
+    def __init__(self, data: bytes, header: BatchHeader) -> None:
         self._data = data
-        self._mark: bytes | None = mark
+        self._header: BatchHeader | None = header
 
     def __len__(self) -> int:
         return len(self._data)
@@ -636,24 +643,21 @@ class Stamped:
 
     def parts(self) -> tuple[bytes | memoryview, ...]:
         """The stored batch's bytes in order, in as few pieces as it has."""
-        mark = self._mark
-        if mark is None:
+        header = self._header
+        if header is None:
             return (self._data,)
-        view = memoryview(self._data)
-        return (view[:_STAMP_AT], mark, view[_BODY_CRC_AT:])
+        return _stamped_parts(self._data, stamp_mark(header.base_timetick, header.term))
 
     def joined(self) -> bytes:
         """The stored batch in one piece (copied once, then kept)."""
-        mark = self._mark
-        if mark is None:
+        if self._header is None:
             return self._data
-        view = memoryview(self._data)
-        data = b"".join((view[:_STAMP_AT], mark, view[_BODY_CRC_AT:]))
-        self._data, self._mark = data, None
+        data = b"".join(self.parts())
+        self._data, self._header = data, None
         return data
 
     def __repr__(self) -> str:
-        return f"Stamped({len(self._data)} bytes, joined={self._mark is None})"
+        return f"Stamped({len(self._data)} bytes, joined={self._header is None})"
 
 
 def messages(data: bytes, verified: BatchHeader | None = None) -> list[Message]:

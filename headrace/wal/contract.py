@@ -161,9 +161,9 @@ class BackendWriter(abc.ABC):
         """The ids the very next append of ``count`` records gets if it succeeds,
         when the backend knows them before writing (optional; None by default).
 
-        A caller that starts that append right away (nothing in between) may
-        prepare its bookkeeping while the append is in flight; the append's
-        result is then this very list object.
+        A caller that starts that append right away (no other append in
+        between) may prepare its bookkeeping for that outcome ahead; the
+        append's result is then this very list object.
         """
         return None
 

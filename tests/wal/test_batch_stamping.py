@@ -105,7 +105,7 @@ async def test_a_mutable_buffer_changed_after_its_append_changes_nothing_stored(
 
 def test_a_stamped_batch_in_parts_is_the_stamped_copy() -> None:
     data = producer_batch("s")
-    stamped = Stamped(data, batch.stamp_mark(77, 5))
+    stamped = Stamped(data, batch.verify(data).with_stamp(77, 5))
     assert len(stamped) == len(data)
     assert stamped.records is data
     assert b"".join(stamped.parts()) == batch.stamped(data, 77, 5)
@@ -121,7 +121,7 @@ def test_a_stamped_batch_in_parts_is_the_stamped_copy() -> None:
 @pytest.mark.parametrize("version", segment.READABLE_VERSIONS)
 def test_frames_of_a_stamped_batch_in_parts_are_those_of_its_copy(version: int) -> None:
     data = producer_batch("f")
-    parts = [Stamped(data, batch.stamp_mark(9, 2)), b"plain record"]
+    parts = [Stamped(data, batch.verify(data).with_stamp(9, 2)), b"plain record"]
     joined = [batch.stamped(data, 9, 2), b"plain record"]
     assert segment.encode_frames(40, parts, version) == segment.encode_frames(40, joined, version)
     assert parts[0].parts() != (joined[0],), "framing did not join the stamped batch"
@@ -132,7 +132,7 @@ def test_a_batch_entry_equals_its_stored_copy_and_decodes_without_joining() -> N
     stamped = batch.stamped(data, 10, 1)
     header = batch.verify(stamped)
     rid = LocalMessageID(7)
-    lazy = BatchEntry(rid, header, Stamped(data, batch.stamp_mark(10, 1)))
+    lazy = BatchEntry(rid, header, Stamped(data, header))
     assert [e.message.timetick for e in lazy.entries()] == [10, 11, 12, 13]
     assert isinstance(lazy.record, Stamped)
     assert lazy.record.records is data, "decoding did not join the stamp"

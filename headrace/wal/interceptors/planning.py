@@ -171,10 +171,9 @@ def stamped_whole(
     data = part.data
     assert data is not None
     header = part.header.with_stamp(base_timetick, term)
-    mark = batches.stamp_mark(base_timetick, term)
     if data.__class__ is bytes:
-        return Stamped(data, mark), header
-    return Stamped(bytes(data), mark).joined(), header
+        return Stamped(data, header), header
+    return batches.stamped(data, base_timetick, term), header
 
 
 def ticks_needed(requests: list[Request]) -> int:

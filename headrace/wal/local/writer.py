@@ -3,8 +3,10 @@
 Concurrent ``append`` calls queue up; when no write is in flight, everything
 queued goes to the writer's own I/O thread at once (one wake-up of the thread
 and one of the event loop per write, whatever the number of calls), which
-writes the frame headers and the records as they are with one ``pwritev`` (no
-copy into one buffer), syncs once (``O_DSYNC``, or ``fdatasync``: the file's
+frames the records (their checksums run there, without the GIL), writes the
+frame headers and the records as they are with one ``pwritev`` (no copy into
+one buffer; a record batch stamped but not joined yet goes as its parts, see
+:class:`~headrace.message.batch.Stamped`), syncs once (``O_DSYNC``, or ``fdatasync``: the file's
 new size is synced with the data) and then re-reads the term file through a
 descriptor it keeps, comparing its bytes with the writer's own identity (term
 and epoch, see :mod:`.fence`). Only if it still holds that identity are the
