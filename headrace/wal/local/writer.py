@@ -3,16 +3,16 @@
 Concurrent ``append`` calls queue up; when no write is in flight, everything
 queued goes to the writer's own I/O thread at once (one wake-up of the thread
 and one of the event loop per write, whatever the number of calls), which
-frames the records (their checksums run there, without the GIL), writes the
-frame headers and the records as they are with one ``pwritev`` (no copy into
-one buffer; a record batch stamped but not joined yet goes as its parts, see
-:class:`~headrace.message.batch.Stamped`), syncs once (``O_DSYNC``, or ``fdatasync``: the file's
-new size is synced with the data) and then re-reads the term file through a
-descriptor it keeps, comparing its bytes with the writer's own identity (term
-and epoch, see :mod:`.fence`). Only if it still holds that identity are the
-callers acknowledged: a new owner, even one of the same term, stores its
-identity before measuring the log, so every acknowledged byte lies below what
-it measured. The next queued write starts as the previous one is answered.
+writes the frame headers and the records as they are with one ``pwritev`` (no
+copy into one buffer; a record batch stamped but not joined yet goes as its
+parts, see :class:`~headrace.message.batch.Stamped`), syncs once (``O_DSYNC``,
+or ``fdatasync``: the file's new size is synced with the data) and then
+re-reads the term file through a descriptor it keeps, comparing its bytes with
+the writer's own identity (term and epoch, see :mod:`.fence`). Only if it still
+holds that identity are the callers acknowledged: a new owner, even one of the
+same term, stores its identity before measuring the log, so every acknowledged
+byte lies below what it measured. The next queued write starts as the previous
+one is answered.
 """
 
 from __future__ import annotations
@@ -77,12 +77,14 @@ _Pending = tuple[list[bytes | Stamped], _Future, _OnDone, _Announced | None]
 
 
 class _Write(NamedTuple):
-    """One write for the I/O thread: the records of the calls in ``batch``."""
+    """One write for the I/O thread: the frames of the calls in ``batch``."""
 
-    bodies: list[bytes | Stamped]
-    """Record bodies, in order (framed by the I/O thread)."""
+    parts: list[bytes | memoryview]
+    """Frame headers and record bodies, in order (see :func:`segment.frame_parts`)."""
     size: int
-    """Bytes of the frames."""
+    """Bytes of ``parts``."""
+    records: int
+    """Records written."""
     batch: list[_Pending]
 
 
@@ -219,9 +221,14 @@ class LocalWriter(BackendWriter):
             return
         self._busy = True
         bodies = batch[0][0] if len(batch) == 1 else [b for data, _, _, _ in batch for b in data]
+        # Framed here, so the I/O thread holds the GIL only around its system
+        # calls (framed there, a 64 KiB batch's checksum took longer: its bytes
+        # are in this core's cache, just checked). Only one write is in
+        # flight: the next LSN is settled.
+        parts = segment.frame_parts(self._segment.next_lsn, bodies, self._segment.version)
         if self._io is None:
             self._io = IOThread(f"wal-writer-{self.pchannel}", self._run_write)
-        self._io.submit(_Write(bodies, size + segment.FRAME_SIZE * len(bodies), batch))
+        self._io.submit(_Write(parts, size + segment.FRAME_SIZE * len(bodies), len(bodies), batch))
 
     def _run_write(self, write: _Write) -> None:
         """Write, then hand the outcome to the event loop (in the I/O thread)."""
@@ -331,12 +338,9 @@ class LocalWriter(BackendWriter):
         current = self._segment
         if current.length >= self._settings.segment_bytes:
             current = self._roll()
-        # Framed here, off the event loop: the checksums of large records
-        # run without the GIL (the loop serves other pchannels meanwhile).
-        parts = segment.frame_parts(current.next_lsn, write.bodies, current.version)
         try:
             self._space.check(write.size, current.path)
-            files.write_parts(current.fd, parts, write.size, current.length)
+            files.write_parts(current.fd, write.parts, write.size, current.length)
             if self._sync_after_write:
                 files.sync_data(current.fd)
         except OSError as exc:
@@ -344,7 +348,7 @@ class LocalWriter(BackendWriter):
         self._check_fence()
         first = current.next_lsn
         current.length += write.size
-        current.next_lsn += len(write.bodies)
+        current.next_lsn += write.records
         return first
 
     def _cut_back(self, current: OpenSegment, exc: OSError) -> None:
