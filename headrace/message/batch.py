@@ -762,9 +762,67 @@ def stamp(data: bytearray, base_timetick: int, term: int) -> None:
 
 def stamped(data: bytes, base_timetick: int, term: int) -> bytes:
     """``data`` with its base timetick and term set (and the stamp's CRC), in one copy."""
+    return b"".join(_stamped_parts(data, stamp_mark(base_timetick, term)))
+
+
+def stamp_mark(base_timetick: int, term: int) -> bytes:
+    """The bytes a stamp writes over bytes 8..28 of a batch: base timetick,
+    term and their CRC (the rest of the batch, its body CRC included, stays)."""
     mark = _STAMP.pack(base_timetick, term)
+    return mark + _CRC.pack(_crc(mark))
+
+
+def _stamped_parts(data: bytes, mark: bytes) -> tuple[memoryview, bytes, memoryview]:
     view = memoryview(data)
-    return b"".join((view[:_STAMP_AT], mark, _CRC.pack(_crc(mark)), view[_BODY_CRC_AT:]))
+    return (view[:_STAMP_AT], mark, view[_BODY_CRC_AT:])
+
+
+class Stamped:
+    """A producer's batch with the stamp the WAL gave it, not joined yet.
+
+    ``header`` is the batch's header with that stamp
+    (:meth:`BatchHeader.with_stamp`); the stored batch is ``data`` with
+    :func:`stamp_mark` of it over bytes 8..28. A writer that writes a record's
+    :meth:`parts` as they are (the local WAL's ``pwritev``) stores it without
+    a copy of the batch, and the write-ahead buffer keeps the producer's
+    bytes. :meth:`joined` makes the one copy when somebody needs the stamped
+    bytes in one piece (a reader sending it on, a backend whose client takes
+    one buffer), keeps it and lets the producer's bytes go. ``data`` must be
+    immutable (``bytes``).
+    """
+
+    __slots__ = ("_data", "_header")
+
+    def __init__(self, data: bytes, header: BatchHeader) -> None:
+        self._data = data
+        self._header: BatchHeader | None = header
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def records(self) -> bytes:
+        """Bytes with the batch's records (and header) at their offsets; the
+        stamp in them may not be set yet: the stamped header has it."""
+        return self._data
+
+    def parts(self) -> tuple[bytes | memoryview, ...]:
+        """The stored batch's bytes in order, in as few pieces as it has."""
+        header = self._header
+        if header is None:
+            return (self._data,)
+        return _stamped_parts(self._data, stamp_mark(header.base_timetick, header.term))
+
+    def joined(self) -> bytes:
+        """The stored batch in one piece (copied once, then kept)."""
+        if self._header is None:
+            return self._data
+        data = b"".join(self.parts())
+        self._data, self._header = data, None
+        return data
+
+    def __repr__(self) -> str:
+        return f"Stamped({len(self._data)} bytes, joined={self._header is None})"
 
 
 def messages(data: bytes, verified: BatchHeader | None = None) -> list[Message]:

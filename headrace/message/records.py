@@ -27,7 +27,7 @@ def message_id(record_id: MessageID, index: int) -> MessageID:
     return record_id.with_index(index) if index else record_id
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class BatchEntry:
     """A stored record batch as one unit (the write-ahead buffer holds these,
     and readers that take batches get them whole)."""
@@ -36,7 +36,30 @@ class BatchEntry:
     """The record's id, which is also its first message's."""
     header: batch.BatchHeader
     """Checked when the batch was appended or read."""
-    data: bytes
+    record: bytes | batch.Stamped
+    """The stored batch: its bytes, or (appended to this WAL) the producer's
+    bytes with the WAL's stamp not joined yet (:attr:`data` joins them)."""
+
+    @property
+    def data(self) -> bytes:
+        """The stored batch's bytes (stamped), joined on first need."""
+        record = self.record
+        return record if isinstance(record, bytes) else record.joined()
+
+    @property
+    def body(self) -> bytes:
+        """Bytes with the batch's records at their offsets, without joining a
+        stamp not joined yet (decoding takes the stamp from :attr:`header`)."""
+        record = self.record
+        return record if isinstance(record, bytes) else record.records
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BatchEntry):
+            return NotImplemented
+        return (self.id, self.header, self.data) == (other.id, other.header, other.data)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.header, self.data))
 
     @property
     def count(self) -> int:
@@ -53,7 +76,7 @@ class BatchEntry:
     def entries(self) -> list[LogEntry]:
         """The batch's messages as log entries."""
         rid = self.id
-        msgs = batch.messages(self.data, self.header)
+        msgs = batch.messages(self.body, self.header)
         return [_new_tuple(LogEntry, (message_id(rid, i), m)) for i, m in enumerate(msgs)]
 
     def position_of(self, mid: MessageID) -> int | None:
@@ -70,7 +93,7 @@ class BatchEntry:
     ) -> None:
         """The batch's messages onto ``out``, with ``keep`` applied as
         :func:`decode_block` applies it."""
-        _expand_checked(self.id, self.data, self.header, keep, out)
+        _expand_checked(self.id, self.body, self.header, keep, out)
 
     def accepted_whole(self, keep: HeaderFilter | None) -> bool:
         """Whether ``keep`` passes every message of the batch (it then goes whole)."""
@@ -82,7 +105,7 @@ class BatchEntry:
         if header.base_timetick < keep.min_timetick:
             return False
         if keep.types:
-            return keep.types.issuperset(batch.type_codes(self.data, header))
+            return keep.types.issuperset(batch.type_codes(self.body, header))
         return True
 
 

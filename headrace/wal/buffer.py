@@ -42,7 +42,9 @@ ENTRY_OVERHEAD = 576
 (the entry, its id, its message or batch header, the bytes object's header)
 and its cells in the buffer's columns. Measured with tracemalloc on CPython
 3.11: 385 to 490 for a message or a time tick without properties, 480 to 510
-for a record batch (its header a named tuple; ``tests/wal/test_buffer_memory.py``
+for a record batch (its header a named tuple), about 530 for one appended to
+this WAL (the producer's bytes and its stamp kept apart in a
+:class:`~headrace.message.batch.Stamped`; ``tests/wal/test_buffer_memory.py``
 checks the bound, with room for what other threads allocate meanwhile)."""
 PROPERTY_OVERHEAD = 200
 """Bytes each property of a message entry costs beyond its encoded bytes, at

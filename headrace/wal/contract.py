@@ -31,6 +31,7 @@ import enum
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from headrace.message.batch import Stamped
 from headrace.message.ids import MessageID
 
 
@@ -160,9 +161,9 @@ class BackendWriter(abc.ABC):
         """The ids the very next append of ``count`` records gets if it succeeds,
         when the backend knows them before writing (optional; None by default).
 
-        A caller that starts that append right away (nothing in between) may
-        prepare its bookkeeping while the append is in flight; the append's
-        result is then this very list object.
+        A caller that starts that append right away (no other append in
+        between) may prepare its bookkeeping for that outcome ahead; the
+        append's result is then this very list object.
         """
         return None
 
@@ -185,6 +186,20 @@ class BackendWriter(abc.ABC):
         if on_done is not None:
             future.add_done_callback(on_done)
         return future
+
+    def start_append_stamped(
+        self,
+        records: Sequence[bytes | Stamped],
+        on_done: Callable[[asyncio.Future[list[MessageID]]], None] | None = None,
+    ) -> asyncio.Future[list[MessageID]]:
+        """:meth:`start_append` of records some of which are record batches
+        stamped but not joined yet (:class:`~headrace.message.batch.Stamped`).
+
+        This default joins each of them (one copy, which the WAL's buffer then
+        shares); a backend that stores a record's parts as they are overrides it.
+        """
+        joined = [r if isinstance(r, bytes) else r.joined() for r in records]
+        return self.start_append(joined, on_done)
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -52,6 +52,16 @@ def batch_entry(i: int, payload: int) -> tuple[Item, int, bool]:
     return BatchEntry(MID(i), batch.verify(data), bytes(data)), len(data), True
 
 
+def appended_batch_entry(i: int, payload: int) -> tuple[Item, int, bool]:
+    """A record batch of one message as the appender keeps it before any
+    reader needed it joined: the producer's bytes and the stamped header."""
+    data = batch.encode(
+        [Message(MessageType.INSERT, "v", bytes(payload))], batch.BatchInfo("v", 7, i)
+    )
+    header = batch.verify(data).with_stamp(BIG_TT + i, TERM)
+    return BatchEntry(MID(i), header, batch.Stamped(data, header)), len(data), True
+
+
 def message_entry(i: int, payload: int, properties: dict[str, str]) -> tuple[Item, int, bool]:
     """A format-1 entry: the stamped message, its encoded size."""
     msg = Message(MessageType.INSERT, "v", bytes(payload), properties, BIG_TT + i, TERM)
@@ -77,6 +87,7 @@ KINDS: dict[str, Callable[[int], tuple[Item, int, bool]]] = {
     "message with a producer's dedup properties": producer_message,
     "record batch of one small message": lambda i: batch_entry(i, 16),
     "record batch of 16 KiB": lambda i: batch_entry(i, 16 * 1024),
+    "record batch of one small message, stamp not joined": lambda i: appended_batch_entry(i, 16),
 }
 
 

@@ -407,11 +407,13 @@ class Appender:
         on_done = functools.partial(self._written, batch)
         if batch.records:
             ids = self._writer.next_ids(len(batch.records))
-            self._write_future = self._writer.start_append(batch.records, on_done)
             if ids is not None:
-                # The bookkeeping overlaps the append (the backend's I/O thread
-                # is starting up); it is published only once the append ends.
+                # The bookkeeping is done before the append starts, not while
+                # the backend's I/O thread starts up: that thread needs the
+                # GIL to reach its system call, so work here would delay the
+                # write by as much. It is published only once the append ends.
                 settle_early(batch, ids)
+            self._write_future = self._writer.start_append_stamped(batch.records, on_done)
         else:
             future: asyncio.Future[list[MessageID]] = asyncio.get_running_loop().create_future()
             future.set_result([])

@@ -7,7 +7,9 @@ write-ahead buffer's entries.
 
 In message format 2 every record is a record batch: a context carrying a
 whole producer batch gets its messages' timeticks (consecutive, reserved at
-once), is stamped in place and stored as it is (the buffer keeps it whole);
+once), is stamped without a copy of its bytes (the stamp stays apart until a
+writer or reader joins it, :class:`~headrace.message.batch.Stamped`) and
+stored as it is (the buffer keeps it whole);
 any other message (the WAL's ticks and fences, the per-message path) is
 stored as a batch of its own, with its batch's dedup key if it came from one.
 """
@@ -22,7 +24,7 @@ from typing import NamedTuple
 from headrace import errors, slots
 from headrace.message import batch as batches
 from headrace.message import codec
-from headrace.message.batch import BatchHeader
+from headrace.message.batch import BatchHeader, Stamped
 from headrace.message.ids import MessageID
 from headrace.message.records import BatchEntry, message_id
 from headrace.message.types import LogEntry, Message, MessageType
@@ -90,11 +92,11 @@ class Batch:
         self.messages: list[Message] = []
         self.sizes: list[int] = []
         self.persisted: list[bool] = []
-        self.records: list[bytes] = []
+        self.records: list[bytes | Stamped] = []
         self.count = 0
         self.early: Settled | None = None
         """Settled ahead with the ids the backend announced (see :func:`settle_early`)."""
-        self.wholes: dict[int, tuple[bytes, BatchHeader]] = {}
+        self.wholes: dict[int, tuple[bytes | Stamped, BatchHeader]] = {}
         """Planned contexts (by position) that are whole record batches: the
         stored bytes and their stamped header."""
 
@@ -158,11 +160,20 @@ def alone(msg: Message, ctx: AppendContext, max_bytes: int) -> bytes:
     return bytes(data)
 
 
-def stamped_whole(part: BatchPart, base_timetick: int, term: int) -> tuple[bytes, BatchHeader]:
-    """A producer's whole batch stamped (one copy): the bytes to store, its header."""
-    assert part.data is not None
+def stamped_whole(
+    part: BatchPart, base_timetick: int, term: int
+) -> tuple[bytes | Stamped, BatchHeader]:
+    """A producer's whole batch stamped: the record to store, its header.
+
+    The producer's ``bytes`` are not copied (the stamp stays apart until a
+    writer or reader joins it, see :class:`~headrace.message.batch.Stamped`);
+    any other buffer is copied stamped, as the caller may change it after."""
+    data = part.data
+    assert data is not None
     header = part.header.with_stamp(base_timetick, term)
-    return batches.stamped(part.data, base_timetick, term), header
+    if data.__class__ is bytes:
+        return Stamped(data, header), header
+    return batches.stamped(data, base_timetick, term), header
 
 
 def ticks_needed(requests: list[Request]) -> int:
@@ -245,17 +256,17 @@ def plan(batch: Batch, requests: list[Request], first: int, stamp: Stamp) -> Non
 
 
 _SET_ENTRY = slots.setters(BatchEntry)
-"""In field order: id, header, data."""
+"""In field order: id, header, record."""
 
 
-def batch_entry(mid: MessageID, header: BatchHeader, record: bytes) -> BatchEntry:
+def batch_entry(mid: MessageID, header: BatchHeader, record: bytes | Stamped) -> BatchEntry:
     """``BatchEntry(mid, header, record)``, built through its slots (one per
     appended whole batch; see :func:`headrace.wal.api.append_result`)."""
     entry = object.__new__(BatchEntry)
-    set_id, set_header, set_data = _SET_ENTRY
+    set_id, set_header, set_record = _SET_ENTRY
     set_id(entry, mid)
     set_header(entry, header)
-    set_data(entry, record)
+    set_record(entry, record)
     return entry
 
 

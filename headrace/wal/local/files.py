@@ -320,7 +320,7 @@ IOV_MAX = _iov_max()
 _PWRITEV = getattr(os, "pwritev", None)
 
 
-def write_parts(fd: int, parts: list[bytes], size: int, offset: int) -> None:
+def write_parts(fd: int, parts: list[bytes | memoryview], size: int, offset: int) -> None:
     """Write the concatenation of ``parts`` (``size`` bytes) at ``offset``.
 
     One ``pwritev`` of the parts as they are, without copying them into one

@@ -39,12 +39,13 @@ import enum
 import re
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import crc32c
 
 from headrace import errors
+from headrace.message.batch import Stamped
 from headrace.message.ids import MessageID
 from headrace.wal.contract import Record, RecordBlock
 from headrace.wal.local.fence import Fence
@@ -177,20 +178,33 @@ def decode_header(data: bytes, path: str) -> SegmentHeader:
     return SegmentHeader(SegmentName(base, term, seq), prev, prev_len, version)
 
 
-def frame_parts(first_lsn: int, records: list[bytes], version: int = FORMAT_VERSION) -> list[bytes]:
+def frame_parts(
+    first_lsn: int, records: Sequence[bytes | Stamped], version: int = FORMAT_VERSION
+) -> list[bytes | memoryview]:
     """Frames of ``records`` with consecutive LSNs from ``first_lsn`` in a
     segment of format ``version``: each frame header followed by its body
-    (the bodies are not copied)."""
-    parts: list[bytes] = []
-    add, pack_lsn, pack_frame = parts.append, _LSN.pack, FRAME.pack
+    (the bodies are not copied; a stamped batch not joined yet goes as its
+    parts, its checksum run over them in order)."""
+    parts: list[bytes | memoryview] = []
+    add, extend, pack_lsn, pack_frame = parts.append, parts.extend, _LSN.pack, FRAME.pack
     checksum = frame_checksum(version)
     for lsn, body in enumerate(records, first_lsn):
-        add(pack_frame(len(body), checksum(body, checksum(pack_lsn(lsn), 0)), lsn))
-        add(body)
+        crc = checksum(pack_lsn(lsn), 0)
+        if isinstance(body, bytes):
+            add(pack_frame(len(body), checksum(body, crc), lsn))
+            add(body)
+            continue
+        pieces = body.parts()
+        for piece in pieces:
+            crc = checksum(piece, crc)
+        add(pack_frame(len(body), crc, lsn))
+        extend(pieces)
     return parts
 
 
-def encode_frames(first_lsn: int, records: list[bytes], version: int = FORMAT_VERSION) -> bytes:
+def encode_frames(
+    first_lsn: int, records: Sequence[bytes | Stamped], version: int = FORMAT_VERSION
+) -> bytes:
     """:func:`frame_parts` joined."""
     return b"".join(frame_parts(first_lsn, records, version))
 

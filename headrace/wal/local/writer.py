@@ -4,13 +4,15 @@ Concurrent ``append`` calls queue up; when no write is in flight, everything
 queued goes to the writer's own I/O thread at once (one wake-up of the thread
 and one of the event loop per write, whatever the number of calls), which
 writes the frame headers and the records as they are with one ``pwritev`` (no
-copy into one buffer), syncs once (``O_DSYNC``, or ``fdatasync``: the file's
-new size is synced with the data) and then re-reads the term file through a
-descriptor it keeps, comparing its bytes with the writer's own identity (term
-and epoch, see :mod:`.fence`). Only if it still holds that identity are the
-callers acknowledged: a new owner, even one of the same term, stores its
-identity before measuring the log, so every acknowledged byte lies below what
-it measured. The next queued write starts as the previous one is answered.
+copy into one buffer; a record batch stamped but not joined yet goes as its
+parts, see :class:`~headrace.message.batch.Stamped`), syncs once (``O_DSYNC``,
+or ``fdatasync``: the file's new size is synced with the data) and then
+re-reads the term file through a descriptor it keeps, comparing its bytes with
+the writer's own identity (term and epoch, see :mod:`.fence`). Only if it still
+holds that identity are the callers acknowledged: a new owner, even one of the
+same term, stores its identity before measuring the log, so every acknowledged
+byte lies below what it measured. The next queued write starts as the previous
+one is answered.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from headrace import errors
+from headrace.message.batch import Stamped
 from headrace.message.ids import MessageID
 from headrace.wal.contract import BackendWriter
 from headrace.wal.iothread import IOThread, answer
@@ -69,14 +72,14 @@ _Future = asyncio.Future[list[MessageID]]
 _OnDone = Callable[[_Future], None] | None
 _Announced = tuple[int, list[MessageID]]
 """Ids announced for a call: its first LSN and the ids."""
-_Pending = tuple[list[bytes], _Future, _OnDone, _Announced | None]
+_Pending = tuple[list[bytes | Stamped], _Future, _OnDone, _Announced | None]
 """Records of one call, its future and callback, and the ids announced for it."""
 
 
 class _Write(NamedTuple):
     """One write for the I/O thread: the frames of the calls in ``batch``."""
 
-    parts: list[bytes]
+    parts: list[bytes | memoryview]
     """Frame headers and record bodies, in order (see :func:`segment.frame_parts`)."""
     size: int
     """Bytes of ``parts``."""
@@ -136,7 +139,7 @@ class LocalWriter(BackendWriter):
             self._channel.active = None
 
     async def append(self, records: Sequence[bytes]) -> list[MessageID]:
-        return await self.start_append(records)
+        return await self.start_append_stamped(records)
 
     def next_ids(self, count: int) -> list[MessageID] | None:
         """The LSNs the next call gets, if it starts a write at once (nothing queued)."""
@@ -152,6 +155,13 @@ class LocalWriter(BackendWriter):
 
         ``on_done`` runs right when the write's outcome is set.
         """
+        return self.start_append_stamped(records, on_done)
+
+    def start_append_stamped(
+        self, records: Sequence[bytes | Stamped], on_done: _OnDone = None
+    ) -> _Future:
+        """:meth:`start_append`; a stamped batch not joined yet is written as
+        its parts (one ``pwritev`` takes them as they are: no copy)."""
         loop = asyncio.get_running_loop()
         future: _Future = loop.create_future()
         announced, self._announced = self._announced, None
@@ -212,7 +222,9 @@ class LocalWriter(BackendWriter):
         self._busy = True
         bodies = batch[0][0] if len(batch) == 1 else [b for data, _, _, _ in batch for b in data]
         # Framed here, so the I/O thread holds the GIL only around its system
-        # calls. Only one write is in flight: the next LSN is settled.
+        # calls (framed there, a 64 KiB batch's checksum took longer: its bytes
+        # are in this core's cache, just checked). Only one write is in
+        # flight: the next LSN is settled.
         parts = segment.frame_parts(self._segment.next_lsn, bodies, self._segment.version)
         if self._io is None:
             self._io = IOThread(f"wal-writer-{self.pchannel}", self._run_write)
@@ -430,10 +442,11 @@ class LocalWriter(BackendWriter):
         self._on_close(self)
 
 
-def _as_bytes(records: Sequence[bytes]) -> list[bytes]:
-    """``records`` as a list of bytes objects (copied only if they are not bytes)."""
+def _as_bytes(records: Sequence[bytes | Stamped]) -> list[bytes | Stamped]:
+    """``records`` as a list of bytes objects and stamped batches (any other
+    buffer is copied: the caller may change it before the write)."""
     data = records if type(records) is list else list(records)
     for body in data:
-        if type(body) is not bytes:
-            return [bytes(record) for record in records]
+        if type(body) is not bytes and type(body) is not Stamped:
+            return [r if isinstance(r, Stamped) else bytes(r) for r in records]
     return data
