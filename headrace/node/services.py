@@ -9,7 +9,6 @@ Conversion between protos and messages lives in :mod:`headrace.node.convert`.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import itertools
 import logging
@@ -21,21 +20,20 @@ import grpc
 
 from headrace import errors
 from headrace.cluster import Keys
-from headrace.guarded import cancel_and_settle
-from headrace.message.records import BatchEntry
-from headrace.message.types import LogEntry, Message
+from headrace.guarded import cancel_and_settle, guarded_task
+from headrace.message.types import Message
 from headrace.metastore.contract import Metastore
 from headrace.node import convert
 from headrace.node.assignments import read_assignment, refuse_close, refuse_open
 from headrace.node.errors import abort, as_headrace, to_proto
 from headrace.node.metrics import NodeMetrics
+from headrace.node.readahead import Bounds, ConsumeStats, ReadAhead, Source
 from headrace.node.walmanager import OpenFailure, WALManager
 from headrace.node.writegate import WriteGate
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 from headrace.wal.api import AppendResult, BatchAppendResult, WALState
 from headrace.wal.hosted import HostedWAL
-from headrace.wal.scanner import Scanner
 
 T = TypeVar("T")
 
@@ -343,19 +341,6 @@ async def _read_batches(
 # ------------------------------------------------------------------ Consumer
 
 
-@dataclasses.dataclass(slots=True)
-class ConsumeStats:
-    """Flow-control bookkeeping of one Consume stream."""
-
-    pchannel: str
-    pulled: int = 0
-    """Entries taken from the scanner."""
-    sent: int = 0
-    """Entries handed to gRPC (whose write waits for the client's window)."""
-    max_ahead: int = 0
-    """Most entries pulled but not yet handed to gRPC at any time."""
-
-
 def _with_refusals(
     outcomes: Sequence[T | errors.HeadraceError],
     refused: dict[int, errors.HeadraceError],
@@ -401,26 +386,38 @@ class ConsumerService(rpc.ConsumerServicer):
             scanner = wal.read(convert.read_options(request))
         except errors.HeadraceError as exc:
             await abort(context, exc)
-        max_messages = min(
-            request.max_batch_messages or self.limits.consume_batch_messages,
-            self.limits.consume_batch_messages,
-        )
-        max_bytes = min(
-            request.max_batch_bytes or self.limits.consume_batch_bytes,
-            self.limits.consume_batch_bytes,
+        bounds = Bounds(
+            min(
+                request.max_batch_messages or self.limits.consume_batch_messages,
+                self.limits.consume_batch_messages,
+            ),
+            min(
+                request.max_batch_bytes or self.limits.consume_batch_bytes,
+                self.limits.consume_batch_bytes,
+            ),
+            request.accept_batches,
         )
         stream_id = next(self._ids)
         stats = self.streams[stream_id] = ConsumeStats(request.pchannel)
         failure: errors.HeadraceError | None = None
-        carry: collections.deque[LogEntry | BatchEntry] = collections.deque()
-        bounds = Bounds(max_messages, max_bytes, request.accept_batches)
+        # The header names where "latest" resolved to: taken before anything is read.
+        header = convert.consume_header(self.manager.node_id, wal.term, request, scanner)
+        source = Source(scanner, self.limits.consume_poll_seconds, lambda: self._moved(wal))
+        ahead = ReadAhead(source, bounds, stats)
+        reader = guarded_task(
+            ahead.run(),
+            f"consume-{request.pchannel}-{stream_id}",
+            ahead.failed,
+            finishable=True,
+            logger=log,
+        )
         try:
-            yield convert.consume_header(self.manager.node_id, wal.term, request, scanner)
+            yield header
             while True:
-                response, packed = await self._fill(scanner, wal, stats, bounds, carry)
+                response, packed = await ahead.next_response()
                 yield response
                 stats.sent += packed.messages
-                if self.metrics is not None and packed.messages:
+                if self.metrics is not None:
                     self.metrics.consumed(
                         request.pchannel,
                         messages=packed.messages,
@@ -432,53 +429,19 @@ class ConsumerService(rpc.ConsumerServicer):
             failure = exc
         finally:
             del self.streams[stream_id]
+            await cancel_and_settle([reader], what="ending a Consume stream", logger=log)
             await scanner.close()
         if failure is not None:
             if isinstance(failure, errors.NotOwner | errors.Closed):
                 failure = self.manager.not_owner(request.pchannel)
             await abort(context, failure)
 
-    async def _fill(
-        self,
-        scanner: Scanner,
-        wal: HostedWAL,
-        stats: ConsumeStats,
-        bounds: Bounds,
-        carry: collections.deque[LogEntry | BatchEntry],
-    ) -> tuple[pb.ConsumeResponse, convert.Packed]:
-        """Wait for entries, then pack what is ready within the bounds.
-
-        Entries come from the scanner in bulk (at most ``max_messages`` ahead;
-        whole record batches for a client that reads them); those that do not
-        fit this response wait in ``carry`` for the next.
-        """
-        while not carry:
-            poll = self.limits.consume_poll_seconds
-            if bounds.batches:
-                carry.extend(await scanner.next_units(bounds.messages, poll))
-            else:
-                carry.extend(await scanner.next_many(bounds.messages, poll))
-            if not carry and self.manager.held.get(wal.pchannel) is not wal:
-                raise errors.NotOwner(f"{wal.pchannel} moved away from this node")
-        stats.pulled += convert.messages_in(carry)
-        response = pb.ConsumeResponse()
-        if bounds.batches:
-            packed = convert.pack_items(response.items, carry, bounds.messages, bounds.bytes)
-        else:
-            packed = convert.pack_messages(response.messages, carry, bounds.messages, bounds.bytes)
-        stats.pulled -= convert.messages_in(carry)
-        stats.max_ahead = max(stats.max_ahead, stats.pulled - stats.sent)
-        return response, packed
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Bounds:
-    """What one Consume response may hold, and in which form."""
-
-    messages: int
-    bytes: int
-    batches: bool
-    """The client reads record batches (responses carry ``items``)."""
+    def _moved(self, wal: HostedWAL) -> errors.HeadraceError | None:
+        """NotOwner once this node no longer serves ``wal`` (checked when a
+        Consume stream's read waited in vain)."""
+        if self.manager.held.get(wal.pchannel) is not wal:
+            return errors.NotOwner(f"{wal.pchannel} moved away from this node")
+        return None
 
 
 # ------------------------------------------------------------------- Manager
