@@ -202,7 +202,9 @@ async def test_a_scanner_error_ends_the_stream_with_its_status_after_the_entries
     real = Scanner.next_many
     read = 0
 
-    async def failing(self: Scanner, max_entries: int = 1, timeout: float | None = None) -> list:  # type: ignore[type-arg]
+    async def failing(
+        self: Scanner, max_entries: int = 1, timeout: float | None = None
+    ) -> list[object]:
         nonlocal read
         if read == 3:
             raise errors.CorruptData("record 7 of the test is damaged")
@@ -227,7 +229,9 @@ async def test_a_scanner_error_ends_the_stream_with_its_status_after_the_entries
 async def test_an_unexpected_reader_failure_ends_the_stream_as_internal(
     channel: grpc.aio.Channel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def broken(self: Scanner, max_entries: int = 1, timeout: float | None = None) -> list:  # type: ignore[type-arg]
+    async def broken(
+        self: Scanner, max_entries: int = 1, timeout: float | None = None
+    ) -> list[object]:
         raise RuntimeError("a bug in the scanner")
 
     monkeypatch.setattr(Scanner, "next_many", broken)
