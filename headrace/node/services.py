@@ -48,6 +48,9 @@ class Limits:
 
     produce_queue_batches: int = 16
     """Batches read ahead from one Produce stream while an append runs."""
+    produce_answers_ahead: int = 4
+    """Appends of one Produce stream whose responses may wait for the stream's
+    sends while the next append runs."""
     coalesce_messages: int = 4096
     """Most messages of queued batches appended in one call."""
     consume_batch_messages: int = 256
@@ -57,6 +60,10 @@ class Limits:
 
 
 # ------------------------------------------------------------------ Producer
+
+Answer = list[pb.ProduceResponse] | errors.HeadraceError | None
+"""What a Produce stream's appender hands its writer: one append's responses,
+the error that ends the stream, or None at its end."""
 
 
 class ProducerService(rpc.ProducerServicer):
@@ -101,18 +108,45 @@ class ProducerService(rpc.ProducerServicer):
         queue: asyncio.Queue[pb.ProduceBatch | errors.HeadraceError | None] = asyncio.Queue(
             self.limits.produce_queue_batches
         )
+        answers: asyncio.Queue[Answer] = asyncio.Queue(self.limits.produce_answers_ahead)
         reader = asyncio.create_task(_read_batches(request_iterator, queue))
+        appender = guarded_task(
+            self._append_queued(opened.pchannel, queue, answers),
+            f"produce-{opened.pchannel}",
+            lambda failure: answers.put(
+                errors.HeadraceError(f"internal error: {failure.describe()}")
+            ),
+            finishable=True,
+            logger=log,
+        )
         try:
-            done = False
-            while not done:
-                batches, failure, done = await self._take(queue)
-                if batches:
-                    for response in await self.append(opened.pchannel, batches):
-                        yield response
-                if failure is not None:
-                    await abort(context, failure)
+            while True:
+                answer = await answers.get()
+                if answer is None:
+                    return
+                if isinstance(answer, errors.HeadraceError):
+                    await abort(context, answer)
+                for response in answer:
+                    yield response
         finally:
-            await cancel_and_settle([reader], what="ending a Produce stream", logger=log)
+            await cancel_and_settle([reader, appender], what="ending a Produce stream", logger=log)
+
+    async def _append_queued(
+        self,
+        pchannel: str,
+        queue: asyncio.Queue[pb.ProduceBatch | errors.HeadraceError | None],
+        answers: asyncio.Queue[Answer],
+    ) -> None:
+        """Append the batches of one Produce stream as they come, handing each
+        append's responses to the stream's writer: the next append runs while
+        they are sent. Ends with the stream's error, or None at its end."""
+        while True:
+            batches, failure, done = await self._take(queue)
+            if batches:
+                await answers.put(await self.append(pchannel, batches))
+            if failure is not None or done:
+                await answers.put(failure)
+                return
 
     def _open(self, first: pb.ProduceRequest) -> pb.ProducerOpened:
         if first.WhichOneof("request") != "open":
