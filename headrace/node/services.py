@@ -1,9 +1,13 @@
 """gRPC servicers of a streaming node: Producer, Consumer, Manager.
 
 The hot paths work on whole batches: the Producer service coalesces the
-batches queued on a stream into one ``append_many`` call, and the Consumer
-service packs up to a bounded number of messages and bytes into one response.
-Conversion between protos and messages lives in :mod:`headrace.node.convert`.
+batches queued on a stream into one append call, and the Consumer service
+packs up to a bounded number of messages and bytes into one response. Neither
+waits for a response's send before its next step: a Produce stream appends in
+a task while its writer sends the responses of earlier appends, a Consume
+stream reads ahead while its previous response is sent
+(:mod:`headrace.node.readahead`). Conversion between protos and messages lives
+in :mod:`headrace.node.convert`.
 """
 
 from __future__ import annotations
