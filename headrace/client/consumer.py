@@ -31,7 +31,6 @@ from headrace.client.session import Session
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.message import batch, ids
 from headrace.message.ids import MessageID
-from headrace.message.records import message_id
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
@@ -41,6 +40,7 @@ log = logging.getLogger(__name__)
 ConsumeCall = rpc.ConsumeCall
 
 _DATA_TYPES = frozenset(t for t in MessageType if not t.is_system)
+_new_tuple = tuple.__new__
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,14 +73,20 @@ def to_entry(proto: pb.ConsumedMessage) -> LogEntry:
     return LogEntry(mid, message)
 
 
+def _entry(pair: tuple[MessageID, Message]) -> LogEntry:
+    return _new_tuple(LogEntry, pair)
+
+
 def item_entries(item: pb.ConsumedItem) -> list[LogEntry]:
     """The messages of one item of a Consume response (a message, or a record
     batch checked whole); CorruptData if the node sent something unreadable."""
     if item.WhichOneof("item") != "batch":
         return [to_entry(item.message)]
-    first = ids.parse(item.batch.first_id)
-    msgs = batch.messages(item.batch.data)
-    return [LogEntry(message_id(first, i), msg) for i, msg in enumerate(msgs)]
+    unit = item.batch
+    msgs = batch.messages(unit.data)
+    # The ids column by column and the entries as plain tuples: a third of
+    # the cost per message of one ``with_index`` and ``LogEntry(...)`` each.
+    return list(map(_entry, zip(ids.parse(unit.first_id).indexed(len(msgs)), msgs, strict=True)))
 
 
 Inbound = pb.ConsumeResponse | Owner | errors.HeadraceError
@@ -205,17 +211,31 @@ class Consumer:
     def _received(self) -> LogEntry | None:
         """The next received message this consumer delivers (its vchannel and types),
         passing over the others; None once nothing received is left."""
-        while self._buffer:
-            entry = self._buffer.popleft()
+        taken = self._take_received(1)
+        return taken[0] if taken else None
+
+    def _take_received(self, most: int | None) -> list[LogEntry]:
+        """The next received messages this consumer delivers, ``most`` at most
+        (None: all), passing over the others; every message passed or taken
+        moves the resume position (``last_id``, ``last_timetick``)."""
+        buffer = self._buffer
+        vchannel = self.vchannel
+        types = self.types
+        newest = self.last_timetick
+        taken: list[LogEntry] = []
+        entry: LogEntry | None = None
+        while buffer and (most is None or len(taken) < most):
+            entry = buffer.popleft()
+            message = entry.message
+            newest = max(newest, message.timetick)
+            if message.vchannel and message.vchannel != vchannel:
+                continue
+            if message.type in types:
+                taken.append(entry)
+        if entry is not None:
             self.last_id = entry.id
-            self.last_timetick = max(self.last_timetick, entry.message.timetick)
-            vchannel = entry.message.vchannel
-            if vchannel and vchannel != self.vchannel:
-                continue
-            if entry.message.type not in self.types:
-                continue
-            return entry
-        return None
+            self.last_timetick = newest
+        return taken
 
     async def next_many(self, limit: int = 1024, timeout: float | None = None) -> list[LogEntry]:
         """The next message and every other already received, ``limit`` at most:
@@ -228,13 +248,7 @@ class Consumer:
         first = await self.next(timeout)
         if first is None:
             return []
-        taken = [first]
-        while most is None or len(taken) < most:
-            entry = self._received()
-            if entry is None:
-                break
-            taken.append(entry)
-        return taken
+        return [first, *self._take_received(None if most is None else most - 1)]
 
     async def next(self, timeout: float | None = None) -> LogEntry | None:
         """The next message, or None if none arrives within ``timeout`` seconds."""

@@ -1,15 +1,18 @@
 """gRPC servicers of a streaming node: Producer, Consumer, Manager.
 
 The hot paths work on whole batches: the Producer service coalesces the
-batches queued on a stream into one ``append_many`` call, and the Consumer
-service packs up to a bounded number of messages and bytes into one response.
-Conversion between protos and messages lives in :mod:`headrace.node.convert`.
+batches queued on a stream into one append call, and the Consumer service
+packs up to a bounded number of messages and bytes into one response. Neither
+waits for a response's send before its next step: a Produce stream appends in
+a task while its writer sends the responses of earlier appends, a Consume
+stream reads ahead while its previous response is sent
+(:mod:`headrace.node.readahead`). Conversion between protos and messages lives
+in :mod:`headrace.node.convert`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import itertools
 import logging
@@ -21,21 +24,20 @@ import grpc
 
 from headrace import errors
 from headrace.cluster import Keys
-from headrace.guarded import cancel_and_settle
-from headrace.message.records import BatchEntry
-from headrace.message.types import LogEntry, Message
+from headrace.guarded import cancel_and_settle, guarded_task
+from headrace.message.types import Message
 from headrace.metastore.contract import Metastore
 from headrace.node import convert
 from headrace.node.assignments import read_assignment, refuse_close, refuse_open
 from headrace.node.errors import abort, as_headrace, to_proto
 from headrace.node.metrics import NodeMetrics
+from headrace.node.readahead import Bounds, ConsumeStats, ReadAhead, Source
 from headrace.node.walmanager import OpenFailure, WALManager
 from headrace.node.writegate import WriteGate
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 from headrace.wal.api import AppendResult, BatchAppendResult, WALState
 from headrace.wal.hosted import HostedWAL
-from headrace.wal.scanner import Scanner
 
 T = TypeVar("T")
 
@@ -50,15 +52,26 @@ class Limits:
 
     produce_queue_batches: int = 16
     """Batches read ahead from one Produce stream while an append runs."""
+    produce_answers_ahead: int = 4
+    """Appends of one Produce stream whose responses may wait for the stream's
+    sends while the next append runs."""
     coalesce_messages: int = 4096
     """Most messages of queued batches appended in one call."""
-    consume_batch_messages: int = 256
+    consume_batch_messages: int = 1024
+    """Most messages in one Consume response (a record batch counts as its
+    messages). With messages of 1 KiB the byte bound below binds first: the
+    two batches a producer's 600-message burst makes go in one response,
+    not the second after the first's send."""
     consume_batch_bytes: int = 1 << 20
     consume_poll_seconds: float = 0.5
     """How often an idle Consume stream checks that the WAL is still served."""
 
 
 # ------------------------------------------------------------------ Producer
+
+Answer = list[pb.ProduceResponse] | errors.HeadraceError | None
+"""What a Produce stream's appender hands its writer: one append's responses,
+the error that ends the stream, or None at its end."""
 
 
 class ProducerService(rpc.ProducerServicer):
@@ -103,18 +116,45 @@ class ProducerService(rpc.ProducerServicer):
         queue: asyncio.Queue[pb.ProduceBatch | errors.HeadraceError | None] = asyncio.Queue(
             self.limits.produce_queue_batches
         )
+        answers: asyncio.Queue[Answer] = asyncio.Queue(self.limits.produce_answers_ahead)
         reader = asyncio.create_task(_read_batches(request_iterator, queue))
+        appender = guarded_task(
+            self._append_queued(opened.pchannel, queue, answers),
+            f"produce-{opened.pchannel}",
+            lambda failure: answers.put(
+                errors.HeadraceError(f"internal error: {failure.describe()}")
+            ),
+            finishable=True,
+            logger=log,
+        )
         try:
-            done = False
-            while not done:
-                batches, failure, done = await self._take(queue)
-                if batches:
-                    for response in await self.append(opened.pchannel, batches):
-                        yield response
-                if failure is not None:
-                    await abort(context, failure)
+            while True:
+                answer = await answers.get()
+                if answer is None:
+                    return
+                if isinstance(answer, errors.HeadraceError):
+                    await abort(context, answer)
+                for response in answer:
+                    yield response
         finally:
-            await cancel_and_settle([reader], what="ending a Produce stream", logger=log)
+            await cancel_and_settle([reader, appender], what="ending a Produce stream", logger=log)
+
+    async def _append_queued(
+        self,
+        pchannel: str,
+        queue: asyncio.Queue[pb.ProduceBatch | errors.HeadraceError | None],
+        answers: asyncio.Queue[Answer],
+    ) -> None:
+        """Append the batches of one Produce stream as they come, handing each
+        append's responses to the stream's writer: the next append runs while
+        they are sent. Ends with the stream's error, or None at its end."""
+        while True:
+            batches, failure, done = await self._take(queue)
+            if batches:
+                await answers.put(await self.append(pchannel, batches))
+            if failure is not None or done:
+                await answers.put(failure)
+                return
 
     def _open(self, first: pb.ProduceRequest) -> pb.ProducerOpened:
         if first.WhichOneof("request") != "open":
@@ -373,19 +413,6 @@ async def _read_batches(
 # ------------------------------------------------------------------ Consumer
 
 
-@dataclasses.dataclass(slots=True)
-class ConsumeStats:
-    """Flow-control bookkeeping of one Consume stream."""
-
-    pchannel: str
-    pulled: int = 0
-    """Entries taken from the scanner."""
-    sent: int = 0
-    """Entries handed to gRPC (whose write waits for the client's window)."""
-    max_ahead: int = 0
-    """Most entries pulled but not yet handed to gRPC at any time."""
-
-
 def _with_refusals(
     outcomes: Sequence[T | errors.HeadraceError],
     refused: dict[int, errors.HeadraceError],
@@ -431,26 +458,38 @@ class ConsumerService(rpc.ConsumerServicer):
             scanner = wal.read(convert.read_options(request))
         except errors.HeadraceError as exc:
             await abort(context, exc)
-        max_messages = min(
-            request.max_batch_messages or self.limits.consume_batch_messages,
-            self.limits.consume_batch_messages,
-        )
-        max_bytes = min(
-            request.max_batch_bytes or self.limits.consume_batch_bytes,
-            self.limits.consume_batch_bytes,
+        bounds = Bounds(
+            min(
+                request.max_batch_messages or self.limits.consume_batch_messages,
+                self.limits.consume_batch_messages,
+            ),
+            min(
+                request.max_batch_bytes or self.limits.consume_batch_bytes,
+                self.limits.consume_batch_bytes,
+            ),
+            request.accept_batches,
         )
         stream_id = next(self._ids)
         stats = self.streams[stream_id] = ConsumeStats(request.pchannel)
         failure: errors.HeadraceError | None = None
-        carry: collections.deque[LogEntry | BatchEntry] = collections.deque()
-        bounds = Bounds(max_messages, max_bytes, request.accept_batches)
+        # The header names where "latest" resolved to: taken before anything is read.
+        header = convert.consume_header(self.manager.node_id, wal.term, request, scanner)
+        source = Source(scanner, self.limits.consume_poll_seconds, lambda: self._moved(wal))
+        ahead = ReadAhead(source, bounds, stats)
+        reader = guarded_task(
+            ahead.run(),
+            f"consume-{request.pchannel}-{stream_id}",
+            ahead.failed,
+            finishable=True,
+            logger=log,
+        )
         try:
-            yield convert.consume_header(self.manager.node_id, wal.term, request, scanner)
+            yield header
             while True:
-                response, packed = await self._fill(scanner, wal, stats, bounds, carry)
+                response, packed = await ahead.next_response()
                 yield response
                 stats.sent += packed.messages
-                if self.metrics is not None and packed.messages:
+                if self.metrics is not None:
                     self.metrics.consumed(
                         request.pchannel,
                         messages=packed.messages,
@@ -462,53 +501,19 @@ class ConsumerService(rpc.ConsumerServicer):
             failure = exc
         finally:
             del self.streams[stream_id]
+            await cancel_and_settle([reader], what="ending a Consume stream", logger=log)
             await scanner.close()
         if failure is not None:
             if isinstance(failure, errors.NotOwner | errors.Closed):
                 failure = self.manager.not_owner(request.pchannel)
             await abort(context, failure)
 
-    async def _fill(
-        self,
-        scanner: Scanner,
-        wal: HostedWAL,
-        stats: ConsumeStats,
-        bounds: Bounds,
-        carry: collections.deque[LogEntry | BatchEntry],
-    ) -> tuple[pb.ConsumeResponse, convert.Packed]:
-        """Wait for entries, then pack what is ready within the bounds.
-
-        Entries come from the scanner in bulk (at most ``max_messages`` ahead;
-        whole record batches for a client that reads them); those that do not
-        fit this response wait in ``carry`` for the next.
-        """
-        while not carry:
-            poll = self.limits.consume_poll_seconds
-            if bounds.batches:
-                carry.extend(await scanner.next_units(bounds.messages, poll))
-            else:
-                carry.extend(await scanner.next_many(bounds.messages, poll))
-            if not carry and self.manager.held.get(wal.pchannel) is not wal:
-                raise errors.NotOwner(f"{wal.pchannel} moved away from this node")
-        stats.pulled += convert.messages_in(carry)
-        response = pb.ConsumeResponse()
-        if bounds.batches:
-            packed = convert.pack_items(response.items, carry, bounds.messages, bounds.bytes)
-        else:
-            packed = convert.pack_messages(response.messages, carry, bounds.messages, bounds.bytes)
-        stats.pulled -= convert.messages_in(carry)
-        stats.max_ahead = max(stats.max_ahead, stats.pulled - stats.sent)
-        return response, packed
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Bounds:
-    """What one Consume response may hold, and in which form."""
-
-    messages: int
-    bytes: int
-    batches: bool
-    """The client reads record batches (responses carry ``items``)."""
+    def _moved(self, wal: HostedWAL) -> errors.HeadraceError | None:
+        """NotOwner once this node no longer serves ``wal`` (checked when a
+        Consume stream's read waited in vain)."""
+        if self.manager.held.get(wal.pchannel) is not wal:
+            return errors.NotOwner(f"{wal.pchannel} moved away from this node")
+        return None
 
 
 # ------------------------------------------------------------------- Manager

@@ -30,12 +30,12 @@ def tick(rid: int, tt: int) -> LogEntry:
 
 
 def test_items_keep_log_order_and_round_trip() -> None:
-    carry: collections.deque[LogEntry | BatchEntry] = collections.deque(
-        [unit(1, 10, 3), tick(1, 20), unit(2, 30, 2)]
-    )
+    entries: list[LogEntry | BatchEntry] = [unit(1, 10, 3), tick(1, 20), unit(2, 30, 2)]
+    carry = collections.deque(entries)
     response = pb.ConsumeResponse()
     packed = convert.pack_items(response.items, carry, 100, 1 << 20)
-    assert packed == convert.Packed(6, 31) and not carry
+    size = sum(map(convert.entry_bytes, entries))
+    assert packed == convert.Packed(6, 31, size) and not carry
     assert [i.WhichOneof("item") for i in response.items] == ["batch", "message", "batch"]
     wire = pb.ConsumeResponse.FromString(response.SerializeToString())
     got = [e for item in wire.items for e in item_entries(item)]
