@@ -150,6 +150,11 @@ def fence_transactions(settings: KafkaSettings, topic: str) -> None:
         producer.flush(0)
 
 
+def chained_producer(settings: KafkaSettings) -> Producer:
+    """A new chained writer's producer (idempotent, gap-less, not transactional)."""
+    return Producer(client.client_config_with_logger(settings.idempotent_producer_config()))
+
+
 def _library_error(exc: BaseException) -> KafkaException | None:
     """The library error ``exc`` is, or was caused by; None for anything else.
 
@@ -218,9 +223,7 @@ class ChainLink:
     def take(self) -> None:
         self.drop()
         fence_transactions(self._settings, self.topic)
-        self._producer = Producer(
-            client.client_config_with_logger(self._settings.idempotent_producer_config())
-        )
+        self._producer = chained_producer(self._settings)
 
     def held(self) -> bool:
         return self._producer is not None

@@ -32,6 +32,13 @@ from headrace.wal.kafka.message_id import KafkaMessageID
 from headrace.wal.kafka.settings import KafkaSettings
 
 LOG = logging.getLogger("headrace.wal.kafka")
+_EXPECTED_WARNINGS = frozenset(
+    {
+        # The chained producer's enable.gapless.guarantee (settings.py), on purpose:
+        # librdkafka warns about it each time such a producer is made.
+        ("CONFWARN", "Configuration property enable.gapless.guarantee is experimental"),
+    }
+)
 _POLL_S = 0.25
 _FENCED_CODES = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
@@ -276,7 +283,7 @@ class Scan:
     def __init__(self, settings: KafkaSettings, topic: str) -> None:
         self.settings = settings
         self.topic = topic
-        self.consumer = Consumer({**settings.consumer_config(eof=True), "logger": LOG})
+        self.consumer = Consumer(client_config_with_logger(settings.consumer_config(eof=True)))
 
     def close(self) -> None:
         self.consumer.close()
@@ -435,5 +442,29 @@ def first_data(settings: KafkaSettings, topic: str) -> Found | None:
         scan.close()
 
 
+def library_level(level: int, args: tuple[object, ...]) -> int:
+    """The level a librdkafka log line is logged at (pure): a warning the backend
+    expects (:data:`_EXPECTED_WARNINGS`, about a setting it makes on purpose) is
+    DEBUG; any other line keeps its level. ``args`` are the line's facility,
+    client name and text, as the client passes them to its ``logger``."""
+    if level != logging.WARNING or len(args) != 3:
+        return level
+    facility, _, text = args
+    for expected, start in _EXPECTED_WARNINGS:
+        if facility == expected and isinstance(text, str) and start in text:
+            return logging.DEBUG
+    return level
+
+
+class _LibraryLog:
+    """The clients' ``logger``: their lines go to :data:`LOG` at :func:`library_level`."""
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        LOG.log(library_level(level, args), msg, *args)
+
+
+LIBRARY_LOG = _LibraryLog()
+
+
 def client_config_with_logger(config: dict[str, Any]) -> dict[str, Any]:
-    return {**config, "logger": LOG}
+    return {**config, "logger": LIBRARY_LOG}

@@ -109,7 +109,14 @@ class KafkaSettings:
         by default librdkafka resets the sequence and sends the next ones), and
         librdkafka never gives up on a record by itself (``message.timeout.ms``
         0, which the gap-less guarantee does not cover): the writer bounds its
-        wait and drops the producer with what it holds."""
+        wait and drops the producer with what it holds.
+
+        It waits for a send with ``flush``, which sends at once whatever
+        ``linger.ms`` says. ``linger.ms`` 0 with a wait by ``poll`` would save a
+        one-record send one wake-up of librdkafka's broker thread (about 20 us,
+        measured), but would send a group of appends (several records, produced
+        one after the other) as two produce requests, the first record alone,
+        which the broker serves in turn: 30 % longer per group of 2 to 8."""
         return {
             "linger.ms": 1,
             **self.base_config(),
