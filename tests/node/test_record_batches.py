@@ -66,6 +66,19 @@ async def produce(
     return opened.opened, results
 
 
+async def two_pchannels(cluster: Cluster, names: int) -> tuple[list[str], str]:
+    """Configure node-a with two pchannels; of the first ``names`` vchannel
+    names ``v<i>``, those that route to :data:`P` and one that does not."""
+    pchannels = [P, "pchannel-001"]
+    await cluster.configure(pchannels)
+    node = cluster.nodes["node-a"]
+    assert node.manager is not None
+    directory = node.manager.directory
+    await until(lambda: directory.config is not None and len(directory.config.pchannels) == 2)
+    here = [f"v{i}" for i in range(names) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) == P]
+    return here, next(f"v{i}" for i in range(names) if f"v{i}" not in here)
+
+
 async def test_the_stream_says_the_format_and_takes_record_batches(
     cluster: Cluster, format_2: grpc.aio.Channel
 ) -> None:
@@ -113,14 +126,8 @@ async def test_a_request_with_messages_and_record_batches_is_refused_whole(
 async def test_a_record_batch_of_another_pchannel_is_refused(
     cluster: Cluster, format_2: grpc.aio.Channel
 ) -> None:
-    pchannels = [P, "pchannel-001"]
-    await cluster.configure(pchannels)
-    node = cluster.nodes["node-a"]
-    assert node.manager is not None
-    directory = node.manager.directory
-    await until(lambda: directory.config is not None and len(directory.config.pchannels) == 2)
-    mine = next(f"v{i}" for i in range(100) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) == P)
-    other = next(f"v{i}" for i in range(100) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) != P)
+    here, other = await two_pchannels(cluster, 100)
+    mine = here[0]
     _opened, (result,) = await produce(
         format_2,
         [
@@ -217,14 +224,7 @@ async def test_a_spread_request_fails_only_its_bad_batches_and_stores_the_rest_i
     a misrouted, a malformed, a stamped and a TIME_TICK batch in the middle
     get their own errors, in their places; the others are stored, in order,
     and a retry of the whole request is answered with the first results."""
-    pchannels = [P, "pchannel-001"]
-    await cluster.configure(pchannels)
-    node = cluster.nodes["node-a"]
-    assert node.manager is not None
-    directory = node.manager.directory
-    await until(lambda: directory.config is not None and len(directory.config.pchannels) == 2)
-    mine = [f"v{i}" for i in range(200) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) == P]
-    other = next(f"v{i}" for i in range(200) if route(f"v{i}", pchannels, NEW_CLUSTER_ROUTING) != P)
+    mine, other = await two_pchannels(cluster, 200)
     stamped = bytearray(record_batch(mine[0], b"stamped", sequence=900))
     batch.stamp(stamped, 5, 1)
     system = batch.encode(
