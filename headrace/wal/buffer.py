@@ -131,16 +131,29 @@ class WriteAheadBuffer:
         """:meth:`extend` by columns: entry ``i`` has ``timeticks[i]`` (its
         message's; a batch's last message's), encoded size ``sizes[i]`` and
         ``persisted[i]``."""
-        if not len(entries) == len(timeticks) == len(sizes) == len(persisted):
+        count = len(entries)
+        if not count == len(timeticks) == len(sizes) == len(persisted):
             raise errors.InvalidArgument("write-ahead buffer columns differ in length")
-        costs = list(map(entry_cost, entries, sizes))
-        self._entries += entries
-        self._tts += timeticks
-        self._sizes += costs
-        self._persisted += persisted
-        self._bytes += sum(costs)
-        self._evict()
-        self._wake()
+        if count == 1:
+            # One producer's append: one entry, without the lists of costs.
+            (entry,) = entries
+            cost = entry_cost(entry, sizes[0])
+            self._entries.append(entry)
+            self._tts.append(timeticks[0])
+            self._sizes.append(cost)
+            self._persisted.append(persisted[0])
+            self._bytes += cost
+        else:
+            costs = list(map(entry_cost, entries, sizes))
+            self._entries += entries
+            self._tts += timeticks
+            self._sizes += costs
+            self._persisted += persisted
+            self._bytes += sum(costs)
+        if self._bytes > self._max_bytes:
+            self._evict()
+        if self._signal is not None:
+            self._wake()
 
     def reset(self, base: Position) -> None:
         """Forget every entry; readers at any cursor fall back to the backend.

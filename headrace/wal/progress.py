@@ -34,7 +34,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-from headrace import errors
+from headrace import errors, slots
 from headrace.message.ids import MessageID
 
 DAY_S = 86_400.0
@@ -127,6 +127,17 @@ class PositionLog:
         now = self._clock()
         if not force and now - self._last_noted < self.min_gap_s:
             return
+        self._keep(sample, now)
+
+    def offer(self, id: MessageID, timetick: int, bytes: int) -> None:
+        """:meth:`note` of ``Sample(id, timetick, bytes)``, built only if it is
+        kept (one offer per acknowledged append, most of them dropped)."""
+        now = self._clock()
+        if now - self._last_noted < self.min_gap_s:
+            return
+        self._keep(Sample(id, timetick, bytes), now)
+
+    def _keep(self, sample: Sample, now: float) -> None:
         samples = self._samples
         if samples and sample.id <= samples[-1].id:
             return
@@ -175,6 +186,22 @@ class OpaqueSpan:
         return f"opaque records {self.first}..{self.last}"
 
 
+_SET_SPAN = slots.setters(OpaqueSpan)
+"""In field order: first, last, timetick, bytes."""
+
+
+def _span(first: MessageID | None, last: MessageID, timetick: int, bytes: int) -> OpaqueSpan:
+    """``OpaqueSpan(first, last, timetick, bytes)`` built through its slots (one
+    per acknowledged append)."""
+    span: OpaqueSpan = object.__new__(OpaqueSpan)
+    set_first, set_last, set_timetick, set_bytes = _SET_SPAN
+    set_first(span, first)
+    set_last(span, last)
+    set_timetick(span, timetick)
+    set_bytes(span, bytes)
+    return span
+
+
 class OpaqueLog:
     """Where opaque records lie, a bounded list of spans (see the module docstring)."""
 
@@ -197,7 +224,29 @@ class OpaqueLog:
         """Keep ``span``, merged into the last one when that one was noted
         less than ``coalesce_s`` ago or does not lie wholly below it (batches
         may be acknowledged out of order)."""
+        self._note(span, self._clock())
+
+    def note_range(self, first: MessageID, last: MessageID, timetick: int, bytes: int) -> None:
+        """:meth:`note` of ``OpaqueSpan(first, last, timetick, bytes)``. The
+        common case, a span lying wholly above the last one within
+        ``coalesce_s`` (one producer's next append), extends the last span
+        with one id comparison and no merge (the merge's outcome: its first
+        id, the new last id, the larger timetick and byte count)."""
         now = self._clock()
+        spans = self._spans
+        if spans and now - self._last_noted < self.coalesce_s:
+            tail = spans[-1]
+            if tail.last < first:
+                spans[-1] = _span(
+                    tail.first,
+                    last,
+                    timetick if timetick > tail.timetick else tail.timetick,
+                    bytes if bytes > tail.bytes else tail.bytes,
+                )
+                return
+        self._note(_span(first, last, timetick, bytes), now)
+
+    def _note(self, span: OpaqueSpan, now: float) -> None:
         spans = self._spans
         if spans and (
             now - self._last_noted < self.coalesce_s
@@ -318,13 +367,13 @@ class Progress:
     def appended(self, last_id: MessageID, timetick: int, size: int) -> None:
         """The appender acknowledged ``size`` more bytes ending at ``last_id``."""
         self.appended_bytes += size
-        self.positions.note(Sample(last_id, timetick, self.appended_bytes))
+        self.positions.offer(last_id, timetick, self.appended_bytes)
 
     def opaque_appended(self, first: MessageID, last: MessageID, timetick: int) -> None:
         """Opaque records of one acknowledged batch lie in ``[first, last]``,
         the youngest at ``timetick``; the bytes counted now are at least those
         up to it."""
-        self.opaque.note(OpaqueSpan(first, last, timetick, self.appended_bytes))
+        self.opaque.note_range(first, last, timetick, self.appended_bytes)
 
     def set_flush(self, state: FlushState) -> None:
         """What the housekeeping pass learned; samples noted later all lie

@@ -597,3 +597,47 @@ async def test_past_the_hard_watermark_only_collection_data_is_refused() -> None
         assert refused.error.retryable
     assert "2000 bytes after its checkpoint (none yet)" in str(insert.error)
     assert chain.slept == []
+
+
+_NOTES = st.lists(
+    st.tuples(
+        st.integers(0, 40),  # first id
+        st.integers(0, 3),  # ids the span covers past its first
+        st.integers(0, 50),  # timetick
+        st.integers(0, 500),  # bytes
+        st.sampled_from([0.0, 0.3, 1.5]),  # seconds since the previous note
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_NOTES, st.integers(2, 5))
+def test_note_range_keeps_the_spans_note_would(
+    notes: list[tuple[int, int, int, int, float]], capacity: int
+) -> None:
+    """The appender's shortcut (a span above the last one extends it) leaves
+    exactly the spans that noting the same spans one by one leaves."""
+    clocks = [0.0], [0.0]
+    fast = OpaqueLog(capacity=capacity, coalesce_s=1.0, clock=lambda: clocks[0][0])
+    slow = OpaqueLog(capacity=capacity, coalesce_s=1.0, clock=lambda: clocks[1][0])
+    for first, width, timetick, size, gap in notes:
+        for clock in clocks:
+            clock[0] += gap
+        fast.note_range(Id(first), Id(first + width), timetick, size)
+        slow.note(OpaqueSpan(Id(first), Id(first + width), timetick, size))
+        assert fast.spans == slow.spans
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.02, 0.06]), max_size=30))
+def test_position_offer_keeps_the_samples_note_would(gaps: list[float]) -> None:
+    clocks = [0.0], [0.0]
+    fast = PositionLog(capacity=4, min_gap_s=0.05, clock=lambda: clocks[0][0])
+    slow = PositionLog(capacity=4, min_gap_s=0.05, clock=lambda: clocks[1][0])
+    for i, gap in enumerate(gaps):
+        for clock in clocks:
+            clock[0] += gap
+        fast.offer(Id(i), i * 10, i * 100)
+        slow.note(Sample(Id(i), i * 10, i * 100))
+        assert fast.samples == slow.samples
