@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -210,11 +211,8 @@ async def _tail_latency(
     size: int,
     *,
     env: dict[str, str] | None = None,
-) -> tuple[list[float], int]:
-    """Append at ``rate`` msgs/s while a tailing consumer process measures delivery delay.
-
-    Returns the delays the probe measured and how many messages were sent.
-    """
+) -> Tail:
+    """Append at ``rate`` msgs/s while a tailing consumer process measures delivery delay."""
     probe = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -231,7 +229,7 @@ async def _tail_latency(
         if ready.strip() != b"ready":
             raise errors.Unavailable(f"tail probe did not start: {ready!r}")
         await asyncio.sleep(0.2)
-        sent = await _paced_send(client, rate, duration, size)
+        sent, acks = await _paced_send(client, rate, duration, size)
         probe.stdin.write(f"{sent}\n".encode())
         await probe.stdin.drain()
         out = await asyncio.wait_for(probe.stdout.read(), 60)
@@ -242,19 +240,51 @@ async def _tail_latency(
             probe.kill()
             await probe.wait()
     delays: list[float] = json.loads(out)
-    return delays, sent
+    return Tail(delays, sent, acks)
 
 
-async def _paced_send(client: HeadraceClient, rate: float, duration: float, size: int) -> int:
-    """Send ``rate`` msgs/s for ``duration`` s in 5 ms steps; how many were sent."""
+@dataclasses.dataclass(frozen=True)
+class Tail:
+    """What one tail-latency run measured."""
+
+    delays: list[float]
+    """Milliseconds from each message's stamp to its delivery to the probe."""
+    sent: int
+    acks: list[float]
+    """Diagnostic: milliseconds from each step's first stamp to the producer's
+    acknowledgement of all its messages (the append's share of ``delays``)."""
+
+    def fields(self, prefix: str) -> dict[str, Any]:
+        """The report's fields of this run, named ``{prefix}_…``."""
+        return {
+            f"{prefix}_sent": self.sent,
+            f"{prefix}_samples": len(self.delays),
+            f"{prefix}_p50_ms": round(report.percentile(self.delays, 0.5), 3),
+            f"{prefix}_p99_ms": round(report.percentile(self.delays, 0.99), 3),
+            f"{prefix}_ack_p50_ms": round(report.percentile(self.acks, 0.5), 3),
+            f"{prefix}_ack_p99_ms": round(report.percentile(self.acks, 0.99), 3),
+        }
+
+
+async def _paced_send(
+    client: HeadraceClient, rate: float, duration: float, size: int
+) -> tuple[int, list[float]]:
+    """Send ``rate`` msgs/s for ``duration`` s in 5 ms steps; how many were
+    sent, and each step's time from its first stamp to its acknowledgement (ms)."""
     producer = client.producer()
     sent = 0
     tick = 0.005
     per_tick = max(1, round(rate * tick))
     start = time.perf_counter()
     pending: list[asyncio.Future[Any]] = []
+    acks: list[float] = []
+
+    def acked(stamped: int, _: asyncio.Future[Any]) -> None:
+        acks.append((time.monotonic_ns() - stamped) / 1e6)
+
     try:
         while time.perf_counter() - start < duration:
+            stamped = time.monotonic_ns()
             batch = [
                 Message(
                     MessageType.INSERT,
@@ -263,13 +293,15 @@ async def _paced_send(client: HeadraceClient, rate: float, duration: float, size
                 )
                 for _ in range(per_tick)
             ]
-            pending.append(asyncio.ensure_future(producer.send_many(batch)))
+            step = asyncio.ensure_future(producer.send_many(batch))
+            step.add_done_callback(functools.partial(acked, stamped))
+            pending.append(step)
             sent += per_tick
             await asyncio.sleep(tick)
         await asyncio.gather(*pending)
     finally:
         await producer.close()
-    return sent
+    return sent, acks
 
 
 async def bench_node(
@@ -301,9 +333,7 @@ async def bench_node(
             await client.wait_ready(PCHANNEL, timeout=60)
             idle_rss = node_cluster.rss_mib("VmRSS")
             rate, latencies = await _through_node(client, messages, payload, chunk, producers)
-            delays, sent = await _tail_latency(
-                client, node_cluster.url, rate / 2, tail_seconds, size
-            )
+            tail = await _tail_latency(client, node_cluster.url, rate / 2, tail_seconds, size)
             rss = node_cluster.rss_mib()
     finally:
         await node_cluster.close()
@@ -322,10 +352,7 @@ async def bench_node(
         "append_p50_ms": round(report.percentile(latencies, 0.5), 3),
         "append_p99_ms": round(report.percentile(latencies, 0.99), 3),
         "tail_rate_msgs_per_s": round(rate / 2, 1),
-        "tail_sent": sent,
-        "tail_samples": len(delays),
-        "tail_p50_ms": round(report.percentile(delays, 0.5), 3),
-        "tail_p99_ms": round(report.percentile(delays, 0.99), 3),
+        **tail.fields("tail"),
         "timetick_interval_ms": 10.0,
     }
 
@@ -483,7 +510,7 @@ async def bench_tls(
         async with HeadraceClient(node_cluster.url, options=mutual.client_options()) as client:
             await client.wait_ready(PCHANNEL, timeout=60)
             rate = statistics.median(tls) / 2
-            delays, sent = await _tail_latency(
+            tail = await _tail_latency(
                 client, node_cluster.url, rate, tail_seconds, size, env=mutual.client_env()
             )
     finally:
@@ -498,7 +525,5 @@ async def bench_tls(
         "tls_ratio": round(statistics.median(ratios), 3),
         "tls_ratio_per_round": [round(x, 3) for x in ratios],
         "tls_tail_rate_msgs_per_s": round(rate, 1),
-        "tls_tail_sent": sent,
-        "tls_tail_samples": len(delays),
-        "tls_tail_p99_ms": round(report.percentile(delays, 0.99), 3),
+        **tail.fields("tls_tail"),
     }

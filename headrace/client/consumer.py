@@ -186,6 +186,11 @@ class Consumer:
         self.reconnects = 0
         self._stream: _Stream | None = None
         self._buffer: collections.deque[LogEntry] = collections.deque()
+        """Received messages decoded and not yet taken."""
+        self._undecoded: collections.deque[pb.ConsumedItem] = collections.deque()
+        """Received items (record batches) behind ``_buffer``, decoded one at a
+        time as they are reached: the first batch of a response is handed out
+        without waiting for the rest to be decoded."""
         self._avoid: Owner | None = None
         self._backoff = self.options.retry_backoff
         self._closed = False
@@ -210,12 +215,18 @@ class Consumer:
 
     def _received(self) -> LogEntry | None:
         """The next received message this consumer delivers (its vchannel and types),
-        passing over the others; None once nothing received is left."""
-        taken = self._take_received(1)
-        return taken[0] if taken else None
+        passing over the others and decoding received items as it reaches them;
+        None once nothing received is left."""
+        while True:
+            taken = self._take_received(1)
+            if taken:
+                return taken[0]
+            if not self._undecoded:
+                return None
+            self._buffer.extend(item_entries(self._undecoded.popleft()))
 
     def _take_received(self, most: int | None) -> list[LogEntry]:
-        """The next received messages this consumer delivers, ``most`` at most
+        """The next decoded messages this consumer delivers, ``most`` at most
         (None: all), passing over the others; every message passed or taken
         moves the resume position (``last_id``, ``last_timetick``)."""
         buffer = self._buffer
@@ -238,9 +249,13 @@ class Consumer:
         return taken
 
     async def next_many(self, limit: int = 1024, timeout: float | None = None) -> list[LogEntry]:
-        """The next message and every other already received, ``limit`` at most:
-        what a reader at a high rate takes at once, waiting once per response
-        instead of once per message. Empty if nothing arrives within ``timeout``
+        """The next message and every other already received and decoded,
+        ``limit`` at most: what a reader at a high rate takes at once, waiting
+        once per response instead of once per message. A response's record
+        batches are decoded as they are reached, so this hands out the first
+        batch that holds a message for it (with what was decoded before) and
+        leaves the later batches of that response to the next calls, which
+        take them without waiting. Empty if nothing arrives within ``timeout``
         seconds."""
         most = arguments.count(limit, "limit")
         if most == 0:
@@ -293,8 +308,7 @@ class Consumer:
             self.last_id = ids.parse(inbound.start_after_id)
             self.last_timetick = inbound.start_after_timetick
         self._buffer.extend(to_entry(m) for m in inbound.messages)
-        for item in inbound.items:
-            self._buffer.extend(item_entries(item))
+        self._undecoded.extend(inbound.items)
 
     def _leave(self, stream: _Stream, successor: Owner) -> None:
         """Give up ``stream``: ``successor`` serves its pchannel under a higher term."""

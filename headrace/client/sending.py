@@ -28,7 +28,9 @@ Outcome = AppendResult | errors.HeadraceError
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ProducerOptions:
-    max_batch_messages: int = 512
+    max_batch_messages: int = 1024
+    """Most messages in one request (and in one record batch): a burst of up
+    to this many within ``max_batch_bytes`` is one append on the owner."""
     max_batch_bytes: int = 1 << 20
     linger: float = 0.0
     """Seconds a part-filled batch waits for more messages (0: send what is queued)."""

@@ -216,3 +216,19 @@ async def test_a_batch_written_but_answered_as_failed_is_stored_once(
     assert sum(lost) >= 1, "the first answer was lost"
     for vchannel in VCHANNELS:
         assert delivered(cluster, vchannel) == list(range(VCHANNELS.index(vchannel), 30, 3))
+
+
+async def test_a_burst_of_up_to_1024_small_messages_is_one_record_batch(cluster: Cluster) -> None:
+    """A producer's default request holds up to 1024 messages (within 1 MiB):
+    a paced producer's burst of 500-700 messages of 1 KiB is one request, one
+    record batch and one append, not a full request and a small one appended
+    after it."""
+    await format_2_pair(cluster)
+    burst = [Message(MessageType.INSERT, "a", str(i).encode().ljust(1024)) for i in range(700)]
+    async with HeadraceClient(cluster.url, "test") as client, client.producer() as producer:
+        outcomes = await producer.send_many(burst)
+    results = [o for o in outcomes if isinstance(o, AppendResult)]
+    assert len(results) == 700, outcomes
+    assert [h.count for _d, h, _m in logged(cluster)] == [700]
+    assert len({r.id for r in results}) == 700 and len({r.id.record_id() for r in results}) == 1
+    assert [int(m.payload) for _d, _h, msgs in logged(cluster) for m in msgs] == list(range(700))

@@ -5,7 +5,9 @@ over or taken moves its resume position (``last_id``, ``last_timetick``)."""
 from __future__ import annotations
 
 from headrace.client import HeadraceClient
+from headrace.message import batch
 from headrace.message.types import LogEntry, Message, MessageType
+from headrace.proto import streaming_pb2 as pb
 from headrace.wal.memory import MemoryMessageID as MID
 
 
@@ -47,4 +49,44 @@ async def test_next_and_iteration_take_one_at_a_time(client: HeadraceClient) -> 
     assert [e.id for e in taken if e is not None] == [MID(1), MID(4), MID(5), MID(6)]
     assert (consumer.last_id, consumer.last_timetick) == (MID(6), 15)
     assert [str(e.id) for e in consumer._buffer] == ["memory:7", "memory:8"]
+    await consumer.close()
+
+
+def batch_item(rid: int, vchannel: str, base_tt: int, count: int) -> pb.ConsumedItem:
+    """A record batch of ``count`` messages of ``vchannel`` stored as record ``rid``."""
+    messages = [Message(MessageType.INSERT, vchannel, f"{rid}.{i}".encode()) for i in range(count)]
+    data = batch.stamped(batch.encode(messages, batch.BatchInfo(vchannel)), base_tt, 1)
+    return pb.ConsumedItem(batch=pb.ConsumedBatch(first_id=str(MID(rid)), data=data))
+
+
+def payloads(entries: list[LogEntry]) -> list[bytes]:
+    return [e.message.payload for e in entries]
+
+
+async def test_a_response_is_decoded_a_record_batch_at_a_time(client: HeadraceClient) -> None:
+    consumer = client.consume("x")
+    consumer._undecoded.extend(
+        [batch_item(1, "x", 10, 3), batch_item(2, "y", 13, 2), batch_item(3, "x", 15, 2)]
+    )
+    first = await consumer.next_many(100, timeout=0)
+    assert payloads(first) == [b"1.0", b"1.1", b"1.2"], "the first batch, before the rest"
+    assert len(consumer._undecoded) == 2, "the later batches wait undecoded"
+    assert (consumer.last_id, consumer.last_timetick) == (MID(1).with_index(2), 12)
+    second = await consumer.next_many(100, timeout=0)
+    assert payloads(second) == [b"3.0", b"3.1"], "another vchannel's batch is passed over"
+    assert (consumer.last_id, consumer.last_timetick) == (MID(3).with_index(1), 16)
+    assert not consumer._undecoded and not consumer._buffer
+    assert await consumer.next_many(100, timeout=0) == []
+    await consumer.close()
+
+
+async def test_next_takes_decoded_messages_before_decoding_the_next_batch(
+    client: HeadraceClient,
+) -> None:
+    consumer = client.consume("x")
+    consumer._undecoded.extend([batch_item(1, "x", 10, 2), batch_item(2, "x", 12, 2)])
+    taken = [await consumer.next(0) for _ in range(3)]
+    assert payloads([e for e in taken if e is not None]) == [b"1.0", b"1.1", b"2.0"]
+    assert [e.message.timetick for e in taken if e is not None] == [10, 11, 12]
+    assert payloads(list(consumer._buffer)) == [b"2.1"] and not consumer._undecoded
     await consumer.close()

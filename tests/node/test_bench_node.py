@@ -20,6 +20,8 @@ async def test_the_node_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     # stamp in its payload.
     assert result["tail_samples"] == result["tail_sent"] >= 100
     assert result["tail_p99_ms"] >= result["tail_p50_ms"] > 0
+    # Diagnostic: each 5 ms step's time to its acknowledgement.
+    assert result["tail_ack_p99_ms"] >= result["tail_ack_p50_ms"] > 0
     assert 0 < result["node_idle_rss_mib"] <= result["node_rss_mib"]
 
 
@@ -51,4 +53,5 @@ async def test_the_tls_benchmark_runs_plaintext_and_mutual_tls_nodes(tmp_path: P
     assert result["tls_ratio"] == round(tls[0] / plain[0], 3)
     # The tail probe, a client process of its own, read over mutual TLS too.
     assert result["tls_tail_samples"] == result["tls_tail_sent"] > 0
-    assert result["tls_tail_p99_ms"] > 0
+    assert result["tls_tail_p99_ms"] >= result["tls_tail_p50_ms"] > 0
+    assert result["tls_tail_ack_p99_ms"] >= result["tls_tail_ack_p50_ms"] > 0
