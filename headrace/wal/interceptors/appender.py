@@ -200,6 +200,10 @@ class Appender:
             resolve(batch.requests)
         self._fail_pending(self.failure or errors.Closed("the WAL was closed"))
 
+    async def write(self, batch: list[AppendContext]) -> None:
+        """Queue ``batch`` and wait until every context is settled."""
+        await self._submit(batch, Persist.ALWAYS)
+
     async def tick(self, *, sync: bool) -> None:
         """Write a TIME_TICK (only to the buffer if ``sync`` and nothing new was persisted)."""
         await self._tick(Persist.AFTER_DATA if sync else Persist.ALWAYS)
@@ -213,22 +217,20 @@ class Appender:
 
     async def _tick(self, persist: Persist) -> None:
         ctx = system_context(MessageType.TIME_TICK, self._cfg.tick_properties())
-        await self.write([ctx], persist)
+        await self._submit([ctx], persist)
         if ctx.error is not None:
             raise ctx.error
 
     async def fence(self) -> AppendResult:
         """Write the FENCE that opens this term."""
         ctx = system_context(MessageType.FENCE, self._cfg.tick_properties())
-        await self.write([ctx], Persist.ALWAYS)
+        await self._submit([ctx], Persist.ALWAYS)
         if ctx.error is not None:
             raise ctx.error
         assert ctx.result is not None
         return ctx.result
 
-    async def write(self, batch: list[AppendContext], persist: Persist = Persist.ALWAYS) -> None:
-        """Queue ``batch`` and wait until every context is settled (the chain's
-        innermost handler, called as is: no coroutine of its own in between)."""
+    async def _submit(self, batch: list[AppendContext], persist: Persist) -> None:
         if self.failure is not None or self._stopping:
             error = self.failure or errors.NotOwner(
                 f"pchannel {self._cfg.pchannel} stopped taking appends", term=self._cfg.term

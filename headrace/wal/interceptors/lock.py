@@ -113,17 +113,17 @@ class LockInterceptor:
         return any(vchannel in group.vchannels for group in self._groups)
 
     async def __call__(self, batch: list[AppendContext], call_next: Handler) -> None:
-        group = None if self._exclusive else _group_of(batch)
-        if group is None:
-            await self._locked(batch, call_next)
+        if not self._exclusive and _DDL.isdisjoint([ctx.message.type for ctx in batch]):
+            group = _Group({ctx.message.vchannel for ctx in batch})
+            self._groups.add(group)
+            try:
+                await call_next(batch)
+            finally:
+                self._groups.discard(group)
+                if group.done is not None:
+                    group.done.set()
             return
-        self._groups.add(group)
-        try:
-            await call_next(batch)
-        finally:
-            self._groups.discard(group)
-            if group.done is not None:
-                group.done.set()
+        await self._locked(batch, call_next)
 
     async def _locked(self, batch: list[AppendContext], call_next: Handler) -> None:
         wanted = lock_plan(batch)
@@ -155,18 +155,6 @@ class LockInterceptor:
             if group.done is None:
                 group.done = asyncio.Event()
             await group.done.wait()
-
-
-def _group_of(batch: list[AppendContext]) -> _Group | None:
-    """The group ``batch`` is admitted as while no DDL is pending; None if it
-    holds a DDL (it takes per-vchannel locks)."""
-    if len(batch) == 1:
-        # One producer batch per call (the common append): no lists.
-        msg = batch[0].message
-        return None if msg.type in _DDL else _Group({msg.vchannel})
-    if not _DDL.isdisjoint([ctx.message.type for ctx in batch]):
-        return None
-    return _Group({ctx.message.vchannel for ctx in batch})
 
 
 def lock_plan(batch: list[AppendContext]) -> list[tuple[str, bool]]:
