@@ -71,8 +71,7 @@ class Admission:
             good.clear()
             self._good_raw.clear()
         good.add(vchannel)
-        if vchannel.isascii():
-            self._good_raw.add(vchannel.encode("ascii"))
+        self._good_raw.add(vchannel.encode("ascii"))
 
     def record_batch(self, data: bytes) -> errors.HeadraceError | None:
         """Why a producer's record batch is not acceptable here (its vchannel is
