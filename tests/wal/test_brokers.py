@@ -12,6 +12,9 @@ import asyncio
 import pytest
 
 from headrace import errors
+from headrace.message import batch
+from headrace.message.batch import BatchInfo, Stamped
+from headrace.message.types import Message, MessageType
 from headrace.wal.brokers.contract import End, end_of
 from headrace.wal.brokers.plumbing import Plumbing, check_term, expect_id
 from headrace.wal.brokers.reader import POLL_S, BrokerReader, fetch_wait
@@ -194,6 +197,54 @@ async def test_records_stored_without_their_receipts_are_not_sent_again() -> Non
     data = [(mid, d) for mid, stamp, d in topic.records if stamp.kind is Kind.DATA]
     assert [d for _, d in data] == [b"1", b"2", b"3", b"4"]
     assert ids == [mid for mid, _ in data]
+    await writer.close()
+
+
+def _stamped(tag: bytes, timetick: int, term: int) -> tuple[Stamped, bytes]:
+    """A producer's record batch with a stamp not joined yet, and its stamped bytes."""
+    msgs = [Message(MessageType.INSERT, "v", tag + b"%d" % i) for i in range(3)]
+    data = batch.encode(msgs, BatchInfo("v"))
+    return Stamped(data, batch.verify(data).with_stamp(timetick, term)), batch.stamped(
+        data, timetick, term
+    )
+
+
+async def test_a_stamped_batch_is_sent_joined_and_the_caller_keeps_it_unjoined() -> None:
+    # The write-ahead buffer keeps the Stamped: a copy joined on the event loop
+    # and kept would page-fault in fresh memory for every batch (issue #14).
+    topic = FakeTopic()
+    writer = await _writer(topic, 2)
+    first, first_bytes = _stamped(b"a", 10, 2)
+    second, second_bytes = _stamped(b"b", 20, 2)
+    producers = first.records
+    ids = await writer.start_append_stamped([first, b"plain", second])
+    data = [(mid, d) for mid, stamp, d in topic.records if stamp.kind is Kind.DATA]
+    assert data == list(zip(ids, [first_bytes, b"plain", second_bytes], strict=True))
+    assert first.records is producers, "the caller's batch was not joined"
+    assert first.parts() != (first_bytes,)
+    await writer.close()
+
+
+async def test_a_stamped_batch_whose_send_is_fenced_midway_is_sent_whole_after_the_take() -> None:
+    topic = FakeTopic()
+    writer = await _writer(topic, 3)
+    records = [_stamped(b"%d" % i, 10 * i, 3) for i in range(1, 4)]
+    topic.fence_after = 1
+    ids = await writer.start_append_stamped([stamped for stamped, _ in records])
+    data = [(mid, d) for mid, stamp, d in topic.records if stamp.kind is Kind.DATA]
+    assert data == list(zip(ids, [joined for _, joined in records], strict=True))
+    assert topic.takes == 2, "the writer took its topic back once"
+    await writer.close()
+
+
+async def test_a_mutable_record_changed_after_its_append_starts_changes_nothing_stored() -> None:
+    topic = FakeTopic()
+    writer = await _writer(topic, 1)
+    record = bytearray(b"original")
+    pending = writer.start_append([record])
+    record[:] = b"reused!!"  # the caller reuses its buffer before the send
+    await pending
+    assert [d for k, _, d in _kinds(topic) if k is Kind.DATA] == [b"original"]
     await writer.close()
 
 
