@@ -23,16 +23,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from headrace import errors
-from headrace.message.batch import Stamped
 from headrace.message.ids import MessageID
 from headrace.wal.iothread import IOThread, answer
 
 Future = asyncio.Future[list[MessageID]]
 OnDone = Callable[[Future], None] | None
-Record = bytes | Stamped
-"""A record to write: bytes, or a stamped record batch not joined yet (the
-write joins it where its client needs one buffer)."""
-_Pending = tuple[list[Record], Future, OnDone]
+_Pending = tuple[list[bytes], Future, OnDone]
 _Answered = tuple[Future, Callable[[Future], None]]
 
 
@@ -84,7 +80,7 @@ def failure_of(exc: BaseException, what: str) -> errors.HeadraceError:
 class GroupCommit:
     def __init__(
         self,
-        write: Callable[[list[Record]], Sequence[MessageID]],
+        write: Callable[[list[bytes]], Sequence[MessageID]],
         thread: IOThread[Callable[[], None]],
         *,
         what: str = "backend append",
@@ -103,7 +99,7 @@ class GroupCommit:
         self._idle: asyncio.Future[None] | None = None
         self.fenced: errors.Fenced | None = None
 
-    def start(self, batch: list[Record], on_done: OnDone = None) -> Future:
+    def start(self, batch: list[bytes], on_done: OnDone = None) -> Future:
         """Queue ``batch``; its write starts now if none is in flight.
 
         The future gets the batch's ids, in order; ``on_done(future)`` runs
@@ -124,7 +120,7 @@ class GroupCommit:
             self._run_callbacks(self._dispatch())
         return future
 
-    async def submit(self, batch: list[Record]) -> list[MessageID]:
+    async def submit(self, batch: list[bytes]) -> list[MessageID]:
         """Write ``batch`` with whatever else is queued; its ids, in order."""
         return await self.start(batch)
 
@@ -161,7 +157,7 @@ class GroupCommit:
         return []
 
     def _run_write(
-        self, loop: asyncio.AbstractEventLoop, group: list[_Pending], flat: list[Record]
+        self, loop: asyncio.AbstractEventLoop, group: list[_Pending], flat: list[bytes]
     ) -> None:
         """Write ``flat``, then hand the outcome to the event loop (in the writer's thread)."""
         try:

@@ -29,7 +29,7 @@ from headrace.message.ids import MessageID
 from headrace.wal.brokers.contract import Boundary, Link, Lost
 from headrace.wal.brokers.stamps import I, Kind, Stamp, fence_check, new_nonce, overtaken
 from headrace.wal.contract import BackendWriter
-from headrace.wal.groupcommit import Future, GroupCommit, PartlyWritten, Record, failed
+from headrace.wal.groupcommit import Future, GroupCommit, PartlyWritten, failed
 from headrace.wal.iothread import IOThread, call_in, call_job
 
 LOG = logging.getLogger("headrace.wal.brokers")
@@ -55,23 +55,17 @@ def unknown_outcome(failure: errors.HeadraceError, records: int) -> errors.Headr
     )
 
 
-def kept(record: bytes | Stamped) -> Record:
-    """``record`` as the writer keeps it until it is sent: a stamped batch as it
-    is, anything else as immutable bytes (a caller may reuse its buffer) (pure)."""
-    return record if isinstance(record, Stamped) else bytes(record)
-
-
-def sendable(records: list[Record]) -> list[bytes]:
-    """``records`` as the bytes a send takes: a stamped batch joined into a copy
-    made for the send alone (pure).
+def sendable(record: bytes | Stamped) -> bytes:
+    """``record`` as the immutable bytes a send takes (pure): a stamped record
+    batch joined into a copy made for the send alone.
 
     The copy is not kept in the :class:`Stamped` (:meth:`Stamped.joined` would):
     the write-ahead buffer keeps the producer's bytes and the stamp apart, as
-    the local WAL's does, and the copy is freed when the send is done, so the
-    next send's copy reuses its memory rather than page-faulting in fresh
-    memory that the buffer would then hold (issue #14: 16 page faults per
-    64 KiB batch, on the event loop)."""
-    return [r if isinstance(r, bytes) else b"".join(r.parts()) for r in records]
+    the local WAL's does, and the copy is freed once the send is done, so the
+    next one reuses its memory. A copy kept by the buffer took fresh memory
+    for every batch: 16 page faults per 64 KiB batch, on the event loop (issue
+    #14). A mutable buffer is copied too (its owner may reuse it)."""
+    return b"".join(record.parts()) if isinstance(record, Stamped) else bytes(record)
 
 
 class BrokerWriter(BackendWriter, Generic[I]):
@@ -172,17 +166,19 @@ class BrokerWriter(BackendWriter, Generic[I]):
         self, records: Sequence[bytes | Stamped], on_done: Callable[[Future], None] | None = None
     ) -> Future:
         """:meth:`start_append` of records some of which are stamped record batches
-        not joined yet: each is joined in the writer's thread for its send alone
-        (:func:`sendable`); the caller's stays unjoined."""
+        not joined yet: each is joined for its send alone (:func:`sendable`), on
+        the event loop (while a send is in flight, the next group's copies are
+        made meanwhile, not in the writer's thread between its sends); the
+        caller's stays unjoined."""
         if self._closed:
             closed = (
                 f"{self._boundary.backend} writer of {self.pchannel} (term {self.term}) is closed"
             )
             return failed(errors.Closed(closed), on_done)
-        return self._group.start([kept(r) for r in records], on_done)
+        return self._group.start([sendable(r) for r in records], on_done)
 
-    def _write(self, batch: list[Record]) -> list[MessageID]:
-        return self._boundary.call(f"appending to {self._link.topic}", self._send, sendable(batch))
+    def _write(self, batch: list[bytes]) -> list[MessageID]:
+        return self._boundary.call(f"appending to {self._link.topic}", self._send, batch)
 
     def _send(self, batch: list[bytes]) -> list[MessageID]:
         """Send ``batch``; on losing the topic to a lower term, take it back and send the rest.
