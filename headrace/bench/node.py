@@ -9,6 +9,19 @@ running here). ``tail_p99_ms`` is the time from handing a message to the
 producer to its delivery to a consumer tailing the vchannel from its own
 process (:mod:`headrace.bench.tailprobe`), with the producer paced at half of
 the measured maximum rate.
+
+The tail's load is open-loop and paced by schedule, as latency-at-throughput
+tools do (kafka-producer-perf-test ``--throughput``, wrk2): every ``step``
+(1 ms) the producer is handed what the time since the start calls for
+(:func:`due`), so a late wake sends more rather than stretching the period,
+and the rate reported (``tail_rate_msgs_per_s``) is the one achieved, sent
+over the time the sending took (``tail_requested_rate_msgs_per_s`` is half the
+maximum). Pacing by sleeping a fixed step after each send ran below the rate
+it reported, by the step's own work. Small steps spread the load as evenly
+as an asyncio sender can; ``tail_burst5ms_*`` is the same run in 5 ms steps
+(bursts of 5 ms of traffic at once, about 500 messages at 100k msgs/s), kept
+as a diagnostic of how a burst drains. ``*_ack_*`` are each step's time from
+its first stamp to the producer's acknowledgement of all of it.
 """
 
 from __future__ import annotations
@@ -206,13 +219,13 @@ async def _through_node(
 async def _tail_latency(
     client: HeadraceClient,
     url: str,
-    rate: float,
+    pacing: Pacing,
     duration: float,
     size: int,
     *,
     env: dict[str, str] | None = None,
 ) -> Tail:
-    """Append at ``rate`` msgs/s while a tailing consumer process measures delivery delay."""
+    """Append as ``pacing`` says while a tailing consumer process measures delivery delay."""
     probe = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -229,7 +242,7 @@ async def _tail_latency(
         if ready.strip() != b"ready":
             raise errors.Unavailable(f"tail probe did not start: {ready!r}")
         await asyncio.sleep(0.2)
-        sent, acks = await _paced_send(client, rate, duration, size)
+        sent, rate, acks = await _paced_send(client, pacing, duration, size)
         probe.stdin.write(f"{sent}\n".encode())
         await probe.stdin.drain()
         out = await asyncio.wait_for(probe.stdout.read(), 60)
@@ -240,7 +253,7 @@ async def _tail_latency(
             probe.kill()
             await probe.wait()
     delays: list[float] = json.loads(out)
-    return Tail(delays, sent, acks)
+    return Tail(delays, sent, rate, pacing.step, acks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +263,10 @@ class Tail:
     delays: list[float]
     """Milliseconds from each message's stamp to its delivery to the probe."""
     sent: int
+    rate: float
+    """Messages/s achieved: sent over the time the sending took."""
+    step: float
+    """Seconds between the producer's sends."""
     acks: list[float]
     """Diagnostic: milliseconds from each step's first stamp to the producer's
     acknowledgement of all its messages (the append's share of ``delays``)."""
@@ -257,6 +274,8 @@ class Tail:
     def fields(self, prefix: str) -> dict[str, Any]:
         """The report's fields of this run, named ``{prefix}_…``."""
         return {
+            f"{prefix}_rate_msgs_per_s": round(self.rate, 1),
+            f"{prefix}_step_ms": round(self.step * 1000, 3),
             f"{prefix}_sent": self.sent,
             f"{prefix}_samples": len(self.delays),
             f"{prefix}_p50_ms": round(report.percentile(self.delays, 0.5), 3),
@@ -266,42 +285,69 @@ class Tail:
         }
 
 
+@dataclasses.dataclass(frozen=True)
+class Pacing:
+    """How the tail run's producer spreads its load: ``rate`` msgs/s asked
+    for, sent every ``step`` seconds by schedule."""
+
+    rate: float
+    step: float = 0.001
+
+
+BURST_STEP = 0.005
+"""The step of the diagnostic run (``tail_burst5ms_*``): bursts of 5 ms of
+traffic at once, how long one burst takes to drain."""
+
+
+def due(rate: float, elapsed: float, sent: int) -> int:
+    """Messages an open-loop sender at ``rate`` msgs/s owes ``elapsed`` s after
+    its start, having sent ``sent`` (pure): the schedule, not the sender's
+    own speed, says what is due, so a late wake sends more, not later."""
+    return max(0, int(rate * elapsed) - sent)
+
+
 async def _paced_send(
-    client: HeadraceClient, rate: float, duration: float, size: int
-) -> tuple[int, list[float]]:
-    """Send ``rate`` msgs/s for ``duration`` s in 5 ms steps; how many were
-    sent, and each step's time from its first stamp to its acknowledgement (ms)."""
+    client: HeadraceClient, pacing: Pacing, duration: float, size: int
+) -> tuple[int, float, list[float]]:
+    """Send at ``pacing.rate`` msgs/s for ``duration`` s: at every step, what the
+    time since the start calls for (:func:`due`). How many were sent, the rate
+    achieved (sent over the time the sending took), and each step's time from
+    its first stamp to its acknowledgement (ms)."""
     producer = client.producer()
     sent = 0
-    tick = 0.005
-    per_tick = max(1, round(rate * tick))
+    step = pacing.step
     start = time.perf_counter()
     pending: list[asyncio.Future[Any]] = []
     acks: list[float] = []
+    padding = bytes(max(0, size - 8))
 
     def acked(stamped: int, _: asyncio.Future[Any]) -> None:
         acks.append((time.monotonic_ns() - stamped) / 1e6)
 
     try:
-        while time.perf_counter() - start < duration:
-            stamped = time.monotonic_ns()
-            batch = [
-                Message(
-                    MessageType.INSERT,
-                    VCHANNEL,
-                    tailprobe.STAMP.pack(time.monotonic_ns()) + bytes(max(0, size - 8)),
-                )
-                for _ in range(per_tick)
-            ]
-            step = asyncio.ensure_future(producer.send_many(batch))
-            step.add_done_callback(functools.partial(acked, stamped))
-            pending.append(step)
-            sent += per_tick
-            await asyncio.sleep(tick)
+        while (elapsed := time.perf_counter() - start) < duration:
+            n = due(pacing.rate, elapsed, sent)
+            if n:
+                stamped = time.monotonic_ns()
+                burst = [
+                    Message(
+                        MessageType.INSERT,
+                        VCHANNEL,
+                        tailprobe.STAMP.pack(time.monotonic_ns()) + padding,
+                    )
+                    for _ in range(n)
+                ]
+                sending = asyncio.ensure_future(producer.send_many(burst))
+                sending.add_done_callback(functools.partial(acked, stamped))
+                pending.append(sending)
+                sent += n
+            wake = start + (elapsed // step + 1) * step
+            await asyncio.sleep(max(0.0, wake - time.perf_counter()))
+        took = time.perf_counter() - start
         await asyncio.gather(*pending)
     finally:
         await producer.close()
-    return sent, acks
+    return sent, sent / took, acks
 
 
 async def bench_node(
@@ -333,7 +379,12 @@ async def bench_node(
             await client.wait_ready(PCHANNEL, timeout=60)
             idle_rss = node_cluster.rss_mib("VmRSS")
             rate, latencies = await _through_node(client, messages, payload, chunk, producers)
-            tail = await _tail_latency(client, node_cluster.url, rate / 2, tail_seconds, size)
+            tail = await _tail_latency(
+                client, node_cluster.url, Pacing(rate / 2), tail_seconds, size
+            )
+            burst = await _tail_latency(
+                client, node_cluster.url, Pacing(rate / 2, BURST_STEP), tail_seconds, size
+            )
             rss = node_cluster.rss_mib()
     finally:
         await node_cluster.close()
@@ -351,8 +402,9 @@ async def bench_node(
         "ratio": round(rate / base_rate, 3),
         "append_p50_ms": round(report.percentile(latencies, 0.5), 3),
         "append_p99_ms": round(report.percentile(latencies, 0.99), 3),
-        "tail_rate_msgs_per_s": round(rate / 2, 1),
+        "tail_requested_rate_msgs_per_s": round(rate / 2, 1),
         **tail.fields("tail"),
+        **burst.fields("tail_burst5ms"),
         "timetick_interval_ms": 10.0,
     }
 
@@ -511,7 +563,7 @@ async def bench_tls(
             await client.wait_ready(PCHANNEL, timeout=60)
             rate = statistics.median(tls) / 2
             tail = await _tail_latency(
-                client, node_cluster.url, rate, tail_seconds, size, env=mutual.client_env()
+                client, node_cluster.url, Pacing(rate), tail_seconds, size, env=mutual.client_env()
             )
     finally:
         await node_cluster.close()
@@ -524,6 +576,6 @@ async def bench_tls(
         "msgs_per_s_tls": [round(x, 1) for x in tls],
         "tls_ratio": round(statistics.median(ratios), 3),
         "tls_ratio_per_round": [round(x, 3) for x in ratios],
-        "tls_tail_rate_msgs_per_s": round(rate, 1),
+        "tls_tail_requested_rate_msgs_per_s": round(rate, 1),
         **tail.fields("tls_tail"),
     }

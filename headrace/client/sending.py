@@ -4,7 +4,9 @@ and the record batches (message format 2) a lane seals them into."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 
 from headrace import errors, slots
@@ -237,32 +239,54 @@ def _plain_items(
     messages: list[Message], indexes: Indexes, call: Call, options: ProducerOptions
 ) -> list[Item] | None:
     """Messages of one vchannel and transaction, none with properties nor
-    going alone, cut every ``max_batch_messages``; None if an item so cut
-    would be over ``max_batch_bytes`` (then they are cut message by message)."""
+    going alone, cut as :func:`cuts` says; None if one message alone is over
+    ``max_batch_bytes`` (then they are cut message by message)."""
     vchannel = messages[0].vchannel
     head, held = batch.HEADER_SIZE + len(vchannel), len(vchannel) + _ITEM_OVERHEAD
-    step = options.max_batch_messages
     lengths = list(map(len, map(payload_of, messages)))
+    stops = cuts(lengths, options.max_batch_messages, options.max_batch_bytes - head)
+    if stops is None:
+        return None
     found: list[Item] = []
-    for start in range(0, len(messages), step):
-        part = messages[start : start + step]
-        payloads = sum(lengths[start : start + step])
-        records = payloads + batch.RECORD_HEADER_SIZE * len(part)
-        if head + records > options.max_batch_bytes:
-            return None
+    for start, stop in itertools.pairwise([0, *stops]):
+        payloads = sum(lengths[start:stop])
         found.append(
             Item(
-                part,
-                indexes[start : start + step],
+                messages[start:stop],
+                indexes[start:stop],
                 call.group,
                 call.producer_id,
                 call.first_seq + start,
-                payloads + held * len(part),
-                records,
+                payloads + held * (stop - start),
+                payloads + batch.RECORD_HEADER_SIZE * (stop - start),
                 call.deadline,
             )
         )
     return found
+
+
+def cuts(lengths: list[int], most_messages: int, room: int) -> list[int] | None:
+    """Where a run of records with payloads of ``lengths`` is cut into batches
+    of at most ``most_messages`` records and ``room`` bytes of records (pure):
+    the end of each batch, each as long as the bounds allow (what :func:`_items`
+    does message by message, found here on the running sum of the records'
+    sizes); None if one record alone is over ``room``."""
+    count = len(lengths)
+    if count <= most_messages and sum(lengths) + batch.RECORD_HEADER_SIZE * count <= room:
+        return [count]  # the common call: one batch
+    ends = list(itertools.accumulate(map(_RECORD_HEADER.__add__, lengths), initial=0))
+    stops: list[int] = []
+    start = 0
+    while start < count:
+        stop = min(start + most_messages, bisect.bisect_right(ends, ends[start] + room) - 1)
+        if stop <= start:
+            return None
+        stops.append(stop)
+        start = stop
+    return stops
+
+
+_RECORD_HEADER = batch.RECORD_HEADER_SIZE
 
 
 def _items(

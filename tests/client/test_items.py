@@ -66,6 +66,54 @@ async def test_a_call_of_one_vchannel_is_cut_at_the_batch_bounds() -> None:
     assert [len(i.messages) for i in by_bytes] == [2, 2, 1]
 
 
+async def test_a_call_over_the_batch_bytes_is_cut_by_bytes_without_going_message_by_message() -> (
+    None
+):
+    # 1,100 messages of 1 KiB: over 1 MiB in all, so one item of 1,024 would
+    # pass max_batch_bytes. They are cut where the bytes say, each item still
+    # one slice of the call's results (a range: settled as a run), in order.
+    msgs = [ins("a", bytes(1024))] * 1100
+    found = items(msgs, range(1100), await call(1100), ProducerOptions())
+    per = (ProducerOptions().max_batch_bytes - batch.HEADER_SIZE - 1) // (
+        batch.RECORD_HEADER_SIZE + 1024
+    )
+    assert [len(i.messages) for i in found] == [per, 1100 - per]
+    assert [i.indexes for i in found] == [range(0, per), range(per, 1100)]
+    assert [i.seq for i in found] == [100, 100 + per]
+    assert [i.records for i in found] == [
+        n * (batch.RECORD_HEADER_SIZE + 1024) for n in (per, 1100 - per)
+    ]
+    assert sum(i.size for i in found) == budget_size(msgs)
+
+
+@pytest.mark.parametrize(
+    "sizes", [[100] * 7, [10, 300, 10, 10, 200, 90, 5, 300], [250] * 3 + [1] * 9]
+)
+async def test_cutting_by_bytes_in_one_pass_agrees_with_cutting_message_by_message(
+    sizes: list[int],
+) -> None:
+    # Payloads of mixed sizes, a bound of 2-3 records: the cuts of one call of
+    # one vchannel are those of the same messages cut one by one (a second
+    # vchannel's message, sent last, makes the call take that path).
+    head = batch.HEADER_SIZE + 1
+    options = ProducerOptions(max_batch_bytes=head + 3 * (batch.RECORD_HEADER_SIZE + 120))
+    msgs = [ins("a", bytes(n)) for n in sizes]
+    one_pass = items(msgs, range(len(msgs)), await call(len(msgs)), options)
+    by_message = items([*msgs, ins("b", b"")], range(len(msgs) + 1), await call(99), options)[:-1]
+    assert [len(i.messages) for i in one_pass] == [len(i.messages) for i in by_message]
+    assert [list(i.indexes) for i in one_pass] == [list(i.indexes) for i in by_message]
+    assert [(i.size, i.records) for i in one_pass] == [(i.size, i.records) for i in by_message]
+    assert all(isinstance(i.indexes, range) for i in one_pass)
+
+
+async def test_a_message_over_the_batch_bytes_still_goes_alone() -> None:
+    head = batch.HEADER_SIZE + 1
+    options = ProducerOptions(max_batch_bytes=head + batch.RECORD_HEADER_SIZE + 100)
+    msgs = [ins("a", bytes(50)), ins("a", bytes(500)), ins("a", bytes(50))]
+    found = items(msgs, range(3), await call(3), options)
+    assert [list(i.indexes) for i in found] == [[0], [1], [2]]
+
+
 async def test_items_keep_order_per_vchannel_and_end_at_a_txn_or_a_message_that_goes_alone() -> (
     None
 ):
