@@ -17,6 +17,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import operator
 import time
 from collections.abc import Collection
 
@@ -31,7 +32,7 @@ from headrace.client.session import Session
 from headrace.guarded import TaskFailure, cancel_and_settle, guarded_task
 from headrace.message import batch, ids
 from headrace.message.ids import MessageID
-from headrace.message.types import LogEntry, Message, MessageType
+from headrace.message.types import LogEntry, Message, MessageType, type_of
 from headrace.proto import rpc
 from headrace.proto import streaming_pb2 as pb
 
@@ -41,6 +42,7 @@ ConsumeCall = rpc.ConsumeCall
 
 _DATA_TYPES = frozenset(t for t in MessageType if not t.is_system)
 _new_tuple = tuple.__new__
+message_of = operator.itemgetter(1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +89,29 @@ def item_entries(item: pb.ConsumedItem) -> list[LogEntry]:
     # The ids column by column and the entries as plain tuples: a third of
     # the cost per message of one ``with_index`` and ``LogEntry(...)`` each.
     return list(map(_entry, zip(ids.parse(unit.first_id).indexed(len(msgs)), msgs, strict=True)))
+
+
+@dataclasses.dataclass(slots=True)
+class _Run:
+    """Received messages in order, taken from ``at`` on."""
+
+    entries: list[LogEntry]
+    own: bool
+    """Every message is the consumer's (its vchannel or none, its types) and
+    the timeticks rise: taken by slices, without a look at each message."""
+    at: int = 0
+
+
+def _own_run(entries: list[LogEntry], vchannel: str, types: frozenset[MessageType]) -> bool:
+    """Whether a decoded record batch is all ``vchannel``'s (or the
+    pchannel's) messages of ``types`` (pure; a batch holds one vchannel and
+    rising timeticks, so its first message tells the vchannel)."""
+    if not entries:
+        return False
+    first = entries[0].message.vchannel
+    return (not first or first == vchannel) and types.issuperset(
+        map(type_of, map(message_of, entries))
+    )
 
 
 Inbound = pb.ConsumeResponse | Owner | errors.HeadraceError
@@ -185,8 +210,9 @@ class Consumer:
         self.owner: Owner | None = None
         self.reconnects = 0
         self._stream: _Stream | None = None
-        self._buffer: collections.deque[LogEntry] = collections.deque()
-        """Received messages decoded and not yet taken."""
+        self._buffer: collections.deque[_Run] = collections.deque()
+        """Received messages decoded and not yet taken, a run per record batch
+        (or per response's plain messages)."""
         self._undecoded: collections.deque[pb.ConsumedItem] = collections.deque()
         """Received items (record batches) behind ``_buffer``, decoded one at a
         time as they are reached: the first batch of a response is handed out
@@ -223,30 +249,58 @@ class Consumer:
                 return taken[0]
             if not self._undecoded:
                 return None
-            self._buffer.extend(item_entries(self._undecoded.popleft()))
+            entries = item_entries(self._undecoded.popleft())
+            if entries:
+                self._buffer.append(_Run(entries, _own_run(entries, self.vchannel, self.types)))
 
     def _take_received(self, most: int | None) -> list[LogEntry]:
         """The next decoded messages this consumer delivers, ``most`` at most
         (None: all), passing over the others; every message passed or taken
         moves the resume position (``last_id``, ``last_timetick``)."""
         buffer = self._buffer
+        taken: list[LogEntry] = []
+        while buffer and (most is None or len(taken) < most):
+            run = buffer[0]
+            left = None if most is None else most - len(taken)
+            if run.own:
+                self._take_own(run, taken, left)
+            else:
+                self._take_mixed(run, taken, left)
+            if run.at == len(run.entries):
+                buffer.popleft()
+        return taken
+
+    def _take_own(self, run: _Run, taken: list[LogEntry], most: int | None) -> None:
+        """Take ``most`` (None: all) of an own run (:class:`_Run`) into ``taken`` at once."""
+        entries = run.entries
+        stop = len(entries) if most is None else min(len(entries), run.at + most)
+        taken += entries[run.at : stop]
+        run.at = stop
+        last = entries[stop - 1]
+        self.last_id = last.id
+        self.last_timetick = max(self.last_timetick, last.message.timetick)
+
+    def _take_mixed(self, run: _Run, taken: list[LogEntry], most: int | None) -> None:
+        """Take ``most`` (None: all) of a run's messages this consumer
+        delivers into ``taken``, looking at each and passing over the others."""
+        entries = run.entries
         vchannel = self.vchannel
         types = self.types
         newest = self.last_timetick
-        taken: list[LogEntry] = []
-        entry: LogEntry | None = None
-        while buffer and (most is None or len(taken) < most):
-            entry = buffer.popleft()
-            message = entry.message
+        found = 0
+        at = run.at
+        while at < len(entries) and (most is None or found < most):
+            message = entries[at].message
+            at += 1
             newest = max(newest, message.timetick)
             if message.vchannel and message.vchannel != vchannel:
                 continue
             if message.type in types:
-                taken.append(entry)
-        if entry is not None:
-            self.last_id = entry.id
-            self.last_timetick = newest
-        return taken
+                taken.append(entries[at - 1])
+                found += 1
+        self.last_id = entries[at - 1].id
+        self.last_timetick = newest
+        run.at = at
 
     async def next_many(self, limit: int = 1024, timeout: float | None = None) -> list[LogEntry]:
         """The next message and every other already received and decoded,
@@ -307,7 +361,8 @@ class Consumer:
             # Resolved "latest": a reconnect resumes here, not at a later "latest".
             self.last_id = ids.parse(inbound.start_after_id)
             self.last_timetick = inbound.start_after_timetick
-        self._buffer.extend(to_entry(m) for m in inbound.messages)
+        if inbound.messages:
+            self._buffer.append(_Run([to_entry(m) for m in inbound.messages], own=False))
         self._undecoded.extend(inbound.items)
 
     def _leave(self, stream: _Stream, successor: Owner) -> None:

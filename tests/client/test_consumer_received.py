@@ -5,6 +5,7 @@ over or taken moves its resume position (``last_id``, ``last_timetick``)."""
 from __future__ import annotations
 
 from headrace.client import HeadraceClient
+from headrace.client.consumer import Consumer, _Run
 from headrace.message import batch
 from headrace.message.types import LogEntry, Message, MessageType
 from headrace.proto import streaming_pb2 as pb
@@ -31,7 +32,7 @@ async def test_next_many_takes_its_own_and_moves_the_resume_position_past_the_re
     client: HeadraceClient,
 ) -> None:
     consumer = client.consume("x", types=[MessageType.INSERT])
-    consumer._buffer.extend(RECEIVED)
+    consumer._buffer.append(_Run(RECEIVED, own=False))
     first = await consumer.next_many(2, timeout=0)
     assert [e.id for e in first] == [MID(1), MID(4)]
     assert (consumer.last_id, consumer.last_timetick) == (MID(4), 13)
@@ -44,11 +45,11 @@ async def test_next_many_takes_its_own_and_moves_the_resume_position_past_the_re
 
 async def test_next_and_iteration_take_one_at_a_time(client: HeadraceClient) -> None:
     consumer = client.consume("x")
-    consumer._buffer.extend(RECEIVED)
+    consumer._buffer.append(_Run(RECEIVED, own=False))
     taken = [await consumer.next(0) for _ in range(4)]
     assert [e.id for e in taken if e is not None] == [MID(1), MID(4), MID(5), MID(6)]
     assert (consumer.last_id, consumer.last_timetick) == (MID(6), 15)
-    assert [str(e.id) for e in consumer._buffer] == ["memory:7", "memory:8"]
+    assert [str(e.id) for e in left(consumer)] == ["memory:7", "memory:8"]
     await consumer.close()
 
 
@@ -57,6 +58,11 @@ def batch_item(rid: int, vchannel: str, base_tt: int, count: int) -> pb.Consumed
     messages = [Message(MessageType.INSERT, vchannel, f"{rid}.{i}".encode()) for i in range(count)]
     data = batch.stamped(batch.encode(messages, batch.BatchInfo(vchannel)), base_tt, 1)
     return pb.ConsumedItem(batch=pb.ConsumedBatch(first_id=str(MID(rid)), data=data))
+
+
+def left(consumer: Consumer) -> list[LogEntry]:
+    """What the consumer decoded and has not taken yet."""
+    return [e for run in consumer._buffer for e in run.entries[run.at :]]
 
 
 def payloads(entries: list[LogEntry]) -> list[bytes]:
@@ -88,5 +94,39 @@ async def test_next_takes_decoded_messages_before_decoding_the_next_batch(
     taken = [await consumer.next(0) for _ in range(3)]
     assert payloads([e for e in taken if e is not None]) == [b"1.0", b"1.1", b"2.0"]
     assert [e.message.timetick for e in taken if e is not None] == [10, 11, 12]
-    assert payloads(list(consumer._buffer)) == [b"2.1"] and not consumer._undecoded
+    assert payloads(left(consumer)) == [b"2.1"] and not consumer._undecoded
+    await consumer.close()
+
+
+async def test_a_batch_all_its_own_is_taken_in_slices_up_to_the_limit(
+    client: HeadraceClient,
+) -> None:
+    consumer = client.consume("x")
+    consumer._undecoded.extend([batch_item(1, "x", 10, 5), batch_item(2, "", 15, 2)])
+    first = await consumer.next_many(2, timeout=0)
+    assert payloads(first) == [b"1.0", b"1.1"]
+    assert (consumer.last_id, consumer.last_timetick) == (MID(1).with_index(1), 11)
+    assert payloads(await consumer.next_many(1, timeout=0)) == [b"1.2"]
+    rest = await consumer.next_many(10, timeout=0)
+    assert payloads(rest) == [b"1.3", b"1.4"], "the next batch is not decoded yet"
+    assert (consumer.last_id, consumer.last_timetick) == (MID(1).with_index(4), 14)
+    assert payloads(await consumer.next_many(10, timeout=0)) == [b"2.0", b"2.1"]
+    assert (consumer.last_id, consumer.last_timetick) == (MID(2).with_index(1), 16)
+    await consumer.close()
+
+
+async def test_a_batch_of_types_the_consumer_does_not_all_take_is_filtered_message_by_message(
+    client: HeadraceClient,
+) -> None:
+    kinds = [MessageType.INSERT, MessageType.DELETE, MessageType.INSERT, MessageType.DELETE]
+    messages = [Message(kind, "x", b"m%d" % i) for i, kind in enumerate(kinds)]
+    data = batch.stamped(batch.encode(messages, batch.BatchInfo("x")), 20, 1)
+    item = pb.ConsumedItem(batch=pb.ConsumedBatch(first_id=str(MID(3)), data=data))
+    consumer = client.consume("x", types=[MessageType.INSERT])
+    consumer._undecoded.append(item)
+    assert payloads(await consumer.next_many(1, timeout=0)) == [b"m0"]
+    assert (consumer.last_id, consumer.last_timetick) == (MID(3), 20)
+    assert payloads(await consumer.next_many(10, timeout=0)) == [b"m2"]
+    assert (consumer.last_id, consumer.last_timetick) == (MID(3).with_index(3), 23), "passed over"
+    assert not consumer._buffer
     await consumer.close()
