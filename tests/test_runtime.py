@@ -146,3 +146,56 @@ def test_malloc_thresholds_on_linux() -> None:
         (-3, runtime.MALLOC_MMAP_THRESHOLD),
         (-1, runtime.MALLOC_TRIM_THRESHOLD),
     )
+
+
+def test_grpc_runs_without_the_event_engine_endpoints_unless_told_otherwise() -> None:
+    assert runtime.grpc_tuning({}, grpc_loaded=False) == {
+        "GRPC_EXPERIMENTS": "-event_engine_client,-event_engine_listener"
+    }
+
+
+@pytest.mark.parametrize(
+    ("environ", "grpc_loaded"),
+    [
+        ({"GRPC_EXPERIMENTS": "event_engine_client"}, False),  # the operator's choice
+        ({"GRPC_EXPERIMENTS": ""}, False),  # an empty choice is still one
+        ({}, True),  # too late: gRPC read its configuration when it was imported
+    ],
+)
+def test_grpc_is_left_as_the_environment_or_its_import_has_it(
+    environ: dict[str, str], grpc_loaded: bool
+) -> None:
+    assert runtime.grpc_tuning(environ, grpc_loaded) == {}
+
+
+def test_tune_grpc_keeps_the_operators_choice() -> None:
+    chosen = {"GRPC_EXPERIMENTS": "event_engine_client"}
+    assert runtime.tune_grpc(chosen) is False
+    assert chosen == {"GRPC_EXPERIMENTS": "event_engine_client"}
+
+
+def _python(code: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True
+    )
+
+
+def test_the_command_line_tunes_grpc_before_anything_imports_it() -> None:
+    environ = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    done = _python(
+        "import sys, os, headrace.cli.main\n"
+        "assert 'grpc._cython.cygrpc' not in sys.modules, 'grpc imported before the tuning'\n"
+        "import grpc.aio\n"
+        "print(os.environ['GRPC_EXPERIMENTS'])",
+        environ,
+    )
+    assert done.stdout.strip() == runtime.GRPC_EXPERIMENTS
+    assert "experiment" not in done.stderr.lower(), done.stderr
+
+
+def test_the_experiments_turned_off_are_known_to_the_installed_grpc() -> None:
+    # gRPC logs each name it does not know ("Unknown experiment: ...") and ignores it.
+    done = _python("import grpc.aio", {**os.environ, "GRPC_EXPERIMENTS": runtime.GRPC_EXPERIMENTS})
+    assert "experiment" not in done.stderr.lower(), done.stderr
+    unknown = _python("import grpc.aio", {**os.environ, "GRPC_EXPERIMENTS": "-no_such_thing"})
+    assert "Unknown experiment: no_such_thing" in unknown.stderr
