@@ -42,7 +42,7 @@ ConsumeCall = rpc.ConsumeCall
 
 _DATA_TYPES = frozenset(t for t in MessageType if not t.is_system)
 _new_tuple = tuple.__new__
-message_of = operator.itemgetter(1)
+_message_of = operator.itemgetter(1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,7 +110,7 @@ def _own_run(entries: list[LogEntry], vchannel: str, types: frozenset[MessageTyp
         return False
     first = entries[0].message.vchannel
     return (not first or first == vchannel) and types.issuperset(
-        map(type_of, map(message_of, entries))
+        map(type_of, map(_message_of, entries))
     )
 
 

@@ -274,7 +274,7 @@ def cuts(lengths: list[int], most_messages: int, room: int) -> list[int] | None:
     count = len(lengths)
     if count <= most_messages and sum(lengths) + batch.RECORD_HEADER_SIZE * count <= room:
         return [count]  # the common call: one batch
-    ends = list(itertools.accumulate(map(_RECORD_HEADER.__add__, lengths), initial=0))
+    ends = list(itertools.accumulate(map(batch.RECORD_HEADER_SIZE.__add__, lengths), initial=0))
     stops: list[int] = []
     start = 0
     while start < count:
@@ -284,9 +284,6 @@ def cuts(lengths: list[int], most_messages: int, room: int) -> list[int] | None:
         stops.append(stop)
         start = stop
     return stops
-
-
-_RECORD_HEADER = batch.RECORD_HEADER_SIZE
 
 
 def _items(

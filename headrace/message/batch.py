@@ -678,12 +678,13 @@ def _outline_single(data: bytes | bytearray | memoryview, header: BatchHeader) -
     return _new_tuple(Outline, (codes, tcode, 0 if plen else length - 8, bool(plen)))
 
 
-def _outline_uniform(data: bytes | bytearray | memoryview, header: BatchHeader) -> Outline | None:
-    """The outline of a well-formed batch whose records all have the first
-    one's length and properties length, read column by column (a strided
-    slice of the batch per header byte); None for any other batch."""
+def _uniform_frame(data: bytes | bytearray, header: BatchHeader) -> tuple[int, int] | None:
+    """The length and properties length every record of a batch has, when
+    all its records repeat the first one's header but for the type code
+    (:data:`_UNIFORM_BYTES`, checked column by column: one strided slice per
+    header byte) and fill the batch; None for any other batch."""
     start, end, count = header.records_at, header.length, header.count
-    if isinstance(data, memoryview) or end - start < RECORD_HEADER_SIZE:
+    if end - start < RECORD_HEADER_SIZE:
         return None
     length, _tcode, plen = _FRAME.unpack_from(data, start)
     stride = 4 + length
@@ -694,7 +695,21 @@ def _outline_uniform(data: bytes | bytearray | memoryview, header: BatchHeader) 
             column = data[start + at : end : stride]
             if column.count(column[0]) != count:
                 return None
-    codes = data[start + 4 : end : stride]
+    return length, plen
+
+
+def _outline_uniform(data: bytes | bytearray | memoryview, header: BatchHeader) -> Outline | None:
+    """The outline of a well-formed batch whose records all have the first
+    one's length and properties length, read column by column (a strided
+    slice of the batch per header byte); None for any other batch."""
+    if isinstance(data, memoryview):
+        return None
+    frame = _uniform_frame(data, header)
+    if frame is None:
+        return None
+    length, plen = frame
+    start, end = header.records_at, header.length
+    codes = data[start + 4 : end : 4 + length]
     if codes.translate(None, _KNOWN_CODES):
         return None
     return Outline(frozenset(codes), codes[0], 0 if plen else length - 8, bool(plen))
@@ -818,9 +833,14 @@ class Stamped:
         """The stored batch in one piece (copied once, then kept)."""
         if self._header is None:
             return self._data
-        data = b"".join(self.parts())
+        data = self.copy()
         self._data, self._header = data, None
         return data
+
+    def copy(self) -> bytes:
+        """The stored batch in one piece, a copy not kept (a send that frees
+        it when done), or the bytes themselves once joined."""
+        return b"".join(self.parts()) if self._header is not None else self._data
 
     def __repr__(self) -> str:
         return f"Stamped({len(self._data)} bytes, joined={self._header is None})"
@@ -923,17 +943,12 @@ def _uniform_columns(data: bytes, header: BatchHeader) -> tuple[bytes, list[byte
     column by column: one strided slice per header byte and one slice per
     payload, no ``unpack`` per record; None for any other batch (the record
     by record decode reads it)."""
-    start, end, count = header.records_at, header.length, header.count
-    if type(data) is not bytes or count < 2 or end - start < RECORD_HEADER_SIZE:
+    if type(data) is not bytes or header.count < 2:
         return None
-    length, _tcode, plen = _FRAME.unpack_from(data, start)
-    stride = 4 + length
-    if plen or length < 8 or stride * count != end - start:
+    frame = _uniform_frame(data, header)
+    if frame is None or frame[1]:
         return None
-    for at in _UNIFORM_BYTES:
-        column = data[start + at : end : stride]
-        if column.count(column[0]) != count:
-            return None
+    start, end, stride = header.records_at, header.length, 4 + frame[0]
     payloads = [data[at + RECORD_HEADER_SIZE : at + stride] for at in range(start, end, stride)]
     return data[start + 4 : end : stride], payloads
 
